@@ -1,0 +1,142 @@
+#include "env.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdlib>
+
+#include "gradcomm/errors.h"
+
+namespace gradcomm::detail {
+
+std::optional<std::string> env_string(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+namespace {
+
+std::optional<int64_t> parse_int(const std::string& text) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+int64_t checked_knob(const char* name, const std::optional<int64_t>& value, const std::string& raw, int64_t min,
+                     int64_t max) {
+  if (!value || *value < min || *value > max) {
+    throw InvalidArgument(fmt::format("environment variable {}='{}': expected an integer in [{}, {}]", name, raw,
+                                      min, max));
+  }
+  return *value;
+}
+
+// Reads an integer variable; the first one set wins. nullopt when none is set.
+std::optional<int> rank_var(const char* name) {
+  auto v = env_string(name);
+  if (!v) return std::nullopt;
+  return static_cast<int>(checked_knob(name, parse_int(*v), *v, 0, 1 << 24));
+}
+
+}  // namespace
+
+std::optional<int64_t> parse_bytes(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  int64_t scale = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K': case 'k': scale = int64_t{1} << 10; digits.pop_back(); break;
+    case 'M': case 'm': scale = int64_t{1} << 20; digits.pop_back(); break;
+    case 'G': case 'g': scale = int64_t{1} << 30; digits.pop_back(); break;
+    default: break;
+  }
+  auto v = parse_int(digits);
+  if (!v || *v < 0 || *v > (INT64_MAX / scale)) return std::nullopt;
+  return *v * scale;
+}
+
+int64_t env_int(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  auto v = env_string(name);
+  if (!v) return fallback;
+  return checked_knob(name, parse_int(*v), *v, min, max);
+}
+
+int64_t env_bytes(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  auto v = env_string(name);
+  if (!v) return fallback;
+  return checked_knob(name, parse_bytes(*v), *v, min, max);
+}
+
+LaunchConfig resolve_launch_config(const InitOptions& options) {
+  LaunchConfig config;
+
+  // Rank and world size: InitOptions, then the launchers' variables in DESIGN order.
+  static constexpr const char* kRankSizeVars[][2] = {
+      {"RANK", "WORLD_SIZE"},                                   // torchrun, gradcomm-run
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},         // mpirun (OpenMPI)
+      {"PMI_RANK", "PMI_SIZE"},                                 // MPICH, Intel MPI
+      {"SLURM_PROCID", "SLURM_NTASKS"},                         // srun
+  };
+  config.rank = options.rank;
+  config.world_size = options.world_size;
+  std::string source = "InitOptions";
+  for (const auto& [rank_name, size_name] : kRankSizeVars) {
+    if (config.rank >= 0 && config.world_size > 0) break;
+    auto r = rank_var(rank_name);
+    auto s = rank_var(size_name);
+    if (r && s) {
+      if (config.rank < 0) config.rank = *r;
+      if (config.world_size <= 0) config.world_size = *s;
+      source = fmt::format("{}/{}", rank_name, size_name);
+    }
+  }
+  if (config.rank < 0 || config.world_size <= 0) {
+    throw InvalidArgument(
+        "gradcomm init: rank and world size unknown: set InitOptions::rank/world_size, or launch with "
+        "gradcomm-run, torchrun (RANK/WORLD_SIZE), mpirun (OMPI_COMM_WORLD_RANK/SIZE), PMI_RANK/PMI_SIZE "
+        "or srun (SLURM_PROCID/SLURM_NTASKS)");
+  }
+  if (config.rank >= config.world_size) {
+    throw InvalidArgument(fmt::format("gradcomm init: rank {} is out of range for world size {} (from {})",
+                                      config.rank, config.world_size, source));
+  }
+
+  // Store: InitOptions, GRADCOMM_STORE, then tcp://MASTER_ADDR:MASTER_PORT.
+  config.store = options.store;
+  if (config.store.empty()) config.store = env_string("GRADCOMM_STORE").value_or("");
+  if (config.store.empty()) {
+    auto addr = env_string("MASTER_ADDR");
+    auto port = env_string("MASTER_PORT");
+    if (addr && port) config.store = fmt::format("tcp://{}:{}", *addr, *port);
+  }
+  if (config.store.empty() && config.world_size > 1) {
+    throw InvalidArgument(fmt::format(
+        "gradcomm init (rank {}): no store: set InitOptions::store, GRADCOMM_STORE=tcp://host:port "
+        "or file:///dir, or MASTER_ADDR and MASTER_PORT",
+        config.rank));
+  }
+
+  config.transport = options.transport.empty() ? "auto" : options.transport;
+  if (config.transport == "auto") config.transport = env_string("GRADCOMM_TRANSPORT").value_or("auto");
+  if (config.transport != "auto" && config.transport != "ucx" && config.transport != "nccl") {
+    throw InvalidArgument(fmt::format("gradcomm init: transport '{}' unknown; accepted: auto, ucx, nccl",
+                                      config.transport));
+  }
+
+  // GRADCOMM_TIMEOUT_S replaces the default timeout, never one the caller set.
+  config.timeout = options.timeout;
+  if (options.timeout == InitOptions{}.timeout) {
+    config.timeout = std::chrono::seconds(env_int("GRADCOMM_TIMEOUT_S", options.timeout.count() / 1000, 1,
+                                                  int64_t{30} * 24 * 3600));
+  }
+  if (config.timeout.count() <= 0) {
+    throw InvalidArgument(fmt::format("gradcomm init: timeout must be positive, got {} ms", config.timeout.count()));
+  }
+
+  config.job_token = options.job_token.empty() ? env_string("GRADCOMM_JOB_TOKEN").value_or("") : options.job_token;
+  return config;
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,60 @@
+// Stores: the out-of-band key-value rendezvous through which ranks find each
+// other (transport addresses, NCCL unique ids). Small values only.
+//
+//  - TCP store ("tcp://host:port"): rank 0 serves it from a background thread,
+//    bound to that address only; every rank (rank 0 too) is a client. With a job
+//    token, each connection proves it knows the token (HMAC-SHA256 challenge) before
+//    any request is served. The server caps key/value sizes and connections, drops
+//    idle and misbehaving clients, and keeps serving the others.
+//  - File store ("file:///shared/dir"): one file per key in a directory every rank
+//    can see (NFS, Lustre); written to a temporary name and renamed, so readers
+//    never see half a value.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gradcomm::detail {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Sets (or overwrites) a key.
+  virtual void set(const std::string& key, std::span<const uint8_t> value) = 0;
+  // Blocks until `key` exists, then returns its value; TimeoutError naming the key
+  // (and the store's address) when `timeout` passes first.
+  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds `delta` to the integer stored at `key` (absent = 0); returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Human-readable address for error messages ("tcp://127.0.0.1:29500").
+  virtual std::string address() const = 0;
+};
+
+// Limits the TCP store enforces (server side).
+struct StoreLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = 1 << 20;
+  size_t max_connections = 1024;
+  size_t max_keys = 1 << 16;
+  std::chrono::milliseconds idle_timeout{60'000};  // a client silent this long is dropped
+  std::chrono::milliseconds auth_timeout{5'000};   // ... or this long before proving the token
+};
+
+struct StoreOptions {
+  std::string url;              // "tcp://host:port" or "file:///dir"
+  int rank = 0;                 // rank 0 serves a TCP store
+  int world_size = 1;
+  std::string job_token;        // empty: no authentication
+  std::chrono::milliseconds timeout{300'000};  // connect / wait deadline
+  StoreLimits limits{};
+};
+
+// Parses the URL and connects (and, on rank 0 for tcp://, starts serving).
+// InvalidArgument for a malformed URL; TimeoutError if the server never answers.
+std::unique_ptr<Store> create_store(const StoreOptions& options);
+
+}  // namespace gradcomm::detail
