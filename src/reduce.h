@@ -1,0 +1,22 @@
+// CPU reduction kernels for the ring: one place that knows how each dtype adds.
+// fp16 and bf16 are widened to fp32, combined, and rounded back once per call
+// (src/half.h); integers wrap like the hardware does (two's complement).
+// cuda/reduce.cuh implements the same contract on the GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "gradcomm/types.h"
+
+namespace gradcomm::detail {
+
+// dst[i] = dst[i] (+|min|max) src[i] for i in [0, n). kAvg adds. When
+// `final_divisor` > 1 (the owner's last hop of an average), the combined value is
+// divided by it before it is stored: in fp32 for fp16/bf16 (one rounding), in the
+// type's own arithmetic otherwise (integers truncate toward zero).
+void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op, int64_t final_divisor = 1);
+
+// data[i] /= divisor, same arithmetic as above (average on a single rank).
+void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor);
+
+}  // namespace gradcomm::detail
