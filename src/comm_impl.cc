@@ -1,1 +1,327 @@
-// placeholder: being written
+#include "comm_impl.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "logging.h"
+
+namespace gradcomm::detail {
+
+namespace {
+// Polls this many times without progress before sleeping in wait_for_event().
+// Small, because ranks often share cores: a spinning rank steals its peer's CPU.
+constexpr int kSpinBeforeSleep = 64;
+constexpr auto kMaxSleep = std::chrono::microseconds(20'000);
+
+int left_of(int rank, int size) { return (rank + size - 1) % size; }
+int right_of(int rank, int size) { return (rank + 1) % size; }
+}  // namespace
+
+// ---- Op -------------------------------------------------------------------------
+
+Op::Op(CommunicatorImpl& comm, const WireHeader& header)
+    : comm_(comm),
+      header_(header),
+      rank_(comm.rank()),
+      size_(comm.size()),
+      deadline_(Deadline::after(comm.timeout())) {
+  if (size_ == 1) {
+    header_checked_ = true;
+    return;
+  }
+  // Headers travel on their own tag without the sequence number, so a rank that
+  // skipped a call is caught by comparison instead of waiting on unmatched tags.
+  const uint64_t tag = make_tag(TagKind::kHeader, 0, 0);
+  header_out_ = header_.serialize();
+  header_recv_ = comm_.transport().irecv(left_of(rank_, size_), tag, header_in_.data(), header_in_.size());
+  header_send_ = comm_.transport().isend(right_of(rank_, size_), tag, header_out_.data(), header_out_.size());
+  auto& stats = comm_.mutable_stats();
+  stats.bytes_sent += header_out_.size();
+  stats.messages_sent += 1;
+}
+
+Op::~Op() = default;
+
+RequestPtr Op::send(int peer, uint32_t unit, const void* data, size_t bytes) {
+  auto& stats = comm_.mutable_stats();
+  stats.bytes_sent += bytes;
+  stats.messages_sent += 1;
+  return comm_.transport().isend(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
+}
+
+RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
+  // Counted when posted, like sends: a receive that then fails ends the communicator anyway.
+  comm_.mutable_stats().bytes_received += bytes;
+  return comm_.transport().irecv(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
+}
+
+void Op::spin_until_done(Request& request, const char* what) {
+  Transport& transport = comm_.transport();
+  int idle = 0;
+  while (request.pending()) {
+    const bool moved = transport.progress();
+    if (auto abort = transport.poll_abort()) {
+      // Another rank failed first: raise its error here, without re-broadcasting.
+      const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_,
+                                              header_.describe(), abort->origin, abort->text);
+      comm_.mark_failed(abort->code, message);
+      throw_error(abort->code, message);
+    }
+    if (!request.pending()) break;
+    if (deadline_.expired()) {
+      fail(ErrorCode::kTimeout,
+           fmt::format("timed out after {:.1f} s waiting for rank {} ({})",
+                       std::chrono::duration<double>(comm_.timeout()).count(), request.peer(), what));
+    }
+    if (moved) {
+      idle = 0;
+    } else if (++idle >= kSpinBeforeSleep) {
+      transport.wait_for_event(std::min<std::chrono::microseconds>(kMaxSleep, deadline_.remaining()));
+    }
+  }
+  switch (request.state()) {
+    case RequestState::kDone:
+      break;
+    case RequestState::kPeerFailed:
+      fail(ErrorCode::kPeerFailure,
+           fmt::format("rank {} failed or disconnected ({}): {}", request.peer(), what, request.error()));
+    case RequestState::kTruncated:
+      fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a longer message than this call expects ({}): {}",
+                                                   request.peer(), what, request.error()));
+    default:
+      fail(ErrorCode::kTransport,
+           fmt::format("transport error with rank {} ({}): {}", request.peer(), what, request.error()));
+  }
+  if (request.bytes() != request.posted_bytes()) {
+    fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent {} bytes where this call expects {} ({})",
+                                                 request.peer(), request.bytes(), request.posted_bytes(), what));
+  }
+}
+
+void Op::check_header() {
+  if (header_checked_) return;
+  header_checked_ = true;  // set first: failures below must not re-enter
+  spin_until_done(*header_recv_, "call header");
+  comm_.mutable_stats().bytes_received += header_in_.size();
+  const int left = left_of(rank_, size_);
+  auto theirs = WireHeader::parse(header_in_.data(), header_in_.size());
+  if (!theirs) {
+    fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a malformed call header", left));
+  }
+  if (!theirs->agrees_with(header_)) {
+    fail(ErrorCode::kMismatch, fmt::format("mismatched collective calls: rank {} called {}; rank {} called {}",
+                                           rank_, header_.describe(), left, theirs->describe()));
+  }
+}
+
+void Op::wait(Request& request, const char* what) {
+  check_header();
+  spin_until_done(request, what);
+}
+
+void Op::wait_all(std::vector<RequestPtr>& requests, const char* what) {
+  for (auto& request : requests) {
+    if (request) wait(*request, what);
+  }
+}
+
+void Op::finish() {
+  check_header();
+  if (header_send_) spin_until_done(*header_send_, "call header to the right neighbour");
+}
+
+void Op::fail(ErrorCode code, const std::string& what) {
+  const std::string message = fmt::format("rank {}: {}: {}", rank_, header_.describe(), what);
+  comm_.mark_failed(code, message);
+  ControlMessage abort{code, rank_, message.substr(0, ControlMessage::kMaxText)};
+  comm_.transport().send_abort(abort);
+  throw_error(code, message);
+}
+
+Op::ReduceTimer::~ReduceTimer() {
+  op_.comm_.mutable_stats().reduce_s += std::chrono::duration<double>(Clock::now() - start_).count();
+}
+
+// ---- CommunicatorImpl ---------------------------------------------------------------
+
+CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
+                                   std::unique_ptr<Store> store)
+    : transport_(std::move(transport)), store_(std::move(store)), timeout_(timeout) {}
+
+// Transport first: its teardown may still need the store's peers, never the reverse.
+CommunicatorImpl::~CommunicatorImpl() {
+  transport_.reset();
+  store_.reset();
+}
+
+void CommunicatorImpl::mark_failed(ErrorCode code, const std::string& message) {
+  if (!failure_) failure_.emplace(code, message);
+}
+
+void CommunicatorImpl::check_usable() const {
+  if (failure_) {
+    throw_error(failure_->first, fmt::format("rank {}: communicator unusable after an earlier failure: {}", rank(),
+                                             failure_->second));
+  }
+}
+
+void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const char* name) const {
+  if (!dtype_valid(static_cast<uint8_t>(t.dtype))) {
+    throw InvalidArgument(fmt::format("rank {}: {}: {} has an unknown dtype value {}", rank(), op, name,
+                                      static_cast<int>(t.dtype)));
+  }
+  if (t.numel < 0) {
+    throw InvalidArgument(fmt::format("rank {}: {}: {} has negative numel {}", rank(), op, name, t.numel));
+  }
+  if (t.numel > 0 && t.data == nullptr) {
+    throw InvalidArgument(fmt::format("rank {}: {}: {} has numel {} but a null data pointer", rank(), op, name,
+                                      t.numel));
+  }
+  if (t.device.type == DeviceType::kCuda) {
+    throw Unsupported(fmt::format("rank {}: {}: {} is a CUDA tensor; this build's CPU transport ({}) takes host "
+                                  "memory only",
+                                  rank(), op, name, transport_->name()));
+  }
+}
+
+template <class Body>
+void CommunicatorImpl::run(WireHeader header, Body&& body) {
+  check_usable();
+  header.seq = next_seq_++;
+  const auto start = Clock::now();
+  {
+    Op op(*this, header);
+    try {
+      body(op);
+      op.finish();
+    } catch (const std::exception& e) {
+      // Whatever escaped mid-call leaves peers waiting on this rank: record it and
+      // tell them (Op::fail already did both for the errors it raised).
+      if (!failure_) {
+        const ErrorCode code = [&] {
+          auto* error = dynamic_cast<const Error*>(&e);
+          return error ? error->code() : ErrorCode::kTransport;
+        }();
+        const std::string message = fmt::format("rank {}: {}: {}", rank(), header.describe(), e.what());
+        mark_failed(code, message);
+        transport_->send_abort(ControlMessage{code, rank(), message.substr(0, ControlMessage::kMaxText)});
+      }
+      throw;
+    }
+  }
+  stats_.ops += 1;
+  stats_.total_s += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const CompressOptions& options) {
+  check_usable();
+  check_tensor(t, "allreduce", "tensor");
+  if (static_cast<uint8_t>(reduce_op) > static_cast<uint8_t>(ReduceOp::kMax)) {
+    throw InvalidArgument(fmt::format("rank {}: allreduce: unknown reduce op value {}", rank(),
+                                      static_cast<int>(reduce_op)));
+  }
+  const std::string& spec = options.compressor.empty() ? std::string("none") : options.compressor;
+  if (spec != "none") {
+    throw InvalidArgument(
+        fmt::format("rank {}: allreduce: unknown compressor '{}'; accepted: none", rank(), options.compressor));
+  }
+  WireHeader header;
+  header.op = OpKind::kAllreduce;
+  header.dtype = t.dtype;
+  header.reduce_op = reduce_op;
+  header.numel = t.numel;
+  header.compressor = spec;
+  header.compressor_hash = fnv1a32(spec);
+  run(header, [&](Op& op) {
+    if (size() > 1 && t.numel > 0) ring_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
+  });
+}
+
+void CommunicatorImpl::allgather(TensorView in, TensorView out) {
+  check_usable();
+  check_tensor(in, "allgather", "input");
+  check_tensor(out, "allgather", "output");
+  if (in.dtype != out.dtype) {
+    throw InvalidArgument(fmt::format("rank {}: allgather: input is {} but output is {}", rank(),
+                                      dtype_name(in.dtype), dtype_name(out.dtype)));
+  }
+  if (out.numel != static_cast<int64_t>(size()) * in.numel) {
+    throw InvalidArgument(fmt::format("rank {}: allgather: output has {} elements, expected size() * input = {} * {}",
+                                      rank(), out.numel, size(), in.numel));
+  }
+  WireHeader header;
+  header.op = OpKind::kAllgather;
+  header.dtype = in.dtype;
+  header.numel = in.numel;
+  run(header, [&](Op& op) {
+    const size_t elem = dtype_size(in.dtype);
+    auto* base = static_cast<uint8_t*>(out.data);
+    uint8_t* mine = base + static_cast<size_t>(rank()) * in.numel * elem;
+    if (in.numel > 0 && mine != in.data) std::memmove(mine, in.data, in.numel * elem);
+    if (size() > 1 && in.numel > 0) {
+      ring_allgatherv(op, base, std::vector<int64_t>(size(), in.numel), elem, /*unit_base=*/0);
+    }
+  });
+}
+
+std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count, DType dtype,
+                                                  std::vector<uint8_t>& out) {
+  check_usable();
+  if (count < 0 || (count > 0 && in == nullptr)) {
+    throw InvalidArgument(fmt::format("rank {}: allgatherv: bad input (count {}, data {})", rank(), count, in));
+  }
+  WireHeader header;
+  header.op = OpKind::kAllgatherv;
+  header.dtype = dtype;
+  header.numel = -1;  // counts differ by rank by design
+  std::vector<int64_t> counts(size(), 0);
+  run(header, [&](Op& op) {
+    counts[rank()] = count;
+    if (size() > 1) {
+      ring_allgatherv(op, reinterpret_cast<uint8_t*>(counts.data()), std::vector<int64_t>(size(), 1),
+                      sizeof(int64_t), /*unit_base=*/0);
+    }
+    for (int r = 0; r < size(); ++r) {
+      if (counts[r] < 0) op.fail(ErrorCode::kCorruptPayload, fmt::format("rank {} announced {} elements", r, counts[r]));
+    }
+    const size_t elem = dtype_size(dtype);
+    int64_t total = 0, mine = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) mine = total;
+      total += counts[r];
+    }
+    out.resize(static_cast<size_t>(total) * elem);
+    if (count > 0) std::memcpy(out.data() + mine * elem, in, count * elem);
+    if (size() > 1 && total > 0) ring_allgatherv(op, out.data(), counts, elem, kSecondPhaseUnits);
+  });
+  return counts;
+}
+
+void CommunicatorImpl::broadcast(TensorView t, int root) {
+  check_usable();
+  check_tensor(t, "broadcast", "tensor");
+  if (root < 0 || root >= size()) {
+    throw InvalidArgument(fmt::format("rank {}: broadcast: root {} out of range [0, {})", rank(), root, size()));
+  }
+  WireHeader header;
+  header.op = OpKind::kBroadcast;
+  header.dtype = t.dtype;
+  header.numel = t.numel;
+  header.root = root;
+  run(header, [&](Op& op) {
+    if (size() > 1 && t.numel > 0) chain_broadcast(op, t.data, t.nbytes(), root);
+  });
+}
+
+void CommunicatorImpl::barrier() {
+  WireHeader header;
+  header.op = OpKind::kBarrier;
+  run(header, [&](Op& op) {
+    if (size() > 1) dissemination_barrier(op);
+  });
+}
+
+}  // namespace gradcomm::detail

@@ -1,1 +1,78 @@
-// placeholder: being written
+// Communicator: the public face. Creation (launch config, store, transport,
+// rendezvous) lives here; every call forwards to CommunicatorImpl.
+#include <fmt/format.h>
+
+#include "comm_impl.h"
+#include "env.h"
+#include "gradcomm/communicator.h"
+#include "logging.h"
+#include "transport/inproc/inproc_transport.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace gradcomm {
+
+namespace {
+
+// Every rank counts itself in, the last one opens the gate, everyone waits at it.
+// After this no rank needs the store again, so rank 0 may stop serving it.
+void store_barrier(detail::Store& store, const std::string& name, int world_size,
+                   std::chrono::milliseconds timeout) {
+  const std::string gate = name + "/open";
+  if (store.add(name + "/count", 1) == world_size) {
+    const uint8_t one = 1;
+    store.set(gate, std::span<const uint8_t>(&one, 1));
+  }
+  store.get(gate, timeout);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::create(const InitOptions& options) {
+  const detail::LaunchConfig config = detail::resolve_launch_config(options);
+  if (config.world_size == 1) {
+    auto transports = detail::create_inproc_transports(1);
+    return std::make_unique<Communicator>(
+        std::make_unique<detail::CommunicatorImpl>(std::move(transports[0]), config.timeout));
+  }
+  if (config.transport == "nccl") {
+    throw Unsupported(fmt::format("rank {}: transport 'nccl' is not built into this gradcomm; use 'ucx' or 'auto'",
+                                  config.rank));
+  }
+  detail::StoreOptions store_options;
+  store_options.url = config.store;
+  store_options.rank = config.rank;
+  store_options.world_size = config.world_size;
+  store_options.job_token = config.job_token;
+  store_options.timeout = config.timeout;
+  std::unique_ptr<detail::Store> store = detail::create_store(store_options);
+
+  detail::UcxOptions ucx_options;
+  ucx_options.timeout = config.timeout;
+  ucx_options.key_prefix = "gradcomm";
+  auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
+  store_barrier(*store, "gradcomm/init", config.world_size, config.timeout);
+  detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size,
+              transport->name(), store->address());
+  return std::make_unique<Communicator>(
+      std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store)));
+}
+
+Communicator::Communicator(std::unique_ptr<detail::CommunicatorImpl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return impl_->rank(); }
+int Communicator::size() const { return impl_->size(); }
+
+void Communicator::allreduce(TensorView t, ReduceOp op, const CompressOptions& options) {
+  impl_->allreduce(t, op, options);
+}
+void Communicator::allgather(TensorView in, TensorView out) { impl_->allgather(in, out); }
+void Communicator::broadcast(TensorView t, int root) { impl_->broadcast(t, root); }
+void Communicator::barrier() { impl_->barrier(); }
+void Communicator::synchronize() {}  // CPU collectives are blocking: nothing is ever in flight here
+
+std::vector<uint8_t> Communicator::save_state() const { return impl_->save_state(); }
+void Communicator::load_state(std::span<const uint8_t> bytes) { impl_->load_state(bytes); }
+Stats Communicator::stats() const { return impl_->stats(); }
+
+}  // namespace gradcomm

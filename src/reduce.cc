@@ -1,1 +1,140 @@
-// placeholder: being written
+#include "reduce.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "gradcomm/errors.h"
+#include "half.h"
+
+namespace gradcomm::detail {
+namespace {
+
+// min/max propagate NaN (either side NaN gives NaN), matching cuda/reduce_op.cuh;
+// std::min/max would silently drop a NaN on one side.
+template <class T>
+T combine_min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return a + b;
+  }
+  return b < a ? b : a;
+}
+template <class T>
+T combine_max(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return a + b;
+  }
+  return a < b ? b : a;
+}
+
+// Integer sums wrap (two's complement) instead of overflowing into UB.
+template <class T>
+T add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+// Integers divide in int64 so a divisor past the type's range (uint8, N > 255) stays exact.
+template <class T>
+T divide(T a, int64_t divisor) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<int64_t>(a) / divisor);
+  } else {
+    return a / static_cast<T>(divisor);
+  }
+}
+
+// Plain types: the loops are simple enough for the compiler to vectorize.
+template <class T>
+void reduce_plain(T* __restrict dst, const T* __restrict src, int64_t n, ReduceOp op, int64_t divisor) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      if (divisor > 1) {
+        for (int64_t i = 0; i < n; ++i) dst[i] = divide(add(dst[i], src[i]), divisor);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = add(dst[i], src[i]);
+      }
+      return;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < n; ++i) dst[i] = combine_min(dst[i], src[i]);
+      return;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < n; ++i) dst[i] = combine_max(dst[i], src[i]);
+      return;
+  }
+}
+
+// 16-bit floats: widen to fp32, combine, round once.
+template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
+void reduce_half(uint16_t* __restrict dst, const uint16_t* __restrict src, int64_t n, ReduceOp op,
+                 int64_t divisor) {
+  const float d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = Widen(dst[i]);
+    const float b = Widen(src[i]);
+    float r;
+    switch (op) {
+      case ReduceOp::kMin: r = combine_min(a, b); break;
+      case ReduceOp::kMax: r = combine_max(a, b); break;
+      default: r = divisor > 1 ? (a + b) / d : a + b; break;
+    }
+    dst[i] = Narrow(r);
+  }
+}
+
+template <class T>
+void divide_plain(T* data, int64_t n, int64_t divisor) {
+  for (int64_t i = 0; i < n; ++i) data[i] = divide(data[i], divisor);
+}
+
+template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
+void divide_half(uint16_t* data, int64_t n, int64_t divisor) {
+  const float d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < n; ++i) data[i] = Narrow(Widen(data[i]) / d);
+}
+
+}  // namespace
+
+void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op, int64_t final_divisor) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return reduce_plain(static_cast<float*>(dst), static_cast<const float*>(src), n, op, final_divisor);
+    case DType::kFloat64:
+      return reduce_plain(static_cast<double*>(dst), static_cast<const double*>(src), n, op, final_divisor);
+    case DType::kInt32:
+      return reduce_plain(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op, final_divisor);
+    case DType::kInt64:
+      return reduce_plain(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op, final_divisor);
+    case DType::kUInt8:
+      return reduce_plain(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op, final_divisor);
+    case DType::kFloat16:
+      return reduce_half<half_to_float, float_to_half>(static_cast<uint16_t*>(dst),
+                                                       static_cast<const uint16_t*>(src), n, op, final_divisor);
+    case DType::kBFloat16:
+      return reduce_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t*>(dst),
+                                                       static_cast<const uint16_t*>(src), n, op, final_divisor);
+  }
+  throw InvalidArgument("reduce: unknown dtype");
+}
+
+void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor) {
+  if (divisor <= 1) return;
+  switch (dtype) {
+    case DType::kFloat32: return divide_plain(static_cast<float*>(data), n, divisor);
+    case DType::kFloat64: return divide_plain(static_cast<double*>(data), n, divisor);
+    case DType::kInt32: return divide_plain(static_cast<int32_t*>(data), n, divisor);
+    case DType::kInt64: return divide_plain(static_cast<int64_t*>(data), n, divisor);
+    case DType::kUInt8: return divide_plain(static_cast<uint8_t*>(data), n, divisor);
+    case DType::kFloat16:
+      return divide_half<half_to_float, float_to_half>(static_cast<uint16_t*>(data), n, divisor);
+    case DType::kBFloat16:
+      return divide_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t*>(data), n, divisor);
+  }
+  throw InvalidArgument("divide: unknown dtype");
+}
+
+}  // namespace gradcomm::detail

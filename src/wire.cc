@@ -1,1 +1,112 @@
-// placeholder: being written
+#include "wire.h"
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cstring>
+
+namespace gradcomm::detail {
+
+static_assert(std::endian::native == std::endian::little,
+              "gradcomm's wire format is little-endian; add byte swaps for this host");
+
+const char* op_kind_name(OpKind op) {
+  switch (op) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kAllgatherv: return "allgatherv";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+uint32_t fnv1a32(const std::string& text) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+namespace {
+template <class T>
+void put(uint8_t* out, size_t offset, T value) {
+  std::memcpy(out + offset, &value, sizeof value);
+}
+template <class T>
+T get(const uint8_t* in, size_t offset) {
+  T value;
+  std::memcpy(&value, in + offset, sizeof value);
+  return value;
+}
+}  // namespace
+
+std::array<uint8_t, WireHeader::kBytes> WireHeader::serialize() const {
+  std::array<uint8_t, kBytes> out{};
+  uint8_t* p = out.data();
+  put<uint32_t>(p, 0, kMagic);
+  put<uint16_t>(p, 4, kVersion);
+  put<uint8_t>(p, 6, static_cast<uint8_t>(op));
+  put<uint8_t>(p, 7, static_cast<uint8_t>(dtype));
+  put<uint8_t>(p, 8, static_cast<uint8_t>(reduce_op));
+  put<uint64_t>(p, 12, seq);
+  put<int64_t>(p, 20, numel);
+  put<int32_t>(p, 28, root);
+  put<uint32_t>(p, 32, compressor_hash);
+  put<uint64_t>(p, 36, step);
+  put<uint64_t>(p, 44, payload_bytes);
+  std::memcpy(p + 52, compressor.data(), std::min(compressor.size(), kSpecBytes));
+  return out;
+}
+
+std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
+  if (size != kBytes || get<uint32_t>(p, 0) != kMagic || get<uint16_t>(p, 4) != kVersion) return std::nullopt;
+  WireHeader h;
+  const auto op = get<uint8_t>(p, 6);
+  const auto dtype = get<uint8_t>(p, 7);
+  const auto reduce_op = get<uint8_t>(p, 8);
+  if (op < static_cast<uint8_t>(OpKind::kAllreduce) || op > static_cast<uint8_t>(OpKind::kBarrier)) return std::nullopt;
+  if (!dtype_valid(dtype) || reduce_op > static_cast<uint8_t>(ReduceOp::kMax)) return std::nullopt;
+  h.op = static_cast<OpKind>(op);
+  h.dtype = static_cast<DType>(dtype);
+  h.reduce_op = static_cast<ReduceOp>(reduce_op);
+  h.seq = get<uint64_t>(p, 12);
+  h.numel = get<int64_t>(p, 20);
+  h.root = get<int32_t>(p, 28);
+  h.compressor_hash = get<uint32_t>(p, 32);
+  h.step = get<uint64_t>(p, 36);
+  h.payload_bytes = get<uint64_t>(p, 44);
+  const char* spec = reinterpret_cast<const char*>(p + 52);
+  h.compressor.assign(spec, strnlen(spec, kSpecBytes));
+  // Only printable ASCII is shown back to users: the text came from another process.
+  for (char& c : h.compressor) {
+    if (c < 0x20 || c > 0x7E) c = '?';
+  }
+  return h;
+}
+
+std::string WireHeader::describe() const {
+  switch (op) {
+    case OpKind::kAllreduce:
+      return fmt::format("allreduce(numel={}, {}, {}, {}) #{}", numel, dtype_name(dtype), reduce_op_name(reduce_op),
+                         compressor, seq);
+    case OpKind::kAllgather:
+      return fmt::format("allgather(numel={}, {}) #{}", numel, dtype_name(dtype), seq);
+    case OpKind::kAllgatherv:
+      return fmt::format("allgatherv({}) #{}", dtype_name(dtype), seq);
+    case OpKind::kBroadcast:
+      return fmt::format("broadcast(numel={}, {}, root={}) #{}", numel, dtype_name(dtype), root, seq);
+    case OpKind::kBarrier:
+      return fmt::format("barrier() #{}", seq);
+  }
+  return fmt::format("unknown op #{}", seq);
+}
+
+bool WireHeader::agrees_with(const WireHeader& o) const {
+  return op == o.op && dtype == o.dtype && reduce_op == o.reduce_op && seq == o.seq && numel == o.numel &&
+         root == o.root && compressor_hash == o.compressor_hash && step == o.step && payload_bytes == o.payload_bytes;
+}
+
+}  // namespace gradcomm::detail

@@ -53,17 +53,19 @@ class Request {
   RequestState state() const { return state_; }
   bool pending() const { return state_ == RequestState::kPending; }
   size_t bytes() const { return bytes_; }  // receive: bytes that arrived; send: bytes sent
+  size_t posted_bytes() const { return posted_bytes_; }  // the size the request was posted with
   int peer() const { return peer_; }
   const std::string& error() const { return error_; }  // transport's own words on failure
 
  protected:
-  Request(int peer, size_t bytes) : bytes_(bytes), peer_(peer) {}
+  Request(int peer, size_t bytes) : bytes_(bytes), posted_bytes_(bytes), peer_(peer) {}
   void complete(size_t bytes) { bytes_ = bytes; state_ = RequestState::kDone; }
   void fail(RequestState state, std::string error) { state_ = state; error_ = std::move(error); }
 
  private:
   RequestState state_ = RequestState::kPending;
   size_t bytes_;
+  size_t posted_bytes_;
   int peer_;
   std::string error_;
 };

@@ -1,1 +1,52 @@
-// placeholder: being written
+// Pipelined chain broadcast. The ranks form a chain starting at the root and
+// following the ring (root, root+1, ..., root-1); each rank receives chunk j from
+// its predecessor and passes it on to its successor right away, so the time is
+// about (N-1 + C) chunk transfers for C chunks instead of (N-1)·C.
+#include <algorithm>
+#include <vector>
+
+#include "collectives/collectives.h"
+
+namespace gradcomm::detail {
+
+void chain_broadcast(Op& op, void* data, int64_t bytes, int root) {
+  const int n = op.size();
+  const int r = op.rank();
+  const int position = (r - root + n) % n;  // 0 = root, n-1 = end of the chain
+  const bool receives = position > 0;
+  const bool forwards = position < n - 1;
+  const int right = (r + 1) % n;
+  const int left = (r + n - 1) % n;
+  auto* base = static_cast<uint8_t*>(data);
+
+  const int64_t chunk = chunk_bytes();
+  const int64_t C = std::max<int64_t>(1, (bytes + chunk - 1) / chunk);
+  auto range = [&](int64_t j) {
+    const int64_t b = bytes * j / C;
+    return std::pair<uint8_t*, size_t>(base + b, static_cast<size_t>(bytes * (j + 1) / C - b));
+  };
+
+  std::vector<RequestPtr> sends, recvs(receives ? C : 0);
+  int64_t posted = 0;
+  auto post_until = [&](int64_t limit) {
+    for (limit = std::min(limit, C); receives && posted < limit; ++posted) {
+      const auto [at, len] = range(posted);
+      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), at, len);
+    }
+  };
+
+  for (int64_t j = 0; j < C; ++j) {
+    if (receives) {
+      post_until(j + kPipelineDepth);
+      op.wait(*recvs[j], "broadcast receive");
+      recvs[j].reset();
+    }
+    if (forwards) {
+      const auto [at, len] = range(j);
+      sends.push_back(op.send(right, static_cast<uint32_t>(j), at, len));
+    }
+  }
+  op.wait_all(sends, "broadcast send");
+}
+
+}  // namespace gradcomm::detail

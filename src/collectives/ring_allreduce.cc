@@ -1,1 +1,160 @@
-// placeholder: being written
+// Ring allreduce (Patarasuk & Yuan 2009; Baidu's ring allreduce), pipelined.
+//
+// The buffer is cut into N segments, balanced to within one element. Rank r
+// sends to r+1 and receives from r-1 (mod N).
+//   Reduce-scatter, step k = 0..N-2: send segment r-k; receive segment r-k-1 and
+//     reduce it into ours. After N-1 steps rank r holds segment r+1 fully reduced.
+//   Allgather, step k = 0..N-2: send segment r+1-k; receive segment r-k and store
+//     it. After N-1 steps every rank holds every reduced segment.
+// Each rank sends 2(N-1)/N of the buffer, the lower bound for allreduce.
+//
+// Pipelining. Every segment is cut into the same number C of chunks, and one
+// (step, chunk) pair is one message, a "unit": u = step*C + chunk, numbered
+// through the reduce-scatter and then the allgather. The segment received at one
+// step is the segment sent at the next, so chunk j goes out again (as unit u+C)
+// the moment it has arrived and been reduced: NCCL's recvReduceSend, then
+// recvReduceCopySend at the last reduce-scatter step, then recvCopySend. Chunk
+// j+1 is on the wire while chunk j is being reduced.
+//
+// Buffers. Receives are posted kPipelineDepth units ahead. Reduce-scatter
+// receives land in staging slots (unit u in slot u mod depth, free again once u is
+// reduced); allgather receives land straight in the caller's buffer, posted only
+// after the reduce-scatter send that read the same region has completed (unit
+// u - (N-1)C: allgather step k overwrites segment r-k, which reduce-scatter step k sent).
+//
+// Determinism. For kAvg the owner of a segment divides by N in its last reduce,
+// before the segment travels the allgather; every rank then stores the same bytes,
+// so the results are bitwise identical on all ranks.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "env.h"
+#include "reduce.h"
+
+namespace gradcomm::detail {
+
+int64_t chunk_bytes() {
+  // GRADCOMM_CHUNK_BYTES: pipeline chunk size of the ring algorithms. Smaller
+  // chunks overlap better; larger ones pay less per-message overhead.
+  return env_bytes("GRADCOMM_CHUNK_BYTES", int64_t{512} << 10, 64, int64_t{1} << 30);
+}
+
+namespace {
+
+int wrap(int64_t value, int n) { return static_cast<int>(((value % n) + n) % n); }
+
+// Element ranges of segments and chunks. Segment s is [numel*s/N, numel*(s+1)/N);
+// chunk j of it is the same balanced split again, C ways.
+struct RingPlan {
+  int n;
+  int64_t numel;
+  int64_t chunks;
+
+  int64_t seg_begin(int s) const { return numel / n * s + numel % n * s / n; }
+  std::pair<int64_t, int64_t> chunk(int s, int64_t j) const {
+    const int64_t b = seg_begin(s);
+    const int64_t len = seg_begin(s + 1) - b;
+    return {b + len * j / chunks, b + len * (j + 1) / chunks};
+  }
+};
+
+}  // namespace
+
+void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op) {
+  const int n = op.size();
+  const int r = op.rank();
+  const int right = wrap(r + 1, n);
+  const int left = wrap(r - 1, n);
+  const size_t elem = dtype_size(dtype);
+  auto* base = static_cast<uint8_t*>(data);
+
+  // ---- plan: chunks per segment, units, staging ----------------------------------
+  const int64_t max_seg = (numel + n - 1) / n;
+  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes() / static_cast<int64_t>(elem));
+  // Units must fit the 31 bits below the second-phase tag range.
+  const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
+  const RingPlan plan{n, numel, std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, max_chunks)};
+  const int64_t C = plan.chunks;
+  const int64_t rs_units = int64_t{n - 1} * C;
+  const int64_t total_units = 2 * rs_units;
+  const int64_t divisor = reduce_op == ReduceOp::kAvg ? n : 1;
+
+  // What unit u carries: its receive region on this rank, and its send region.
+  auto recv_region = [&](int64_t u) {
+    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
+    return plan.chunk(u < rs_units ? wrap(r - k - 1, n) : wrap(r - k, n), u % C);
+  };
+  auto send_region = [&](int64_t u) {
+    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
+    return plan.chunk(u < rs_units ? wrap(r - k, n) : wrap(r + 1 - k, n), u % C);
+  };
+
+  const int64_t slot_elems = (max_seg + C - 1) / C;
+  const size_t slot_bytes = static_cast<size_t>(slot_elems) * elem;
+  const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * kPipelineDepth);
+
+  std::vector<RequestPtr> sends(total_units), recvs(total_units);
+  std::vector<uint8_t> send_posted(total_units, 0);
+
+  auto send_unit = [&](int64_t u) {
+    const auto [b, e] = send_region(u);
+    sends[u] = op.send(right, static_cast<uint32_t>(u), base + b * elem, static_cast<size_t>(e - b) * elem);
+    send_posted[u] = 1;
+  };
+
+  // Posts receives for units below `limit`. An allgather receive waits for the
+  // reduce-scatter send of the same region; if that send is not even posted yet,
+  // posting stops there and resumes on a later call.
+  int64_t posted = 0;
+  auto post_until = [&](int64_t limit) {
+    for (limit = std::min(limit, total_units); posted < limit; ++posted) {
+      const auto [b, e] = recv_region(posted);
+      const size_t bytes = static_cast<size_t>(e - b) * elem;
+      if (posted < rs_units) {
+        recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), staging.get() + (posted % kPipelineDepth) * slot_bytes,
+                                bytes);
+        continue;
+      }
+      const int64_t twin = posted - rs_units;
+      if (!send_posted[twin]) break;
+      if (sends[twin]) {
+        op.wait(*sends[twin], "reduce-scatter send");
+        sends[twin].reset();
+      }
+      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), base + b * elem, bytes);
+    }
+  };
+
+  // ---- run -----------------------------------------------------------------------
+  // Reduce-scatter step 0: send our own segment r.
+  for (int64_t j = 0; j < C; ++j) send_unit(j);
+
+  for (int64_t u = 0; u < total_units; ++u) {
+    post_until(u + kPipelineDepth);
+    const bool reduce_scatter = u < rs_units;
+    op.wait(*recvs[u], reduce_scatter ? "reduce-scatter receive" : "allgather receive");
+    recvs[u].reset();
+    if (reduce_scatter) {
+      // recvReduceSend: fold the neighbour's partial sum into ours; the owner's
+      // last fold (step N-2) also applies the average's division.
+      const auto [b, e] = recv_region(u);
+      const bool last_step = u / C == n - 2;
+      Op::ReduceTimer timer(op);
+      reduce_inplace(base + b * elem, staging.get() + (u % kPipelineDepth) * slot_bytes, e - b, dtype, reduce_op,
+                     last_step ? divisor : 1);
+    }
+    // The chunk just completed is what unit u+C sends: the next reduce-scatter
+    // step, the allgather's first step (our own final segment), or the next
+    // allgather step.
+    if (u + C < total_units) send_unit(u + C);
+  }
+  for (auto& send : sends) {
+    if (send) op.wait(*send, "final send");
+  }
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,128 @@
+// CommunicatorImpl: owns the transport (and, on rank 0, the store server), numbers
+// the collective calls, checks that every rank called the same one, and turns any
+// failure into a typed error on every rank. The algorithms themselves live in
+// src/collectives/, one per file; they see only an Op.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "env.h"
+#include "gradcomm/communicator.h"
+#include "gradcomm/errors.h"
+#include "state.h"
+#include "store/store.h"
+#include "transport/transport.h"
+#include "wire.h"
+
+namespace gradcomm::detail {
+
+class CommunicatorImpl;
+
+// One collective call in flight: its header, deadline and the wait loop. Every
+// blocking wait of an algorithm goes through wait(), which drives the transport,
+// watches the control channel for aborts, enforces the deadline and turns a
+// failed request into an error naming the peer, the call and the step.
+class Op {
+ public:
+  Op(CommunicatorImpl& comm, const WireHeader& header);
+  ~Op();
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const WireHeader& header() const { return header_; }
+
+  // Data messages of this call; `unit` tells messages of one call apart (pipeline
+  // step and chunk). Byte counts go to Stats.
+  RequestPtr send(int peer, uint32_t unit, const void* data, size_t bytes);
+  RequestPtr recv(int peer, uint32_t unit, void* data, size_t bytes);
+
+  // Blocks until `request` completes; a receive must deliver exactly the bytes
+  // posted (anything else is CorruptPayload). `what` names the step for errors.
+  void wait(Request& request, const char* what);
+  void wait_all(std::vector<RequestPtr>& requests, const char* what);
+
+  // Adds to Stats::reduce_s for the scope's lifetime.
+  class ReduceTimer {
+   public:
+    explicit ReduceTimer(Op& op) : op_(op), start_(Clock::now()) {}
+    ~ReduceTimer();
+   private:
+    Op& op_;
+    Clock::time_point start_;
+  };
+
+  // Checks the left neighbour's header (waiting for it if needed) and the right
+  // neighbour's receipt of ours. Algorithms need not call it: wait() checks the
+  // header first, and the communicator calls finish() after the algorithm.
+  void finish();
+
+  // Throws `code` with the call's context after telling the other ranks.
+  [[noreturn]] void fail(ErrorCode code, const std::string& what);
+
+ private:
+  void check_header();
+  void spin_until_done(Request& request, const char* what);
+
+  CommunicatorImpl& comm_;
+  WireHeader header_;
+  int rank_, size_;
+  Deadline deadline_;
+  std::array<uint8_t, WireHeader::kBytes> header_out_{};
+  std::array<uint8_t, WireHeader::kBytes> header_in_{};
+  RequestPtr header_send_, header_recv_;
+  bool header_checked_ = false;
+};
+
+class CommunicatorImpl {
+ public:
+  CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
+                   std::unique_ptr<Store> store = nullptr);
+  ~CommunicatorImpl();
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  Transport& transport() { return *transport_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  Stats& mutable_stats() { return stats_; }
+  Stats stats() const { return stats_; }
+
+  void allreduce(TensorView t, ReduceOp op, const CompressOptions& options);
+  void allgather(TensorView in, TensorView out);
+  // Variable-size allgather: rank r contributes `in` (counts[r] elements, agreed
+  // by a first exchange inside); returns the per-rank counts; `out` is resized to
+  // the total, rank blocks in rank order. Internal (sparse allgather builds on it).
+  std::vector<int64_t> allgatherv(const void* in, int64_t count, DType dtype, std::vector<uint8_t>& out);
+  void broadcast(TensorView t, int root);
+  void barrier();
+
+  std::vector<uint8_t> save_state() const { return serialize_state(state_, rank(), size()); }
+  // All or nothing: on any error the current state is left as it was.
+  void load_state(std::span<const uint8_t> bytes) { state_ = parse_state(bytes, rank(), size()); }
+  CompressionState& compression_state() { return state_; }
+
+  // Records the first failure; every later call raises it again.
+  void mark_failed(ErrorCode code, const std::string& message);
+
+ private:
+  // Validates state, numbers the call, runs `body` inside an Op and accounts time.
+  template <class Body>
+  void run(WireHeader header, Body&& body);
+  void check_usable() const;
+  void check_tensor(const TensorView& t, const char* op, const char* name) const;
+
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Store> store_;  // rank 0 serves the TCP store for the job's lifetime
+  std::chrono::milliseconds timeout_;
+  uint64_t next_seq_ = 1;
+  Stats stats_;
+  CompressionState state_;
+  std::optional<std::pair<ErrorCode, std::string>> failure_;
+};
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,42 @@
+// The communicator's compression state: per key, the error-feedback residual and
+// the step counter. save_state()/load_state() move it through this format:
+//
+//   magic u32 'GCS1' | version u16 | reserved u16 | world_size u32 | rank u32 |
+//   entry count u64 | entries... | checksum u64 (FNV-1a 64 of every byte before it)
+//   entry: key length u32 | key bytes | step u64 | dtype u8 | numel i64 |
+//          residual length u64 | residual bytes (numel * dtype size, or 0 when the
+//          key has no residual)
+//
+// Everything little-endian. The parser treats its input as untrusted: every length
+// is checked against the bytes that remain before anything is allocated.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradcomm/types.h"
+
+namespace gradcomm::detail {
+
+struct KeyState {
+  uint64_t step = 0;
+  DType dtype = DType::kFloat32;
+  int64_t numel = 0;
+  std::vector<uint8_t> residual;  // empty, or numel * dtype_size(dtype) bytes
+};
+
+struct CompressionState {
+  std::map<std::string, KeyState> keys;  // ordered: the serialized bytes are deterministic
+};
+
+std::vector<uint8_t> serialize_state(const CompressionState& state, int rank, int world_size);
+// CorruptPayload naming what is wrong (and where) for malformed bytes;
+// InvalidArgument when well-formed state belongs to another rank or world size.
+CompressionState parse_state(std::span<const uint8_t> bytes, int rank, int world_size);
+
+uint64_t fnv1a64(std::span<const uint8_t> bytes);
+
+}  // namespace gradcomm::detail

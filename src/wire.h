@@ -1,0 +1,55 @@
+// The header every collective call puts on the wire. Before moving data, each
+// rank sends its header to its right neighbour and checks the one from its left
+// neighbour against its own call; if all adjacent pairs around the ring agree,
+// all ranks agree. A disagreement is a MismatchError naming both calls.
+//
+// Layout (little-endian, 96 bytes; offsets in the serializer):
+//   magic u32 'GCW1' | version u16 | op u8 | dtype u8 | reduce_op u8 | flags u8 |
+//   reserved u16 | seq u64 | numel i64 | root i32 | compressor_hash u32 | step u64 |
+//   payload_bytes u64 | compressor (spec text, 32 bytes, NUL-padded, may be truncated) |
+//   reserved (8 bytes, zero)
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gradcomm/types.h"
+
+namespace gradcomm::detail {
+
+enum class OpKind : uint8_t { kAllreduce = 1, kAllgather, kAllgatherv, kBroadcast, kBarrier };
+const char* op_kind_name(OpKind op);
+
+struct WireHeader {
+  static constexpr uint32_t kMagic = 0x31574347;  // "GCW1" in memory order
+  static constexpr uint16_t kVersion = 1;
+  static constexpr size_t kBytes = 96;
+  static constexpr size_t kSpecBytes = 32;
+
+  OpKind op = OpKind::kBarrier;
+  DType dtype = DType::kUInt8;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  uint64_t seq = 0;
+  int64_t numel = 0;          // allgatherv: -1 (counts differ by rank)
+  int32_t root = -1;          // broadcast only
+  uint32_t compressor_hash = 0;
+  uint64_t step = 0;          // compression step of the key (0 for dense)
+  uint64_t payload_bytes = 0;
+  std::string compressor = "none";
+
+  std::array<uint8_t, kBytes> serialize() const;
+  // nullopt when the bytes are not a header this version understands.
+  static std::optional<WireHeader> parse(const uint8_t* bytes, size_t size);
+
+  // "allreduce(numel=1000, float32, sum, none) #17"
+  std::string describe() const;
+  // True when both describe the same call (every field that must agree across ranks).
+  bool agrees_with(const WireHeader& other) const;
+};
+
+// 32-bit FNV-1a, stable across builds and machines (compressor spec fingerprint).
+uint32_t fnv1a32(const std::string& text);
+
+}  // namespace gradcomm::detail
