@@ -15,6 +15,9 @@ namespace {
 // Small, because ranks often share cores: a spinning rank steals its peer's CPU.
 constexpr int kSpinBeforeSleep = 64;
 constexpr auto kMaxSleep = std::chrono::microseconds(20'000);
+// After a failure, how long outstanding sends (the abort to the others among them)
+// may take before the transport drops them.
+constexpr auto kAbandonGrace = std::chrono::milliseconds(300);
 
 int left_of(int rank, int size) { return (rank + size - 1) % size; }
 int right_of(int rank, int size) { return (rank + 1) % size; }
@@ -68,6 +71,7 @@ void Op::spin_until_done(Request& request, const char* what) {
       const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_,
                                               header_.describe(), abort->origin, abort->text);
       comm_.mark_failed(abort->code, message);
+      transport.abandon_pending(kAbandonGrace);
       throw_error(abort->code, message);
     }
     if (!request.pending()) break;
@@ -138,6 +142,7 @@ void Op::fail(ErrorCode code, const std::string& what) {
   comm_.mark_failed(code, message);
   ControlMessage abort{code, rank_, message.substr(0, ControlMessage::kMaxText)};
   comm_.transport().send_abort(abort);
+  comm_.transport().abandon_pending(kAbandonGrace);
   throw_error(code, message);
 }
 
@@ -208,6 +213,7 @@ void CommunicatorImpl::run(WireHeader header, Body&& body) {
         const std::string message = fmt::format("rank {}: {}: {}", rank(), header.describe(), e.what());
         mark_failed(code, message);
         transport_->send_abort(ControlMessage{code, rank(), message.substr(0, ControlMessage::kMaxText)});
+        transport_->abandon_pending(kAbandonGrace);
       }
       throw;
     }

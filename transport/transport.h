@@ -16,6 +16,8 @@
 //    gone or after the transport itself is destroyed.
 //  - Failures are reported, never thrown, by requests: the communicator turns them
 //    into typed errors with the operation's context.
+//  - A request's destructor may block briefly (a send UCX cannot cancel), except
+//    after abandon_pending(), when nothing may block any more.
 //  - The control channel carries aborts: a rank that fails a collective tells the
 //    others, so they raise at once instead of waiting for their deadline.
 #pragma once
@@ -99,6 +101,12 @@ class Transport {
   virtual void send_abort(const ControlMessage& message) = 0;
   // An abort some peer sent, if one has arrived (progress() receives them).
   virtual std::optional<ControlMessage> poll_abort() = 0;
+
+  // The communicator has failed: sends still outstanding (aborts included) get up
+  // to `grace` to complete; then every exchange still pending is dropped, cutting
+  // off peers whose sends never completed, so that no later Request destruction
+  // blocks. The transport stays usable for poll_abort() and destruction only.
+  virtual void abandon_pending(std::chrono::milliseconds grace) = 0;
 };
 
 }  // namespace gradcomm::detail

@@ -29,6 +29,8 @@ class Store {
   // (and the store's address) when `timeout` passes first.
   virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // Atomically adds `delta` to the integer stored at `key` (absent = 0); returns the new value.
+  // The counter is stored as decimal ASCII text ("3", "-12"), so get() on it returns
+  // that text; add() on a key holding anything else is InvalidArgument.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Human-readable address for error messages ("tcp://127.0.0.1:29500").
   virtual std::string address() const = 0;
@@ -40,6 +42,7 @@ struct StoreLimits {
   size_t max_value_bytes = 1 << 20;
   size_t max_connections = 1024;
   size_t max_keys = 1 << 16;
+  size_t max_total_bytes = size_t{256} << 20;      // keys + values held, all together
   std::chrono::milliseconds idle_timeout{60'000};  // a client silent this long is dropped
   std::chrono::milliseconds auth_timeout{5'000};   // ... or this long before proving the token
 };
@@ -55,6 +58,8 @@ struct StoreOptions {
 
 // Parses the URL and connects (and, on rank 0 for tcp://, starts serving).
 // InvalidArgument for a malformed URL; TimeoutError if the server never answers.
+// Accepted forms: "tcp://host:port" (port 1..65535; IPv6 as "tcp://[::1]:port") and
+// "file:///absolute/dir" (created when missing). The returned Store is thread-safe.
 std::unique_ptr<Store> create_store(const StoreOptions& options);
 
 }  // namespace gradcomm::detail

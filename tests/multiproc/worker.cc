@@ -1,0 +1,219 @@
+// gradcomm-test-worker: one rank of a multi-process test, started by gradcomm-run.
+// Uses only the public API (and the shared library), like a user program.
+//
+//   collectives              allreduce (sizes 0, 1, 1000003 x sum/avg/min/max x 5 dtypes),
+//                            allgather, broadcast, barrier; results checked against closed
+//                            form and, through a hash allgather, bitwise across ranks
+//   kill VICTIM              VICTIM SIGKILLs itself in the middle of an allreduce
+//   stop VICTIM TIMEOUT_MS   VICTIM SIGSTOPs itself; the others use a TIMEOUT_MS timeout
+//   mismatch numel|dtype|op|kind   rank 1 calls something different
+//
+// Every rank prints one "RESULT ..." line. Fault modes exit 10 once the expected
+// error was seen (non-zero on purpose: gradcomm-run then ends the job), 1 otherwise.
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradcomm/gradcomm.h"
+#include "half.h"
+
+using namespace gradcomm;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kExpectedError = 10;
+
+int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double contribution(int rank, int64_t i) { return static_cast<double>((3 * rank + i) % 13) - 6.0; }
+
+void store(DType dtype, void* base, int64_t i, double v) {
+  switch (dtype) {
+    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
+    case DType::kFloat64: static_cast<double*>(base)[i] = v; break;
+    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(static_cast<float>(v)); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(static_cast<float>(v)); break;
+    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
+    default: throw std::logic_error("dtype not used here");
+  }
+}
+
+void store_average(DType dtype, void* base, int64_t i, double sum, int n) {
+  const float f = static_cast<float>(sum) / static_cast<float>(n);
+  switch (dtype) {
+    case DType::kFloat32: static_cast<float*>(base)[i] = f; break;
+    case DType::kFloat64: static_cast<double*>(base)[i] = sum / n; break;
+    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(f); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(f); break;
+    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(static_cast<int64_t>(sum) / n); break;
+    default: throw std::logic_error("dtype not used here");
+  }
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  return h;
+}
+
+// True when every rank's bytes hash the same.
+bool same_on_every_rank(Communicator& comm, const void* data, size_t bytes) {
+  uint64_t mine = fnv(data, bytes);
+  std::vector<uint64_t> all(comm.size());
+  comm.allgather(TensorView{&mine, 1, DType::kInt64, {}}, TensorView{all.data(), comm.size(), DType::kInt64, {}});
+  for (uint64_t h : all) {
+    if (h != mine) return false;
+  }
+  return true;
+}
+
+int run_collectives(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  int checks = 0, wrong = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) {
+      ++wrong;
+      fmt::print(stderr, "rank {}: WRONG {}\n", r, what);
+    }
+  };
+  for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{1000003}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+        const size_t bytes = numel * dtype_size(dtype);
+        std::vector<uint8_t> x(bytes), expected(bytes);
+        for (int64_t i = 0; i < numel; ++i) {
+          store(dtype, x.data(), i, contribution(r, i));
+          double sum = 0, lo = 1e9, hi = -1e9;
+          for (int s = 0; s < n; ++s) {
+            sum += contribution(s, i);
+            lo = std::min(lo, contribution(s, i));
+            hi = std::max(hi, contribution(s, i));
+          }
+          if (op == ReduceOp::kAvg) {
+            store_average(dtype, expected.data(), i, sum, n);
+          } else {
+            store(dtype, expected.data(), i, op == ReduceOp::kSum ? sum : op == ReduceOp::kMin ? lo : hi);
+          }
+        }
+        comm.allreduce(TensorView{x.data(), numel, dtype, {}}, op);
+        const std::string what = fmt::format("allreduce numel={} {} {}", numel, dtype_name(dtype), reduce_op_name(op));
+        check(x == expected, what);
+        check(same_on_every_rank(comm, x.data(), bytes), what + " bitwise across ranks");
+      }
+    }
+    // allgather: rank s's block holds s*7 + i.
+    std::vector<int32_t> in(numel), out(numel * n, -1);
+    for (int64_t i = 0; i < numel; ++i) in[i] = r * 7 + static_cast<int32_t>(i);
+    comm.allgather(TensorView::of(in.data(), numel), TensorView::of(out.data(), numel * n));
+    bool ok = true;
+    for (int s = 0; s < n; ++s) {
+      for (int64_t i = 0; i < numel; ++i) ok &= out[s * numel + i] == s * 7 + static_cast<int32_t>(i);
+    }
+    check(ok, fmt::format("allgather numel={}", numel));
+    // broadcast from every root.
+    for (int root = 0; root < n; ++root) {
+      std::vector<double> b(numel, r == root ? 0.0 : -1.0);
+      if (r == root) {
+        for (int64_t i = 0; i < numel; ++i) b[i] = root + i * 0.5;
+      }
+      comm.broadcast(TensorView::of(b.data(), numel), root);
+      bool same = true;
+      for (int64_t i = 0; i < numel; ++i) same &= b[i] == root + i * 0.5;
+      check(same, fmt::format("broadcast numel={} root={}", numel, root));
+    }
+    comm.barrier();
+  }
+  const Stats s = comm.stats();
+  fmt::print("RESULT rank={} checks={} wrong={} ops={} sent={}\n", r, checks, wrong, s.ops, s.bytes_sent);
+  return wrong == 0 ? 0 : 1;
+}
+
+// Allreduces a 16 MB tensor in a loop; the victim kills or stops itself from a
+// second thread a random moment into the third call, so it dies mid-collective.
+int run_fault(Communicator& comm, bool kill, int victim) {
+  const int r = comm.rank();
+  std::vector<float> x(4 << 20, 1.0f);
+  if (r == victim) {
+    std::thread([kill] {
+      std::mt19937 rng(static_cast<unsigned>(getpid()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 300));
+      fmt::print("RESULT rank_dying at_ms={}\n", epoch_ms());
+      std::fflush(stdout);
+      raise(kill ? SIGKILL : SIGSTOP);
+    }).detach();
+  }
+  auto start = Clock::now();
+  try {
+    for (int it = 0; it < 1000000; ++it) {
+      start = Clock::now();
+      comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), ReduceOp::kAvg);
+    }
+  } catch (const Error& e) {
+    const double in_call = std::chrono::duration<double>(Clock::now() - start).count();
+    fmt::print("RESULT rank={} error={} at_ms={} in_call_s={:.3f} message={}\n", r, error_code_name(e.code()),
+               epoch_ms(), in_call, e.what());
+    // The communicator stays failed: a further call raises the same class at once.
+    try {
+      comm.barrier();
+    } catch (const Error& again) {
+      if (again.code() != e.code()) return 1;
+    }
+    return (kill ? e.code() == ErrorCode::kPeerFailure : e.code() == ErrorCode::kTimeout) ? kExpectedError : 1;
+  }
+  return 1;
+}
+
+int run_mismatch(Communicator& comm, const std::string& kind) {
+  const bool odd = comm.rank() == 1;
+  std::vector<float> x(1000, 1.0f), out(1000 * comm.size());
+  try {
+    TensorView t = TensorView::of(x.data(), kind == "numel" && odd ? 999 : 1000);
+    if (kind == "dtype" && odd) t.dtype = DType::kInt32;
+    if (kind == "kind" && odd) {
+      comm.allgather(t, TensorView::of(out.data(), static_cast<int64_t>(out.size())));
+    } else {
+      comm.allreduce(t, kind == "op" && odd ? ReduceOp::kMax : ReduceOp::kSum);
+    }
+  } catch (const Error& e) {
+    fmt::print("RESULT rank={} error={} message={}\n", comm.rank(), error_code_name(e.code()), e.what());
+    return e.code() == ErrorCode::kMismatch ? kExpectedError : 1;
+  }
+  fmt::print("RESULT rank={} error=none\n", comm.rank());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (argc < 2) {
+    fmt::print(stderr, "usage: gradcomm-test-worker collectives | kill V | stop V TIMEOUT_MS | mismatch KIND\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  try {
+    InitOptions options;
+    if (mode == "stop" && argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
+    auto comm = Communicator::create(options);
+    if (mode == "collectives") return run_collectives(*comm);
+    if ((mode == "kill" || mode == "stop") && argc > 2) return run_fault(*comm, mode == "kill", std::stoi(argv[2]));
+    if (mode == "mismatch" && argc > 2) return run_mismatch(*comm, argv[2]);
+  } catch (const Error& e) {
+    fmt::print(stderr, "worker: {}: {}\n", error_code_name(e.code()), e.what());
+    return 1;
+  }
+  fmt::print(stderr, "worker: unknown mode '{}'\n", mode);
+  return 2;
+}

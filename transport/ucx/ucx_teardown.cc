@@ -1,0 +1,184 @@
+// UCX transport: peer failures, abandoned requests and destruction (see the
+// lifetime rules in ucx_transport_impl.h). Nothing here may hang: every wait is
+// bounded, and endpoints are force-closed rather than closed with a handshake.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "logging.h"
+#include "transport/ucx/ucx_transport_impl.h"
+
+namespace gradcomm::detail {
+
+// ---- failures -----------------------------------------------------------------------
+
+// Runs inside ucp_worker_progress: records the failure and fails waiting
+// requests, leaving the UCX calls (cancel, close) to drive().
+void UcxTransport::on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  peer->transport->fail_peer(peer->rank, fmt::format("ucx: rank {} lost rank {}: {}", peer->transport->rank_,
+                                                     peer->rank, ucs_status_string(status)));
+}
+
+void UcxTransport::fail_peer(int rank, std::string error) {
+  Peer& peer = peers_[static_cast<size_t>(rank)];
+  if (peer.failed) return;
+  peer.failed = true;
+  peer.error = std::move(error);
+  peers_newly_failed_ = true;
+  ++events_;
+  log(LogLevel::kInfo, "{}", peer.error);
+  for (auto& [id, op] : ops_) {
+    if (op->peer == rank && op->owner != nullptr && op->owner->pending()) {
+      op->owner->fail(RequestState::kPeerFailed, peer.error);
+    }
+  }
+}
+
+void UcxTransport::cancel_receives_from_failed() {
+  peers_newly_failed_ = false;
+  std::vector<void*> doomed;
+  for (auto& [id, op] : ops_) {
+    if (op->kind == UcxOp::Kind::kRecv && op->ucx_request != nullptr && peers_[static_cast<size_t>(op->peer)].failed) {
+      doomed.push_back(op->ucx_request);
+    }
+  }
+  // Cancelling completes unmatched receives through their callbacks, which erase Ops.
+  for (void* request : doomed) ucp_request_cancel(worker_, request);
+}
+
+// Force-closes the endpoint to `rank`: UCX completes its pending sends with an
+// error and never touches their buffers again.
+void UcxTransport::force_close(int rank) {
+  Peer& peer = peers_[static_cast<size_t>(rank)];
+  if (peer.ep == nullptr) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t result = ucp_ep_close_nbx(peer.ep, &param);
+  peer.ep = nullptr;
+  if (UCS_PTR_IS_PTR(result)) close_requests_.push_back(result);
+}
+
+void UcxTransport::abandon(uint64_t id) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;
+  UcxOp* op = it->second.get();
+  op->owner = nullptr;
+  const int peer = op->peer;
+  const bool send = op->kind == UcxOp::Kind::kSend;
+  if (!send && op->ucx_request != nullptr) ucp_request_cancel(worker_, op->ucx_request);
+  const auto finished = [&] { return !alive(id); };
+  // After abandon_pending() whatever could finish has; do not wait again per request.
+  const auto wait = abandoned_ ? kUcxCancelWait : kUcxAbandonWait;
+  progress_until(Clock::now() + wait, finished);
+  if (finished()) return;
+  if (send) {
+    fail_peer(peer, fmt::format("ucx: rank {} closed its endpoint to rank {}: a send was abandoned in flight "
+                                "(rendezvous never matched)",
+                                rank_, peer));
+    force_close(peer);
+    progress_until(Clock::now() + wait, finished);
+    if (finished()) return;
+  }
+  log(LogLevel::kWarn, "ucx: rank {}: an abandoned {} with rank {} is still in flight", rank_,
+      send ? "send" : "receive", peer);
+}
+
+// After a failure: let outstanding sends (the abort among them) finish within the
+// grace, and cancel pending receives. Whatever is still in flight after that is
+// stuck on its peer (a send nobody receives, a rendezvous receive whose sender
+// stopped: UCX cannot cancel a matched receive), so that peer's endpoint is
+// force-closed, which completes everything on it. From then on a destroyed
+// Request waits for nothing (abandoned_).
+void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
+  if (worker_ == nullptr || abandoned_) return;
+  abandoned_ = true;
+  auto is_data = [](const UcxOp& op) { return op.kind == UcxOp::Kind::kSend || op.kind == UcxOp::Kind::kRecv; };
+  auto sends_left = [&] {
+    return std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
+      return entry.second->kind == UcxOp::Kind::kSend || entry.second->kind == UcxOp::Kind::kControlSend;
+    });
+  };
+  progress_until(Clock::now() + grace, [&] { return !sends_left(); });
+  std::vector<void*> receives;
+  for (auto& [id, op] : ops_) {
+    if (op->kind == UcxOp::Kind::kRecv && op->ucx_request != nullptr) receives.push_back(op->ucx_request);
+  }
+  for (void* request : receives) ucp_request_cancel(worker_, request);
+  progress_until(Clock::now() + kUcxCancelWait, [&] {
+    return std::none_of(ops_.begin(), ops_.end(), [&](const auto& entry) { return is_data(*entry.second); });
+  });
+  std::vector<int> stuck;
+  for (auto& [id, op] : ops_) {
+    if (is_data(*op) && op->peer >= 0) stuck.push_back(op->peer);
+  }
+  std::sort(stuck.begin(), stuck.end());
+  stuck.erase(std::unique(stuck.begin(), stuck.end()), stuck.end());
+  for (int peer : stuck) {
+    fail_peer(peer, fmt::format("ucx: rank {} cut off rank {} after a failure: exchanges with it never completed",
+                                rank_, peer));
+    force_close(peer);
+  }
+  progress_until(Clock::now() + kUcxCloseWait, [&] {
+    return std::none_of(ops_.begin(), ops_.end(), [&](const auto& entry) { return is_data(*entry.second); });
+  });
+}
+
+// ---- teardown --------------------------------------------------------------------
+
+void UcxTransport::shutdown() noexcept {
+  closing_ = true;
+  if (worker_ != nullptr) {
+    try {
+      // 1. Nobody will read what pending receives (the abort receive included) get.
+      std::vector<void*> receives;
+      for (auto& [id, op] : ops_) {
+        if ((op->kind == UcxOp::Kind::kRecv || op->kind == UcxOp::Kind::kControlRecv) && op->ucx_request != nullptr) {
+          receives.push_back(op->ucx_request);
+        }
+      }
+      for (void* request : receives) ucp_request_cancel(worker_, request);
+      // 2. Give queued sends (an abort sent just before) a bounded chance to leave.
+      ucp_request_param_t flush_param{};
+      ucs_status_ptr_t flush = ucp_worker_flush_nbx(worker_, &flush_param);
+      if (UCS_PTR_IS_PTR(flush)) {
+        progress_until(Clock::now() + kUcxFlushWait, [&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
+        ucp_request_free(flush);  // released by UCX once it completes, if it has not yet
+      }
+      // 3. Force-close every endpoint: no close handshake with peers that may be dead.
+      for (int r = 0; r < size_ && r < static_cast<int>(peers_.size()); ++r) force_close(r);
+      progress_until(Clock::now() + kUcxCloseWait, [&] {
+        return std::all_of(close_requests_.begin(), close_requests_.end(),
+                           [](void* r) { return ucp_request_check_status(r) != UCS_INPROGRESS; });
+      });
+    } catch (...) {
+      // Teardown continues regardless; nothing above is expected to throw.
+    }
+    for (void* request : close_requests_) ucp_request_free(request);
+    close_requests_.clear();
+    // 4. Whatever is still in flight is detached: its Request reports kFailed and
+    //    its destructor touches nothing. ucp_request_free also drops the
+    //    completion callback, so UCX never calls back into a freed UcxOp.
+    for (auto& [id, op] : ops_) {
+      if (UcxRequest* owner = op->owner) {
+        owner->op_ = 0;
+        if (owner->pending()) {
+          owner->fail(RequestState::kFailed, fmt::format("ucx: rank {} destroyed the transport while this "
+                                                         "request was in flight",
+                                                         rank_));
+        }
+      }
+      if (op->ucx_request != nullptr) ucp_request_free(op->ucx_request);
+    }
+    ops_.clear();
+    ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+  }
+  if (context_ != nullptr) {
+    ucp_cleanup(context_);
+    context_ = nullptr;
+  }
+}
+
+}  // namespace gradcomm::detail

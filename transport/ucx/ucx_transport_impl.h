@@ -1,0 +1,171 @@
+// Internals of the UCX transport, shared by ucx_transport.cc (set-up, operations,
+// progress, control channel) and ucx_teardown.cc (failures, abandoned requests,
+// destruction). Nothing outside transport/ucx/ includes this.
+//
+//
+// Request lifetime. Every operation UCX has not finished is an Op record owned by
+// the transport (ops_, keyed by a serial id). Its user-facing UcxRequest points at
+// it and it points back; whichever side goes first clears the other's pointer:
+//  - UCX finishes (callback, only inside ucp_worker_progress, i.e. inside
+//    progress()/wait_for_event() or a bounded internal wait): the owner's state is
+//    set, the UCX request freed, the Op erased.
+//  - The Request is destroyed first: the transport abandons the Op. A receive is
+//    cancelled (ucp_request_cancel). A send cannot be cancelled in UCX 1.13, so the
+//    worker is progressed until it completes, at most kUcxAbandonWait; if it still has
+//    not (a rendezvous send whose receiver never came), the endpoint to that peer
+//    is force-closed, which completes the send with an error and guarantees UCX no
+//    longer reads the buffer. That peer then counts as failed for this rank: the
+//    caller already gave up on the exchange, and after a failure the communicator
+//    is unusable anyway.
+//  - The transport is destroyed first: pending receives are cancelled, the worker
+//    flushed (bounded), every endpoint force-closed, and surviving Requests are
+//    detached and marked kFailed; their destructors then touch nothing.
+// A peer failure (endpoint error callback) marks that peer's pending Requests
+// kPeerFailed at once, so waits end in seconds; their receives are cancelled right
+// after. Callers destroy their Requests before freeing the buffers, which is when
+// the transport makes its buffer guarantee.
+//
+// Dead peers. Endpoints use UCP_ERR_HANDLING_MODE_PEER. With that mode UCX 1.13
+// selects no shared-memory transport (posix/sysv/cma cannot report peer failure;
+// UCX_TLS=posix,self gives "Destination is unreachable"), so ranks on one host
+// talk over TCP loopback, and a process killed with SIGKILL resets its sockets:
+// measured, its peers see kPeerFailed ("Endpoint timeout") within 1-20 ms. For
+// deaths that reset nothing, UCX keepalive checks every endpoint each
+// GRADCOMM_UCX_KEEPALIVE_MS (default 1000 ms; UCX's own default is 20 s). UCX
+// runs keepalive from inside ucp_worker_progress, only on every 32nd call, and
+// has no timer to wake a sleeping worker, so wait_for_event never sleeps longer
+// than kUcxMaxSleep and progress() adds a burst of 32 calls every kUcxKeepaliveKick.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "env.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace gradcomm::detail {
+
+constexpr auto kUcxMaxSleep = std::chrono::milliseconds{100};       // longest single sleep in wait_for_event
+constexpr auto kUcxKeepaliveKick = std::chrono::milliseconds{200};  // how often progress() gives keepalive its turn
+constexpr int kUcxKeepaliveIterSkip = 32;                           // UCX checks keepalive every 32nd progress call
+constexpr int kUcxMaxProgressRounds = 4096;                         // bound on one progress() loop
+constexpr auto kUcxAbandonWait = std::chrono::seconds{2};           // a destroyed Request's send may finish this long
+constexpr auto kUcxCancelWait = std::chrono::milliseconds{100};     // cancelled receives report back
+constexpr auto kUcxFlushWait = std::chrono::seconds{1};             // destructor: let queued sends (aborts) leave
+constexpr auto kUcxCloseWait = std::chrono::seconds{2};             // destructor: endpoint closes and cancellations
+
+class UcxTransport;
+struct UcxOp;
+
+class UcxRequest final : public Request {
+ public:
+  UcxRequest(UcxTransport* transport, int peer, size_t bytes) : Request(peer, bytes), transport_(transport) {}
+  ~UcxRequest() override;
+  UcxRequest(const UcxRequest&) = delete;
+  UcxRequest& operator=(const UcxRequest&) = delete;
+
+ private:
+  friend class UcxTransport;
+  UcxTransport* transport_;
+  uint64_t op_ = 0;  // id of the in-flight UcxOp; 0 when UCX holds nothing of ours
+};
+
+// One operation UCX has not finished. Lives in UcxTransport::ops_.
+struct UcxOp {
+  enum class Kind : uint8_t { kSend, kRecv, kControlSend, kControlRecv };
+  UcxTransport* transport = nullptr;
+  uint64_t id = 0;
+  Kind kind = Kind::kSend;
+  int peer = -1;                // -1 for the control receive (any peer)
+  uint64_t tag = 0;             // interface tag, for error messages
+  size_t bytes = 0;             // send size or receive capacity
+  UcxRequest* owner = nullptr;  // null: nobody waits (control ops, abandoned requests)
+  void* ucx_request = nullptr;  // the UCX request while UCX owns one
+  bool posting = true;          // inside the *_nbx call: the poster erases, not the callback
+  bool done = false;
+  std::vector<uint8_t> storage;  // control ops own their bytes
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(int rank, int size, Store& store, const UcxOptions& options);
+  ~UcxTransport() override { shutdown(); }
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "ucx"; }
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  bool progress() override { return drive(); }
+  void wait_for_event(std::chrono::microseconds max_wait) override;
+  void send_abort(const ControlMessage& message) override;
+  std::optional<ControlMessage> poll_abort() override;
+  void abandon_pending(std::chrono::milliseconds grace) override;
+
+  void abandon(uint64_t id);
+
+ private:
+  struct Peer {
+    UcxTransport* transport = nullptr;
+    int rank = -1;
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+    std::string error;
+  };
+
+  void connect(Store& store, const UcxOptions& options);
+  void shutdown() noexcept;
+  bool drive();
+  void progress_until(Clock::time_point deadline, const auto& done);
+  UcxOp* new_op(UcxOp::Kind kind, int peer, uint64_t tag, size_t bytes, UcxRequest* owner);
+  void erase(UcxOp* op) { ops_.erase(op->id); }
+  void after_post(UcxOp* op, ucs_status_ptr_t result);
+  void finish(UcxOp* op, ucs_status_t status, size_t length);
+  void settle(UcxRequest& request, const UcxOp& op, ucs_status_t status, size_t length);
+  std::string check_target(int peer, uint64_t tag) const;
+  void post_control_recv();
+  void fail_peer(int peer, std::string error);
+  void cancel_receives_from_failed();
+  void force_close(int peer);
+  bool alive(uint64_t id) const { return ops_.count(id) != 0; }
+
+  static void on_send(void* request, ucs_status_t status, void* user_data);
+  static void recv_params(UcxOp* op, ucp_request_param_t& param);
+  static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  int rank_;
+  int size_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;
+  std::vector<Peer> peers_;  // sized once: endpoint error callbacks hold &peers_[r]
+  std::unordered_map<uint64_t, std::unique_ptr<UcxOp>> ops_;
+  uint64_t next_op_id_ = 1;
+  uint64_t events_ = 0;  // completions, arrivals, failures: progress() reports changes
+  bool control_posted_ = false;
+  bool closing_ = false;
+  bool peers_newly_failed_ = false;
+  bool abandoned_ = false;  // abandon_pending() ran: destroyed Requests wait for nothing
+  std::deque<ControlMessage> aborts_;
+  std::vector<void*> close_requests_;  // force-closes still finishing
+  Clock::time_point last_kick_ = Clock::now();
+};
+
+// Progresses until done() or the deadline; sleeps on the worker between rounds.
+inline void UcxTransport::progress_until(Clock::time_point deadline, const auto& done) {
+  while (!done() && Clock::now() < deadline) {
+    if (!drive()) wait_for_event(std::chrono::microseconds(1000));
+  }
+}
+
+}  // namespace gradcomm::detail

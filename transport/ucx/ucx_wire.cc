@@ -1,0 +1,47 @@
+#include "transport/ucx/ucx_wire.h"
+
+#include <algorithm>
+
+namespace gradcomm::detail {
+namespace {
+
+void put_u32(uint8_t* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t get_u32(const uint8_t* in) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(in[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_control(const ControlMessage& message) {
+  const size_t text_bytes = std::min(message.text.size(), ControlMessage::kMaxText);
+  std::vector<uint8_t> out(kControlHeaderBytes + text_bytes, 0);
+  put_u32(out.data(), kControlMagic);
+  out[4] = kControlVersion;
+  out[5] = static_cast<uint8_t>(message.code);
+  put_u32(out.data() + 8, static_cast<uint32_t>(message.origin));
+  put_u32(out.data() + 12, static_cast<uint32_t>(text_bytes));
+  std::copy_n(message.text.data(), text_bytes, out.data() + kControlHeaderBytes);
+  return out;
+}
+
+std::optional<ControlMessage> decode_control(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kControlHeaderBytes) return std::nullopt;
+  if (get_u32(bytes.data()) != kControlMagic || bytes[4] != kControlVersion) return std::nullopt;
+  const uint8_t code = bytes[5];
+  if (code < static_cast<uint8_t>(ErrorCode::kInvalidArgument) || code > static_cast<uint8_t>(ErrorCode::kCuda)) {
+    return std::nullopt;
+  }
+  const uint32_t text_bytes = get_u32(bytes.data() + 12);
+  if (text_bytes > ControlMessage::kMaxText || bytes.size() != kControlHeaderBytes + text_bytes) return std::nullopt;
+  ControlMessage message;
+  message.code = static_cast<ErrorCode>(code);
+  message.origin = static_cast<int32_t>(get_u32(bytes.data() + 8));
+  message.text.assign(reinterpret_cast<const char*>(bytes.data() + kControlHeaderBytes), text_bytes);
+  return message;
+}
+
+}  // namespace gradcomm::detail
