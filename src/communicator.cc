@@ -44,17 +44,22 @@ std::unique_ptr<Communicator> Communicator::create(const InitOptions& options) {
   store_options.world_size = config.world_size;
   store_options.job_token = config.job_token;
   store_options.timeout = config.timeout;
-  std::unique_ptr<detail::Store> store = detail::create_store(store_options);
-
   detail::UcxOptions ucx_options;
   ucx_options.timeout = config.timeout;
   ucx_options.key_prefix = "gradcomm";
-  auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
-  store_barrier(*store, "gradcomm/init", config.world_size, config.timeout);
-  detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size,
-              transport->name(), store->address());
-  return std::make_unique<Communicator>(
-      std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store)));
+  try {
+    std::unique_ptr<detail::Store> store = detail::create_store(store_options);
+    auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
+    store_barrier(*store, "gradcomm/init", config.world_size, config.timeout);
+    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size,
+                transport->name(), store->address());
+    return std::make_unique<Communicator>(
+        std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store)));
+  } catch (const Error& e) {
+    // The store and transport do not know the rank: add it, and the phase.
+    throw_error(e.code(), fmt::format("rank {} of {}: init via {}: {}", config.rank, config.world_size,
+                                      config.store, e.what()));
+  }
 }
 
 Communicator::Communicator(std::unique_ptr<detail::CommunicatorImpl> impl) : impl_(std::move(impl)) {}

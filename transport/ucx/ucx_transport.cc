@@ -30,9 +30,18 @@ UcxRequest::~UcxRequest() {
 
 // ---- set-up -------------------------------------------------------------------
 
-// Keepalive settings applied to the ucp config unless the user set the UCX
-// variable themselves.
-static void configure_keepalive(ucp_config_t* config) {
+// Settings applied to the ucp config unless the user set the UCX variable
+// themselves: keepalive, and TCP segment sizes.
+static void configure_defaults(ucp_config_t* config) {
+  // UCX's TCP defaults (8K send / 64K receive segments) cost a ring allreduce over
+  // loopback about a third of its bandwidth at 1-16 MB (measured with
+  // gradcomm-bench, 2 ranks; bench/results/allreduce-cpu-2026-11-22.md).
+  static constexpr const char* kTcpSegments[][2] = {{"TCP_TX_SEG_SIZE", "256K"}, {"TCP_RX_SEG_SIZE", "1M"}};
+  for (const auto& [name, value] : kTcpSegments) {
+    if (!env_string(fmt::format("UCX_{}", name).c_str())) {
+      GRADCOMM_UCX_CHECK(ucp_config_modify(config, name, value), name);
+    }
+  }
   if (!env_string("UCX_KEEPALIVE_INTERVAL")) {
     // GRADCOMM_UCX_KEEPALIVE_MS: how often UCX checks that each peer is alive.
     const int64_t ms = env_int("GRADCOMM_UCX_KEEPALIVE_MS", 1000, 10, 3'600'000);
@@ -64,7 +73,7 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
   params.estimated_num_eps = static_cast<size_t>(size_);
   ucs_status_t status = UCS_OK;
   try {
-    configure_keepalive(config);
+    configure_defaults(config);
     status = ucp_init(&params, config, &context_);
   } catch (...) {
     ucp_config_release(config);

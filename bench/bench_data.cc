@@ -1,0 +1,177 @@
+#include "bench_data.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "gradcomm/errors.h"
+#include "half.h"
+
+#if GRADCOMM_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace gradcomm::bench {
+
+namespace {
+
+#if GRADCOMM_WITH_CUDA
+void cuda_check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) throw CudaError(fmt::format("gradcomm-bench: {}: {}", what, cudaGetErrorString(rc)));
+}
+#endif
+
+[[noreturn]] void no_cuda() {
+  throw Unsupported("--device cuda: this gradcomm-bench was built without CUDA (configure with GRADCOMM_CUDA=ON)");
+}
+
+int64_t pattern(int rank, int64_t i) { return (rank + 1) * (i % 7 + 1); }
+
+// Every value the bench writes or expects is an integer well inside each type's
+// exact range, so going through int64 loses nothing.
+void store_value(void* base, DType dtype, int64_t i, int64_t v) {
+  switch (dtype) {
+    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
+    case DType::kFloat64: static_cast<double*>(base)[i] = static_cast<double>(v); break;
+    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(static_cast<float>(v)); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(static_cast<float>(v)); break;
+    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
+    case DType::kInt64: static_cast<int64_t*>(base)[i] = v; break;
+    case DType::kUInt8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); break;
+  }
+}
+
+// Exact comparison: the expected values are representable, so any difference is an error.
+bool equals(const void* base, DType dtype, int64_t i, int64_t v) {
+  switch (dtype) {
+    case DType::kFloat32: return static_cast<const float*>(base)[i] == static_cast<float>(v);
+    case DType::kFloat64: return static_cast<const double*>(base)[i] == static_cast<double>(v);
+    case DType::kFloat16:
+      return detail::half_to_float(static_cast<const uint16_t*>(base)[i]) == static_cast<float>(v);
+    case DType::kBFloat16:
+      return detail::bf16_to_float(static_cast<const uint16_t*>(base)[i]) == static_cast<float>(v);
+    case DType::kInt32: return static_cast<const int32_t*>(base)[i] == static_cast<int32_t>(v);
+    case DType::kInt64: return static_cast<const int64_t*>(base)[i] == v;
+    case DType::kUInt8: return static_cast<const uint8_t*>(base)[i] == static_cast<uint8_t>(v);
+  }
+  return false;
+}
+
+bool is_integer(DType dtype) {
+  return dtype == DType::kInt32 || dtype == DType::kInt64 || dtype == DType::kUInt8;
+}
+
+// Host copy of a device buffer (or the host buffer itself).
+class HostView {
+ public:
+  HostView(const BenchBuffer& buf, int64_t bytes, Device device) {
+    if (device.type == DeviceType::kCpu) {
+      data_ = buf.data();
+      return;
+    }
+#if GRADCOMM_WITH_CUDA
+    staging_.resize(static_cast<size_t>(bytes));
+    cuda_check(cudaMemcpy(staging_.data(), buf.data(), staging_.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    data_ = staging_.data();
+#else
+    (void)bytes;
+    no_cuda();
+#endif
+  }
+  const void* data() const { return data_; }
+
+ private:
+  const void* data_ = nullptr;
+  std::vector<std::byte> staging_;
+};
+
+// Fills through a host staging copy when the buffer lives on the GPU.
+template <class Fill>
+void fill(const BenchBuffer& buf, DType dtype, int64_t count, Device device, Fill&& value_of) {
+  if (device.type == DeviceType::kCpu) {
+    for (int64_t i = 0; i < count; ++i) store_value(buf.data(), dtype, i, value_of(i));
+    return;
+  }
+#if GRADCOMM_WITH_CUDA
+  std::vector<std::byte> staging(static_cast<size_t>(count) * dtype_size(dtype));
+  for (int64_t i = 0; i < count; ++i) store_value(staging.data(), dtype, i, value_of(i));
+  cuda_check(cudaMemcpy(buf.data(), staging.data(), staging.size(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+#else
+  no_cuda();
+#endif
+}
+
+}  // namespace
+
+BenchBuffer::BenchBuffer(int64_t bytes, Device device) : device_(device) {
+  size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));  // never a null pointer, even for 0 bytes
+  if (device.type == DeviceType::kCpu) {
+    data_ = ::operator new(n, std::align_val_t{64});
+    return;
+  }
+#if GRADCOMM_WITH_CUDA
+  cuda_check(cudaSetDevice(device.index), "cudaSetDevice");
+  cuda_check(cudaMalloc(&data_, n), "cudaMalloc");
+#else
+  no_cuda();
+#endif
+}
+
+BenchBuffer::~BenchBuffer() {
+  if (device_.type == DeviceType::kCpu) {
+    ::operator delete(data_, std::align_val_t{64});
+    return;
+  }
+#if GRADCOMM_WITH_CUDA
+  cudaFree(data_);
+#endif
+}
+
+void fill_check_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device) {
+  fill(buf, dtype, count, device, [rank](int64_t i) { return pattern(rank, i); });
+}
+
+void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device) {
+  if (is_integer(dtype)) {
+    fill(buf, dtype, count, device, [](int64_t) { return int64_t{0}; });
+  } else {
+    fill_check_input(buf, dtype, count, rank, device);
+  }
+}
+
+void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device) {
+  if (device.type == DeviceType::kCpu) {
+    std::memset(buf.data(), 0, static_cast<size_t>(bytes));
+    return;
+  }
+#if GRADCOMM_WITH_CUDA
+  cuda_check(cudaMemset(buf.data(), 0, static_cast<size_t>(bytes)), "cudaMemset");
+#else
+  no_cuda();
+#endif
+}
+
+int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device) {
+  HostView host(buf, count * static_cast<int64_t>(dtype_size(dtype)), device);
+  const int64_t ranks_sum = int64_t{world_size} * (world_size + 1) / 2;  // sum of (r + 1)
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < count; ++i) wrong += !equals(host.data(), dtype, i, (i % 7 + 1) * ranks_sum);
+  return wrong;
+}
+
+int64_t count_wrong_allgather(const BenchBuffer& out, DType dtype, int64_t count_per_rank, int world_size,
+                              Device device) {
+  HostView host(out, count_per_rank * world_size * static_cast<int64_t>(dtype_size(dtype)), device);
+  int64_t wrong = 0;
+  for (int r = 0; r < world_size; ++r) {
+    for (int64_t j = 0; j < count_per_rank; ++j) {
+      wrong += !equals(host.data(), dtype, r * count_per_rank + j, pattern(r, j));
+    }
+  }
+  return wrong;
+}
+
+}  // namespace gradcomm::bench

@@ -1,0 +1,47 @@
+// Benchmark buffers and the closed-form values --check compares against.
+//
+// Rank r's element i holds (r + 1) * (i % 7 + 1): small integers, so every dtype
+// (float16 included) represents them and their sums exactly. Allreduce (sum)
+// must give (i % 7 + 1) * N(N+1)/2 everywhere (mod 256 for uint8, which wraps);
+// allgather must place rank r's element j at out[r * count + j].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "gradcomm/types.h"
+
+namespace gradcomm::bench {
+
+// Host or CUDA memory of `bytes` bytes, uninitialized. On a CUDA device it
+// needs a build with CUDA (Unsupported otherwise).
+class BenchBuffer {
+ public:
+  BenchBuffer(int64_t bytes, Device device);
+  ~BenchBuffer();
+  BenchBuffer(const BenchBuffer&) = delete;
+  BenchBuffer& operator=(const BenchBuffer&) = delete;
+
+  void* data() const { return data_; }
+  TensorView view(DType dtype, int64_t numel) const { return TensorView{data_, numel, dtype, device_}; }
+
+ private:
+  void* data_ = nullptr;
+  Device device_;
+};
+
+// Writes rank `rank`'s closed-form input.
+void fill_check_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device);
+// Timing input: the same values for floating types; zeros for integer types, so
+// that the repeated in-place sums of the timed loop cannot overflow.
+void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device);
+// Zeroes `bytes` bytes: an allgather output starts blank, so an element the collective never
+// wrote reads as wrong (every expected value is at least 1).
+void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device);
+// Elements that differ from the exact result.
+int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device);
+int64_t count_wrong_allgather(const BenchBuffer& out, DType dtype, int64_t count_per_rank, int world_size,
+                              Device device);
+
+}  // namespace gradcomm::bench

@@ -1,0 +1,74 @@
+// The nccl-tests-style table rank 0 prints, and the JSON records of --json.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "baselines/baseline.h"
+
+namespace gradcomm::bench {
+
+// Where gradcomm's time went, per iteration, averaged over ranks (from Stats deltas).
+struct Phases {
+  double reduce_us = 0, encode_us = 0, decode_us = 0, comm_us = 0;
+};
+
+// One implementation's numbers at one size.
+struct ImplResult {
+  std::string impl;                       // "gradcomm", "mpi", "gloo"
+  double time_us = 0;                     // max over ranks of the per-rank mean
+  std::optional<double> wire_bytes;       // per rank per iteration; only gradcomm counts them
+  std::optional<int64_t> wrong;           // summed over ranks; nullopt without --check
+  std::optional<Phases> phases;           // gradcomm only
+};
+
+struct Row {
+  int64_t size_bytes = 0;  // allreduce: the tensor; allgather: the gathered output (nccl-tests)
+  int64_t count = 0;       // elements in size_bytes
+  ImplResult gradcomm;
+  std::optional<ImplResult> baseline;
+};
+
+struct TableConfig {
+  BenchOp op = BenchOp::kAllreduce;
+  std::string compressor;
+  DType dtype = DType::kFloat32;
+  std::string device;       // "cpu" | "cuda"
+  int ranks = 1;
+  int warmup = 0, iters = 0;
+  std::string baseline;     // "" = none
+  std::string baseline_description;
+  bool check = false;
+  bool phases = false;      // print the phase columns
+};
+
+class BenchTable {
+ public:
+  BenchTable(TableConfig config, std::FILE* out) : config_(std::move(config)), out_(out) {}
+
+  void print_header();
+  void print_row(const Row& row);  // flushes, so a long run shows progress
+  void print_footer();
+  const nlohmann::ordered_json& records() const { return records_; }
+
+  // nccl-tests' definitions.
+  static double algbw_gbps(int64_t size_bytes, double time_us);
+  double busbw_factor() const;
+  // What a dense ring puts on the wire per rank: the numerator of the compression ratio.
+  double dense_wire_bytes(int64_t size_bytes) const;
+
+ private:
+  void add_record(const Row& row, const ImplResult& r);
+
+  TableConfig config_;
+  std::FILE* out_;
+  nlohmann::ordered_json records_ = nlohmann::ordered_json::array();
+  double busbw_sum_ = 0;
+  int rows_ = 0;
+};
+
+}  // namespace gradcomm::bench
