@@ -30,18 +30,21 @@ UcxRequest::~UcxRequest() {
 
 // ---- set-up -------------------------------------------------------------------
 
-// Settings applied to the ucp config unless the user set the UCX variable
-// themselves: keepalive, and TCP segment sizes.
-static void configure_defaults(ucp_config_t* config) {
+// TCP segment sizes, through the environment before UCX reads it.
+static void prefer_large_tcp_segments() {
   // UCX's TCP defaults (8K send / 64K receive segments) cost a ring allreduce over
   // loopback about a third of its bandwidth at 1-16 MB (measured with
-  // gradcomm-bench, 2 ranks; bench/results/allreduce-cpu-2026-11-22.md).
-  static constexpr const char* kTcpSegments[][2] = {{"TCP_TX_SEG_SIZE", "256K"}, {"TCP_RX_SEG_SIZE", "1M"}};
-  for (const auto& [name, value] : kTcpSegments) {
-    if (!env_string(fmt::format("UCX_{}", name).c_str())) {
-      GRADCOMM_UCX_CHECK(ucp_config_modify(config, name, value), name);
-    }
-  }
+  // gradcomm-bench, 2 ranks; bench/results/allreduce-cpu-2026-11-22.md). UCX 1.13
+  // rejects transport keys in ucp_config_modify ("invalid configurations"), so
+  // they go through the environment, never replacing a value the user set;
+  // called before ucp_config_read.
+  ::setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
+  ::setenv("UCX_TCP_RX_SEG_SIZE", "1M", /*overwrite=*/0);
+}
+
+// Settings applied to the ucp config unless the user set the UCX variable
+// themselves: keepalive.
+static void configure_defaults(ucp_config_t* config) {
   if (!env_string("UCX_KEEPALIVE_INTERVAL")) {
     // GRADCOMM_UCX_KEEPALIVE_MS: how often UCX checks that each peer is alive.
     const int64_t ms = env_int("GRADCOMM_UCX_KEEPALIVE_MS", 1000, 10, 3'600'000);
@@ -66,6 +69,7 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
 void UcxTransport::connect(Store& store, const UcxOptions& options) {
   const Deadline deadline = Deadline::after(options.timeout);
   ucp_config_t* config = nullptr;
+  prefer_large_tcp_segments();
   GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
