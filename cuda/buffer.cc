@@ -6,67 +6,33 @@
 
 namespace gradcomm::detail {
 
-// ---- DeviceBuffer -------------------------------------------------------------
-DeviceBuffer::DeviceBuffer(size_t bytes) {
+// ---- CudaMemory -------------------------------------------------------------
+template <MemoryKind Kind>
+CudaMemory<Kind>::CudaMemory(size_t bytes) {
   if (bytes == 0) return;
-  GRADCOMM_CUDA_CHECK(cudaMalloc(&data_, bytes));
+  if constexpr (Kind == MemoryKind::kDevice) {
+    GRADCOMM_CUDA_CHECK(cudaMalloc(&data_, bytes));
+  } else {
+    GRADCOMM_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+  }
   size_ = bytes;
 }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    reset();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
+template <MemoryKind Kind>
+void CudaMemory<Kind>::reset() noexcept {
+  if (data_ != nullptr) {
+    if constexpr (Kind == MemoryKind::kDevice) {
+      GRADCOMM_CUDA_WARN(cudaFree(data_));
+    } else {
+      GRADCOMM_CUDA_WARN(cudaFreeHost(data_));
+    }
   }
-  return *this;
-}
-
-void DeviceBuffer::reset() noexcept {
-  if (data_ != nullptr) GRADCOMM_CUDA_WARN(cudaFree(data_));
   data_ = nullptr;
   size_ = 0;
 }
 
-void DeviceBuffer::reserve(size_t bytes) {
-  if (bytes <= size_) return;
-  reset();  // free first: peak memory stays at the larger size, not the sum
-  *this = DeviceBuffer(bytes);
-}
-
-// ---- PinnedBuffer -------------------------------------------------------------
-PinnedBuffer::PinnedBuffer(size_t bytes) {
-  if (bytes == 0) return;
-  GRADCOMM_CUDA_CHECK(cudaMallocHost(&data_, bytes));
-  size_ = bytes;
-}
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    reset();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
-}
-
-void PinnedBuffer::reset() noexcept {
-  if (data_ != nullptr) GRADCOMM_CUDA_WARN(cudaFreeHost(data_));
-  data_ = nullptr;
-  size_ = 0;
-}
-
-void PinnedBuffer::reserve(size_t bytes) {
-  if (bytes <= size_) return;
-  reset();
-  *this = PinnedBuffer(bytes);
-}
+template class CudaMemory<MemoryKind::kDevice>;
+template class CudaMemory<MemoryKind::kPinned>;
 
 // ---- Stream ---------------------------------------------------------------------
 Stream::Stream(unsigned int flags) { GRADCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, flags)); }

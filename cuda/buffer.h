@@ -9,22 +9,37 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace gradcomm::detail {
 
-// Device memory from cudaMalloc on the current device. Zero bytes allocates
-// nothing (data() is null, no CUDA call), so empty tensors need no special case.
-// Freeing (cudaFree) synchronizes the device implicitly: keep buffers for the
-// hot path alive across calls (see reserve()).
-class DeviceBuffer {
+enum class MemoryKind : uint8_t {
+  kDevice,  // cudaMalloc on the current device
+  kPinned,  // cudaMallocHost: page-locked host memory, the staging area for async
+            // copies (cudaMemcpyAsync from pageable memory is synchronous)
+};
+
+// One CUDA allocation of `Kind`. Zero bytes allocates nothing (data() is null, no
+// CUDA call), so empty tensors need no special case. Freeing synchronizes the
+// device implicitly: keep buffers for the hot path alive across calls (reserve()).
+template <MemoryKind Kind>
+class CudaMemory {
  public:
-  DeviceBuffer() noexcept = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer() { reset(); }
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  CudaMemory() noexcept = default;
+  explicit CudaMemory(size_t bytes);
+  ~CudaMemory() { reset(); }
+  CudaMemory(CudaMemory&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  CudaMemory& operator=(CudaMemory&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
 
   void* data() const noexcept { return data_; }
   template <class T>
@@ -39,41 +54,21 @@ class DeviceBuffer {
   void reset() noexcept;
   // Grow-only workspace: reallocates when smaller than `bytes` (old contents are
   // discarded), otherwise does nothing. size() is then at least `bytes`.
-  void reserve(size_t bytes);
-
- private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-// Page-locked host memory from cudaMallocHost: the staging area for async copies
-// (cudaMemcpyAsync from pageable memory is synchronous). Same rules as above.
-class PinnedBuffer {
- public:
-  PinnedBuffer() noexcept = default;
-  explicit PinnedBuffer(size_t bytes);
-  ~PinnedBuffer() { reset(); }
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  void* data() const noexcept { return data_; }
-  template <class T>
-  T* as() const noexcept {
-    return static_cast<T*>(data_);
+  void reserve(size_t bytes) {
+    if (bytes <= size_) return;
+    reset();  // free first: peak memory stays at the larger size, not the sum
+    *this = CudaMemory(bytes);
   }
-  size_t size() const noexcept { return size_; }
-  int64_t nbytes() const noexcept { return static_cast<int64_t>(size_); }
-  bool empty() const noexcept { return size_ == 0; }
-
-  void reset() noexcept;
-  void reserve(size_t bytes);
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
 };
+
+using DeviceBuffer = CudaMemory<MemoryKind::kDevice>;
+using PinnedBuffer = CudaMemory<MemoryKind::kPinned>;
+extern template class CudaMemory<MemoryKind::kDevice>;
+extern template class CudaMemory<MemoryKind::kPinned>;
 
 // An owned stream (cudaStreamNonBlocking by default: it does not serialize with
 // the legacy default stream). The destructor does not wait for queued work;

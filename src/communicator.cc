@@ -14,7 +14,9 @@ namespace gradcomm {
 namespace {
 
 // Every rank counts itself in, the last one opens the gate, everyone waits at it.
-// After this no rank needs the store again, so rank 0 may stop serving it.
+// After this the communicator itself needs the store no more; rank 0 still serves
+// it for the communicator's lifetime, for tools that rendezvous beside it (the
+// benchmark's baselines).
 void store_barrier(detail::Store& store, const std::string& name, int world_size,
                    std::chrono::milliseconds timeout) {
   const std::string gate = name + "/open";

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "gradcomm/gradcomm.h"
-#include "half.h"
+#include "common/closed_form.h"
 
 using namespace gradcomm;
 using Clock = std::chrono::steady_clock;
@@ -36,30 +36,9 @@ int64_t epoch_ms() {
       .count();
 }
 
-double contribution(int rank, int64_t i) { return static_cast<double>((3 * rank + i) % 13) - 6.0; }
-
-void store(DType dtype, void* base, int64_t i, double v) {
-  switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(base)[i] = v; break;
-    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(static_cast<float>(v)); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(static_cast<float>(v)); break;
-    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
-    default: throw std::logic_error("dtype not used here");
-  }
-}
-
-void store_average(DType dtype, void* base, int64_t i, double sum, int n) {
-  const float f = static_cast<float>(sum) / static_cast<float>(n);
-  switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(base)[i] = f; break;
-    case DType::kFloat64: static_cast<double*>(base)[i] = sum / n; break;
-    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(f); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(f); break;
-    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(static_cast<int64_t>(sum) / n); break;
-    default: throw std::logic_error("dtype not used here");
-  }
-}
+using gradcomm::testing::contribution;
+using gradcomm::testing::store_average;
+using gradcomm::testing::store_value;
 
 uint64_t fnv(const void* data, size_t bytes) {
   uint64_t h = 14695981039346656037ull;
@@ -94,7 +73,7 @@ int run_collectives(Communicator& comm) {
         const size_t bytes = numel * dtype_size(dtype);
         std::vector<uint8_t> x(bytes), expected(bytes);
         for (int64_t i = 0; i < numel; ++i) {
-          store(dtype, x.data(), i, contribution(r, i));
+          store_value(dtype, x.data(), i, contribution(r, i));
           double sum = 0, lo = 1e9, hi = -1e9;
           for (int s = 0; s < n; ++s) {
             sum += contribution(s, i);
@@ -104,7 +83,7 @@ int run_collectives(Communicator& comm) {
           if (op == ReduceOp::kAvg) {
             store_average(dtype, expected.data(), i, sum, n);
           } else {
-            store(dtype, expected.data(), i, op == ReduceOp::kSum ? sum : op == ReduceOp::kMin ? lo : hi);
+            store_value(dtype, expected.data(), i, op == ReduceOp::kSum ? sum : op == ReduceOp::kMin ? lo : hi);
           }
         }
         comm.allreduce(TensorView{x.data(), numel, dtype, {}}, op);

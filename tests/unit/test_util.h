@@ -12,7 +12,7 @@
 
 #include "comm_impl.h"
 #include "gradcomm/gradcomm.h"
-#include "half.h"
+#include "common/closed_form.h"
 #include "transport/inproc/inproc_transport.h"
 
 namespace gradcomm::testing {
@@ -42,38 +42,6 @@ inline void run_ranks(int n, const std::function<void(Communicator&)>& fn,
                       std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   for (auto& e : run_ranks_collect(n, fn, timeout)) {
     if (e) std::rethrow_exception(e);
-  }
-}
-
-// Stores a small integer-valued double as `dtype` at element i (exact for the
-// values the tests use), and reads it back.
-inline void store_value(DType dtype, void* base, int64_t i, double v) {
-  switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(base)[i] = v; break;
-    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(static_cast<float>(v)); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(static_cast<float>(v)); break;
-    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
-    case DType::kInt64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
-    case DType::kUInt8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); break;
-  }
-}
-
-// What the library must produce for avg: the exact sum divided once, in the
-// type's arithmetic (fp32 for the 16-bit floats), then stored.
-inline void store_average(DType dtype, void* base, int64_t i, double sum, int n) {
-  switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(sum) / static_cast<float>(n); break;
-    case DType::kFloat64: static_cast<double*>(base)[i] = sum / n; break;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(base)[i] = detail::float_to_half(static_cast<float>(sum) / static_cast<float>(n));
-      break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(static_cast<float>(sum) / static_cast<float>(n));
-      break;
-    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(static_cast<int64_t>(sum) / n); break;
-    case DType::kInt64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(sum) / n; break;
-    case DType::kUInt8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(static_cast<int64_t>(sum) / n); break;
   }
 }
 

@@ -195,15 +195,23 @@ RequestPtr UcxTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes)
     return request;
   }
   const Peer& source = peers_[static_cast<size_t>(peer)];
-  if (source.failed) {
-    request->fail(RequestState::kPeerFailed, source.error);
-    return request;
-  }
   UcxOp* op = new_op(UcxOp::Kind::kRecv, peer, tag, bytes, request.get());
   ucp_request_param_t param{};
   recv_params(op, param);
   // Full mask: the source rank is part of the tag, so this matches `peer` only.
+  // Posted even when `peer` has failed: a message it sent before it went away may
+  // already wait in UCX's unexpected queue (a rank that finished its last
+  // collective and exited), and matching it here loses nothing it delivered.
   after_post(op, ucp_tag_recv_nbx(worker_, data, bytes, ucx_wire_tag(tag, peer), ~0ull, &param));
+  if (source.failed && request->pending()) {
+    auto it = ops_.find(request->op_);
+    void* ucx_request = it != ops_.end() ? it->second->ucx_request : nullptr;
+    if (ucx_request == nullptr || ucp_request_check_status(ucx_request) == UCS_INPROGRESS) {
+      // Nothing was waiting, and nothing more will come from a failed peer.
+      if (ucx_request != nullptr) ucp_request_cancel(worker_, ucx_request);
+      request->fail(RequestState::kPeerFailed, source.error);
+    }
+  }
   return request;
 }
 
