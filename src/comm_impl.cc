@@ -242,7 +242,12 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
   header.compressor = spec;
   header.compressor_hash = fnv1a32(spec);
   run(header, [&](Op& op) {
-    if (size() > 1 && t.numel > 0) ring_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
+    if (size() == 1 || t.numel == 0) return;
+    if (t.nbytes() <= small_allreduce_bytes()) {
+      recursive_doubling_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
+    } else {
+      ring_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
+    }
   });
 }
 

@@ -13,6 +13,13 @@ namespace gradcomm::detail {
 // Ring allreduce, in place: reduce-scatter then allgather, pipelined in chunks.
 void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op);
 
+// Recursive doubling, in place: ceil(log2 N) exchanges of the whole buffer; for
+// small tensors, where the ring's 2(N-1) message latencies dominate.
+void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op);
+
+// Largest tensor (bytes) that takes recursive doubling (GRADCOMM_SMALL_ALLREDUCE_BYTES).
+int64_t small_allreduce_bytes();
+
 // Ring allgather of variable blocks: block r (counts[r] elements of `elem_bytes`)
 // follows block r-1 in `out`; this rank's own block must already be in place.
 // Message units are numbered from `unit_base`, so two rings in one call never

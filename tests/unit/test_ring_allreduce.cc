@@ -92,6 +92,7 @@ INSTANTIATE_TEST_SUITE_P(
 // reuse and the allgather's wait on the twin send all get exercised.
 TEST(RingAllreduce, ManySmallChunksStayCorrect) {
   ::setenv("GRADCOMM_CHUNK_BYTES", "64", 1);
+  ::setenv("GRADCOMM_SMALL_ALLREDUCE_BYTES", "0", 1);  // the ring, even for this small tensor
   for (int n : {2, 3, 5}) {
     const int64_t numel = 10007;
     std::vector<std::vector<float>> data(n, std::vector<float>(numel));
@@ -107,6 +108,53 @@ TEST(RingAllreduce, ManySmallChunksStayCorrect) {
     }
   }
   ::unsetenv("GRADCOMM_CHUNK_BYTES");
+  ::unsetenv("GRADCOMM_SMALL_ALLREDUCE_BYTES");
+}
+
+// The small-tensor path forced on every size: power-of-two and folded world sizes,
+// every dtype and op, the same closed-form bytes as the ring.
+TEST(RecursiveDoubling, ExactResultOnEveryRankForEveryWorldSize) {
+  ::setenv("GRADCOMM_SMALL_ALLREDUCE_BYTES", "1G", 1);
+  for (int n = 1; n <= 8; ++n) {
+    for (int64_t numel : {int64_t{1}, int64_t{7}, int64_t{100003}}) {
+      for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+          SCOPED_TRACE(fmt::format("N={} numel={} {} {}", n, numel, dtype_name(dtype), reduce_op_name(op)));
+          const size_t bytes = numel * dtype_size(dtype);
+          std::vector<GuardedBuffer> buffers;
+          for (int r = 0; r < n; ++r) {
+            buffers.emplace_back(bytes);
+            for (int64_t i = 0; i < numel; ++i) testing::store_value(dtype, buffers[r].data(), i, contribution(r, i));
+          }
+          testing::run_ranks(n, [&](Communicator& comm) {
+            comm.allreduce(TensorView{buffers[comm.rank()].data(), numel, dtype, {}}, op);
+          });
+          const auto expected = expected_result(dtype, op, n, numel);
+          for (int r = 0; r < n; ++r) {
+            ASSERT_TRUE(buffers[r].guards_intact()) << "rank " << r;
+            ASSERT_EQ(0, std::memcmp(buffers[r].bytes(), expected.data(), bytes)) << "rank " << r;
+          }
+        }
+      }
+    }
+  }
+  ::unsetenv("GRADCOMM_SMALL_ALLREDUCE_BYTES");
+}
+
+// NaNs with different payloads on different ranks: whichever survives, every rank
+// must hold the same bits (both partners combine in the same operand order).
+TEST(RecursiveDoubling, NanPayloadsAgreeBitwiseAcrossRanks) {
+  for (int n : {2, 3, 4, 7}) {
+    std::vector<std::vector<uint32_t>> bits(n, std::vector<uint32_t>(4, 0x3F800000u));  // 1.0f
+    for (int r = 0; r < n; ++r) bits[r][1] = 0x7FC00000u | static_cast<uint32_t>(r + 1);  // NaN, payload r+1
+    testing::run_ranks(n, [&](Communicator& comm) {
+      comm.allreduce(TensorView{bits[comm.rank()].data(), 4, DType::kFloat32, {}});
+    });
+    for (int r = 1; r < n; ++r) EXPECT_EQ(bits[r], bits[0]) << "N=" << n << " rank " << r;
+    float v;
+    std::memcpy(&v, &bits[0][1], 4);
+    EXPECT_TRUE(std::isnan(v));
+  }
 }
 
 TEST(RingAllreduce, OtherIntegerTypesWrapAndAverage) {
