@@ -98,6 +98,20 @@ TEST(MultiprocFaults, StoppedPeerIsATimeoutAfterTheDeadlineNotBefore) {
   EXPECT_EQ(timeouts, 2) << job.output;
 }
 
+// Garbage, an HTTP request, a wrong token and a 2^64-1 length prefix sent to the
+// job's own store while the real ranks rendezvous: each attack is dropped, the
+// store keeps serving, and the job computes the right allreduce.
+TEST(MultiprocStore, AttacksAreDroppedWhileRealRanksRendezvous) {
+  const Job job = run_job(4, "abuse");
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  ASSERT_EQ(job.results.size(), 4u) << job.output;
+  for (const auto& r : job.results) {
+    EXPECT_EQ(r.at("allreduce_ok"), "1") << job.output;
+    EXPECT_EQ(r.at("dropped"), r.at("attacks")) << job.output;
+    if (r.at("rank") != "0") EXPECT_EQ(r.at("attacks"), "4");
+  }
+}
+
 class MultiprocMismatch : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MultiprocMismatch, EveryRankRaisesMismatchError) {

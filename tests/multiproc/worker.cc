@@ -7,6 +7,8 @@
 //   kill VICTIM              VICTIM SIGKILLs itself in the middle of an allreduce
 //   stop VICTIM TIMEOUT_MS   VICTIM SIGSTOPs itself; the others use a TIMEOUT_MS timeout
 //   mismatch numel|dtype|op|kind   rank 1 calls something different
+//   abuse                    ranks >= 1 first attack the job's store (garbage, HTTP,
+//                            wrong token, a 2^64-1 length), then all rendezvous and allreduce
 //
 // Every rank prints one "RESULT ..." line. Fault modes exit 10 once the expected
 // error was seen (non-zero on purpose: gradcomm-run then ends the job), 1 otherwise.
@@ -14,7 +16,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -23,6 +27,7 @@
 
 #include "gradcomm/gradcomm.h"
 #include "common/closed_form.h"
+#include "store_attacks.h"
 
 using namespace gradcomm;
 using Clock = std::chrono::steady_clock;
@@ -173,6 +178,31 @@ int run_mismatch(Communicator& comm, const std::string& kind) {
   return 1;
 }
 
+// Before joining, ranks >= 1 attack the store rank 0 is about to serve; every
+// attack must be dropped, and the real ranks must still rendezvous and compute.
+int run_abuse() {
+  const char* rank = std::getenv("RANK");
+  const bool attacker = rank != nullptr && std::string(rank) != "0";
+  int dropped = 0, attacks = 0;
+  if (attacker) {
+    const char* url = std::getenv("GRADCOMM_STORE");
+    const char* token = std::getenv("GRADCOMM_JOB_TOKEN");
+    if (url == nullptr || token == nullptr) return 1;
+    for (const auto& a : gradcomm::testing::attack_store(url, token)) {
+      ++attacks;
+      dropped += a.dropped;
+      if (!a.dropped) fmt::print(stderr, "rank {}: attack {} was not dropped {}\n", rank, a.name, a.detail);
+    }
+  }
+  auto comm = Communicator::create();
+  std::vector<int64_t> x(1000, comm->rank() + 1);
+  comm->allreduce(TensorView::of(x.data(), 1000));
+  const int64_t n = comm->size();
+  const bool ok = std::all_of(x.begin(), x.end(), [&](int64_t v) { return v == n * (n + 1) / 2; });
+  fmt::print("RESULT rank={} attacks={} dropped={} allreduce_ok={}\n", comm->rank(), attacks, dropped, ok ? 1 : 0);
+  return ok && dropped == attacks ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,6 +213,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   try {
+    if (mode == "abuse") return run_abuse();
     InitOptions options;
     if (mode == "stop" && argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
     auto comm = Communicator::create(options);

@@ -93,7 +93,7 @@ TEST(ChainBroadcast, EveryRootEverySize) {
           comm.broadcast(TensorView::of(data[comm.rank()].data(), numel), root);
         });
         for (int r = 0; r < n; ++r) {
-          ASSERT_EQ(0, std::memcmp(data[r].data(), data[root].data(), numel * sizeof(float)))
+          ASSERT_TRUE(testing::same_bytes(data[r].data(), data[root].data(), numel * sizeof(float)))
               << "N=" << n << " root=" << root << " rank=" << r;
         }
       }

@@ -76,7 +76,7 @@ TEST_P(RingAllreduceMatrix, EveryRankHoldsTheExactResultBitwise) {
     const auto expected = expected_result(dtype, op, n, numel);
     for (int r = 0; r < n; ++r) {
       ASSERT_TRUE(buffers[r].guards_intact()) << "rank " << r << " wrote outside the tensor";
-      ASSERT_EQ(0, std::memcmp(buffers[r].bytes(), expected.data(), bytes)) << "rank " << r;
+      ASSERT_TRUE(testing::same_bytes(buffers[r].bytes(), expected.data(), bytes)) << "rank " << r;
     }
   }
 }
@@ -104,7 +104,7 @@ TEST(RingAllreduce, ManySmallChunksStayCorrect) {
     });
     const auto expected = expected_result(DType::kFloat32, ReduceOp::kSum, n, numel);
     for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(0, std::memcmp(data[r].data(), expected.data(), expected.size())) << "N=" << n << " rank " << r;
+      EXPECT_TRUE(testing::same_bytes(data[r].data(), expected.data(), expected.size())) << "N=" << n << " rank " << r;
     }
   }
   ::unsetenv("GRADCOMM_CHUNK_BYTES");
@@ -132,7 +132,7 @@ TEST(RecursiveDoubling, ExactResultOnEveryRankForEveryWorldSize) {
           const auto expected = expected_result(dtype, op, n, numel);
           for (int r = 0; r < n; ++r) {
             ASSERT_TRUE(buffers[r].guards_intact()) << "rank " << r;
-            ASSERT_EQ(0, std::memcmp(buffers[r].bytes(), expected.data(), bytes)) << "rank " << r;
+            ASSERT_TRUE(testing::same_bytes(buffers[r].bytes(), expected.data(), bytes)) << "rank " << r;
           }
         }
       }
@@ -232,7 +232,7 @@ TEST(RingAllreduceLarge, MoreThanTwoGiBOfBytes) {
     EXPECT_EQ(data[r][numel / 2], 3);
     EXPECT_EQ(data[r][(int64_t{1} << 31) + 1], 3);
     EXPECT_EQ(data[r][numel - 1], 41);
-    EXPECT_EQ(0, std::memcmp(data[0].data(), data[r].data(), numel));
+    EXPECT_TRUE(testing::same_bytes(data[0].data(), data[r].data(), numel));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <thread>
@@ -43,6 +44,11 @@ inline void run_ranks(int n, const std::function<void(Communicator&)>& fn,
   for (auto& e : run_ranks_collect(n, fn, timeout)) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+// memcmp that accepts empty ranges (whose pointers may be null).
+inline bool same_bytes(const void* a, const void* b, size_t bytes) {
+  return bytes == 0 || std::memcmp(a, b, bytes) == 0;
 }
 
 // A buffer with guard bytes on both sides, to catch writes outside the tensor.
