@@ -13,15 +13,10 @@
 #include "cuda/device.h"
 #include "gradcomm/errors.h"
 
+#include "cuda_test_util.h"
+
 namespace gradcomm::detail {
 namespace {
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                 \
-  do {                                                                             \
-    if (cuda_device_count() == 0) {                                                \
-      GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();             \
-    }                                                                              \
-  } while (0)
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

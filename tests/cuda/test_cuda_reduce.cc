@@ -19,15 +19,10 @@
 #include "gradcomm/errors.h"
 #include "half.h"
 
+#include "cuda_test_util.h"
+
 namespace gradcomm::detail {
 namespace {
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                 \
-  do {                                                                             \
-    if (cuda_device_count() == 0) {                                                \
-      GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();             \
-    }                                                                              \
-  } while (0)
 
 constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
                                 DType::kInt32,   DType::kInt64,   DType::kUInt8};

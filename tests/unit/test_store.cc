@@ -126,18 +126,21 @@ TEST(TcpStore, MaximalTimeoutsMeanWaitLong) {
   t.join();
 }
 
-TEST(TcpStore, GetBlocksUntilLaterSet) {
-  TcpStoreServer server("127.0.0.1", 0, "");
-  auto waiter = client(server.port());
-  auto setter = client(server.port());
+// A get() parked on one connection returns once another sets the key.
+void expect_get_waits_for_set(Store& waiter, Store& setter) {
   std::vector<uint8_t> got;
   auto start = std::chrono::steady_clock::now();
-  std::thread t([&] { got = waiter->get("late", 10s); });
+  std::thread t([&] { got = waiter.get("late", 10s); });
   std::this_thread::sleep_for(300ms);
-  setter->set("late", bytes("here"));
+  setter.set("late", bytes("here"));
   t.join();
   EXPECT_EQ(text(got), "here");
   EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
+}
+
+TEST(TcpStore, GetBlocksUntilLaterSet) {
+  TcpStoreServer server("127.0.0.1", 0, "");
+  expect_get_waits_for_set(*client(server.port()), *client(server.port()));
 }
 
 TEST(TcpStore, SharedStoreServesConcurrentGetAndSet) {
@@ -331,16 +334,7 @@ TEST(FileStore, SetGetAddAcrossThreads) {
 
 TEST(FileStore, GetBlocksUntilLaterSet) {
   TempDir dir;
-  auto waiter = file_store(dir.url());
-  auto setter = file_store(dir.url());
-  std::vector<uint8_t> got;
-  auto start = std::chrono::steady_clock::now();
-  std::thread t([&] { got = waiter->get("late", 10s); });
-  std::this_thread::sleep_for(300ms);
-  setter->set("late", bytes("here"));
-  t.join();
-  EXPECT_EQ(text(got), "here");
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
+  expect_get_waits_for_set(*file_store(dir.url()), *file_store(dir.url()));
 }
 
 TEST(FileStore, GetTimeoutNamesKey) {
