@@ -61,19 +61,20 @@ RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
   return comm_.transport().irecv(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
 }
 
+// An abort names the call that failed on its origin rank. A call before that
+// one may still complete here (every rank was in it), so only the named call, or
+// a call whose own exchange fails, raises it: errors land on the call they concern.
 void Op::spin_until_done(Request& request, const char* what) {
   Transport& transport = comm_.transport();
+  auto& abort = comm_.pending_abort();
   int idle = 0;
-  while (request.pending()) {
+  while (true) {
     const bool moved = transport.progress();
-    if (auto abort = transport.poll_abort()) {
-      // Another rank failed first: raise its error here, without re-broadcasting.
-      const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_,
-                                              header_.describe(), abort->origin, abort->text);
-      comm_.mark_failed(abort->code, message);
-      transport.abandon_pending(kAbandonGrace);
-      throw_error(abort->code, message);
+    while (auto incoming = transport.poll_abort()) {
+      if (!abort) abort = std::move(*incoming);
     }
+    const bool failed = !request.pending() && request.state() != RequestState::kDone;
+    if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
     if (!request.pending()) break;
     if (deadline_.expired()) {
       fail(ErrorCode::kTimeout,
@@ -103,6 +104,16 @@ void Op::spin_until_done(Request& request, const char* what) {
     fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent {} bytes where this call expects {} ({})",
                                                  request.peer(), request.bytes(), request.posted_bytes(), what));
   }
+}
+
+// Another rank failed first: raise its error here, without re-broadcasting.
+void Op::raise_abort(const ControlMessage& abort) {
+  const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_, header_.describe(),
+                                          abort.origin, abort.text);
+  const ErrorCode code = abort.code;
+  comm_.mark_failed(code, message);
+  comm_.transport().abandon_pending(kAbandonGrace);
+  throw_error(code, message);
 }
 
 void Op::check_header() {
@@ -140,7 +151,7 @@ void Op::finish() {
 void Op::fail(ErrorCode code, const std::string& what) {
   const std::string message = fmt::format("rank {}: {}: {}", rank_, header_.describe(), what);
   comm_.mark_failed(code, message);
-  ControlMessage abort{code, rank_, message.substr(0, ControlMessage::kMaxText)};
+  ControlMessage abort{code, rank_, header_.seq, message.substr(0, ControlMessage::kMaxText)};
   comm_.transport().send_abort(abort);
   comm_.transport().abandon_pending(kAbandonGrace);
   throw_error(code, message);
@@ -193,9 +204,9 @@ void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const c
 }
 
 template <class Body>
-void CommunicatorImpl::run(WireHeader header, Body&& body) {
+void CommunicatorImpl::run(WireHeader header, Body&& body, bool numbered) {
   check_usable();
-  header.seq = next_seq_++;
+  header.seq = numbered ? next_seq_++ : 0;
   const auto start = Clock::now();
   {
     Op op(*this, header);
@@ -212,7 +223,7 @@ void CommunicatorImpl::run(WireHeader header, Body&& body) {
         }();
         const std::string message = fmt::format("rank {}: {}: {}", rank(), header.describe(), e.what());
         mark_failed(code, message);
-        transport_->send_abort(ControlMessage{code, rank(), message.substr(0, ControlMessage::kMaxText)});
+        transport_->send_abort(ControlMessage{code, rank(), header.seq, message.substr(0, ControlMessage::kMaxText)});
         transport_->abandon_pending(kAbandonGrace);
       }
       throw;
@@ -333,6 +344,17 @@ void CommunicatorImpl::barrier() {
   run(header, [&](Op& op) {
     if (size() > 1) dissemination_barrier(op);
   });
+}
+
+void CommunicatorImpl::connect_barrier() {
+  WireHeader header;
+  header.op = OpKind::kBarrier;
+  run(
+      header, [&](Op& op) {
+        if (size() > 1) dissemination_barrier(op);
+      },
+      /*numbered=*/false);
+  stats_ = Stats{};  // user-visible counters start after creation
 }
 
 }  // namespace gradcomm::detail

@@ -68,6 +68,7 @@ class Op {
  private:
   void check_header();
   void spin_until_done(Request& request, const char* what);
+  [[noreturn]] void raise_abort(const ControlMessage& abort);
 
   CommunicatorImpl& comm_;
   WireHeader header_;
@@ -100,6 +101,8 @@ class CommunicatorImpl {
   std::vector<int64_t> allgatherv(const void* in, int64_t count, DType dtype, std::vector<uint8_t>& out);
   void broadcast(TensorView t, int root);
   void barrier();
+  // The last step of creation: a barrier numbered 0 (user calls count from 1).
+  void connect_barrier();
 
   std::vector<uint8_t> save_state() const { return serialize_state(state_, rank(), size()); }
   // All or nothing: on any error the current state is left as it was.
@@ -108,11 +111,15 @@ class CommunicatorImpl {
 
   // Records the first failure; every later call raises it again.
   void mark_failed(ErrorCode code, const std::string& message);
+  // Aborts other ranks sent: the first is kept until the call it names (or an
+  // earlier call that cannot complete without that rank) raises it.
+  std::optional<ControlMessage>& pending_abort() { return pending_abort_; }
 
  private:
-  // Validates state, numbers the call, runs `body` inside an Op and accounts time.
+  // Validates state, numbers the call (unless `numbered` is false: seq 0), runs
+  // `body` inside an Op and accounts time.
   template <class Body>
-  void run(WireHeader header, Body&& body);
+  void run(WireHeader header, Body&& body, bool numbered = true);
   void check_usable() const;
   void check_tensor(const TensorView& t, const char* op, const char* name) const;
 
@@ -123,6 +130,7 @@ class CommunicatorImpl {
   Stats stats_;
   CompressionState state_;
   std::optional<std::pair<ErrorCode, std::string>> failure_;
+  std::optional<ControlMessage> pending_abort_;
 };
 
 }  // namespace gradcomm::detail

@@ -11,24 +11,6 @@
 
 namespace gradcomm {
 
-namespace {
-
-// Every rank counts itself in, the last one opens the gate, everyone waits at it.
-// After this the communicator itself needs the store no more; rank 0 still serves
-// it for the communicator's lifetime, for tools that rendezvous beside it (the
-// benchmark's baselines).
-void store_barrier(detail::Store& store, const std::string& name, int world_size,
-                   std::chrono::milliseconds timeout) {
-  const std::string gate = name + "/open";
-  if (store.add(name + "/count", 1) == world_size) {
-    const uint8_t one = 1;
-    store.set(gate, std::span<const uint8_t>(&one, 1));
-  }
-  store.get(gate, timeout);
-}
-
-}  // namespace
-
 std::unique_ptr<Communicator> Communicator::create(const InitOptions& options) {
   const detail::LaunchConfig config = detail::resolve_launch_config(options);
   if (config.world_size == 1) {
@@ -52,11 +34,15 @@ std::unique_ptr<Communicator> Communicator::create(const InitOptions& options) {
   try {
     std::unique_ptr<detail::Store> store = detail::create_store(store_options);
     auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
-    store_barrier(*store, "gradcomm/init", config.world_size, config.timeout);
-    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size,
-                transport->name(), store->address());
-    return std::make_unique<Communicator>(
-        std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store)));
+    const std::string name = transport->name();
+    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));
+    // Over the transport, not the store: once every rank is through, none needs
+    // the store again, so rank 0 may exit at any later point without stranding a
+    // rank that is still finishing its rendezvous.
+    impl->connect_barrier();
+    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size, name,
+                config.store);
+    return std::make_unique<Communicator>(std::move(impl));
   } catch (const Error& e) {
     // The store and transport do not know the rank: add it, and the phase.
     throw_error(e.code(), fmt::format("rank {} of {}: init via {}: {}", config.rank, config.world_size,

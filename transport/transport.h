@@ -77,6 +77,7 @@ using RequestPtr = std::unique_ptr<Request>;
 struct ControlMessage {
   ErrorCode code = ErrorCode::kTransport;
   int origin = -1;       // rank that raised first
+  uint64_t seq = 0;      // the collective call that failed there
   std::string text;      // its full error message
   static constexpr size_t kMaxText = 2048;
 };

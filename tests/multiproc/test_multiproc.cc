@@ -81,7 +81,9 @@ TEST(MultiprocFaults, KilledPeerIsPeerFailureOnEveryOtherRankWithinTenSeconds) {
     RecordProperty("rank" + r.at("rank") + "_detect_ms", std::to_string(std::stoll(r.at("at_ms")) - died_at));
   }
   EXPECT_EQ(failures, 2) << job.output;
-  EXPECT_EQ(job.exit_code, 137) << "gradcomm-run exits with the first failure's code (SIGKILL)\n" << job.output;
+  // The launcher exits with the first failure it reaps: the victim's SIGKILL (137),
+  // or a survivor's exit 10 when that one is reaped first (they end milliseconds apart).
+  EXPECT_TRUE(job.exit_code == 137 || job.exit_code == 10) << job.exit_code << "\n" << job.output;
 }
 
 TEST(MultiprocFaults, StoppedPeerIsATimeoutAfterTheDeadlineNotBefore) {

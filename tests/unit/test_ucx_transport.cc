@@ -389,12 +389,13 @@ TEST(UcxWire, TagFoldsSourceAndKeepsKindSeqSub) {
 }
 
 TEST(UcxWire, ControlMessageRoundTripsAndRejectsGarbage) {
-  ControlMessage message{ErrorCode::kMismatch, 3, "rank 3 called allreduce(numel=7)"};
+  ControlMessage message{ErrorCode::kMismatch, 3, (uint64_t{1} << 40) + 17, "rank 3 called allreduce(numel=7)"};
   auto bytes = encode_control(message);
   auto back = decode_control(bytes);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->code, ErrorCode::kMismatch);
   EXPECT_EQ(back->origin, 3);
+  EXPECT_EQ(back->seq, (uint64_t{1} << 40) + 17);
   EXPECT_EQ(back->text, message.text);
   message.text.assign(ControlMessage::kMaxText + 100, 'x');
   EXPECT_EQ(decode_control(encode_control(message))->text.size(), ControlMessage::kMaxText);
@@ -532,7 +533,7 @@ TEST(UcxTransport, AbortReachesEveryOtherRankIntact) {
   text.resize(ControlMessage::kMaxText);
   run_ranks(3, [&](RankContext& ctx) {
     if (ctx.rank == 1) {
-      ctx.t.send_abort(ControlMessage{ErrorCode::kMismatch, 1, text});
+      ctx.t.send_abort(ControlMessage{ErrorCode::kMismatch, 1, 17, text});
       EXPECT_FALSE(ctx.t.poll_abort());  // no echo to the sender
       return;
     }
@@ -541,6 +542,7 @@ TEST(UcxTransport, AbortReachesEveryOtherRankIntact) {
         ctx.t, [&] { return (got = ctx.t.poll_abort()).has_value(); }, 20s));
     EXPECT_EQ(got->code, ErrorCode::kMismatch);
     EXPECT_EQ(got->origin, 1);
+    EXPECT_EQ(got->seq, 17u);
     EXPECT_EQ(got->text, text);
     EXPECT_FALSE(ctx.t.poll_abort());
   });
@@ -553,8 +555,8 @@ TEST(UcxTransport, ControlReceiveIsRepostedAndLeavesDataAlone) {
     const uint64_t tag = make_tag(TagKind::kControl, 0, 0);
     std::vector<uint8_t> data(8, static_cast<uint8_t>(ctx.rank + 1)), in(8);
     if (ctx.rank == 0) {
-      ctx.t.send_abort(ControlMessage{ErrorCode::kTimeout, 0, "first"});
-      ctx.t.send_abort(ControlMessage{ErrorCode::kPeerFailure, 0, "second"});
+      ctx.t.send_abort(ControlMessage{ErrorCode::kTimeout, 0, 1, "first"});
+      ctx.t.send_abort(ControlMessage{ErrorCode::kPeerFailure, 0, 2, "second"});
       auto send = ctx.t.isend(1, tag, data.data(), data.size());
       ASSERT_TRUE(wait_until(ctx.t, [&] { return !send->pending(); }));
       return;

@@ -24,6 +24,8 @@ std::vector<uint8_t> encode_control(const ControlMessage& message) {
   out[5] = static_cast<uint8_t>(message.code);
   put_u32(out.data() + 8, static_cast<uint32_t>(message.origin));
   put_u32(out.data() + 12, static_cast<uint32_t>(text_bytes));
+  put_u32(out.data() + 16, static_cast<uint32_t>(message.seq));
+  put_u32(out.data() + 20, static_cast<uint32_t>(message.seq >> 32));
   std::copy_n(message.text.data(), text_bytes, out.data() + kControlHeaderBytes);
   return out;
 }
@@ -40,6 +42,7 @@ std::optional<ControlMessage> decode_control(std::span<const uint8_t> bytes) {
   ControlMessage message;
   message.code = static_cast<ErrorCode>(code);
   message.origin = static_cast<int32_t>(get_u32(bytes.data() + 8));
+  message.seq = get_u32(bytes.data() + 16) | (static_cast<uint64_t>(get_u32(bytes.data() + 20)) << 32);
   message.text.assign(reinterpret_cast<const char*>(bytes.data() + kControlHeaderBytes), text_bytes);
   return message;
 }

@@ -65,10 +65,10 @@ constexpr bool ucx_is_control_tag(uint64_t wire_tag) {
 
 // Control message encoding (little-endian, fixed header then the text):
 //   u32 magic "GCAB" | u8 version | u8 error code | u16 reserved (0) |
-//   i32 origin rank | u32 text bytes (<= ControlMessage::kMaxText) | text
+//   i32 origin rank | u32 text bytes (<= ControlMessage::kMaxText) | u64 call seq | text
 inline constexpr uint32_t kControlMagic = 0x42414347;  // "GCAB" read little-endian
-inline constexpr uint8_t kControlVersion = 1;
-inline constexpr size_t kControlHeaderBytes = 16;
+inline constexpr uint8_t kControlVersion = 2;
+inline constexpr size_t kControlHeaderBytes = 24;
 inline constexpr size_t kControlWireBytes = kControlHeaderBytes + ControlMessage::kMaxText;
 
 // Text longer than kMaxText is cut to kMaxText bytes.
