@@ -253,12 +253,7 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
   header.compressor = spec;
   header.compressor_hash = fnv1a32(spec);
   run(header, [&](Op& op) {
-    if (size() == 1 || t.numel == 0) return;
-    if (t.nbytes() <= small_allreduce_bytes()) {
-      recursive_doubling_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
-    } else {
-      ring_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
-    }
+    dense_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
   });
 }
 
@@ -299,25 +294,18 @@ std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count,
   header.op = OpKind::kAllgatherv;
   header.dtype = dtype;
   header.numel = -1;  // counts differ by rank by design
-  std::vector<int64_t> counts(size(), 0);
+  const size_t elem = dtype_size(dtype);
+  std::vector<int64_t> counts;
   run(header, [&](Op& op) {
-    counts[rank()] = count;
-    if (size() > 1) {
-      ring_allgatherv(op, reinterpret_cast<uint8_t*>(counts.data()), std::vector<int64_t>(size(), 1),
-                      sizeof(int64_t), /*unit_base=*/0);
-    }
+    std::vector<int64_t> sizes;
+    out = ring_allgatherv_bytes(op, std::span(static_cast<const uint8_t*>(in), static_cast<size_t>(count) * elem), sizes);
     for (int r = 0; r < size(); ++r) {
-      if (counts[r] < 0) op.fail(ErrorCode::kCorruptPayload, fmt::format("rank {} announced {} elements", r, counts[r]));
+      if (sizes[r] % static_cast<int64_t>(elem) != 0) {
+        op.fail(ErrorCode::kCorruptPayload,
+                fmt::format("rank {} sent {} bytes, not a whole number of {} elements", r, sizes[r], dtype_name(dtype)));
+      }
+      counts.push_back(sizes[r] / static_cast<int64_t>(elem));
     }
-    const size_t elem = dtype_size(dtype);
-    int64_t total = 0, mine = 0;
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank()) mine = total;
-      total += counts[r];
-    }
-    out.resize(static_cast<size_t>(total) * elem);
-    if (count > 0) std::memcpy(out.data() + mine * elem, in, count * elem);
-    if (size() > 1 && total > 0) ring_allgatherv(op, out.data(), counts, elem, kSecondPhaseUnits);
   });
   return counts;
 }

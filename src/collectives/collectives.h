@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "comm_impl.h"
@@ -10,12 +11,21 @@
 
 namespace gradcomm::detail {
 
+// Message units of a call's second exchange start here, so two exchanges in one
+// call never share tags (allgatherv's counts then data; sketch's table then values).
+constexpr uint32_t kSecondPhaseUnits = 0x80000000u;
+
 // Ring allreduce, in place: reduce-scatter then allgather, pipelined in chunks.
-void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op);
+void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
 
 // Recursive doubling, in place: ceil(log2 N) exchanges of the whole buffer; for
 // small tensors, where the ring's 2(N-1) message latencies dominate.
-void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op);
+void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
+                                  uint32_t unit_base = 0);
+
+// The dense allreduce of a call: recursive doubling up to small_allreduce_bytes(),
+// the ring above; nothing to do for one rank or no elements.
+void dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
 
 // Largest tensor (bytes) that takes recursive doubling (GRADCOMM_SMALL_ALLREDUCE_BYTES).
 int64_t small_allreduce_bytes();
@@ -26,7 +36,11 @@ int64_t small_allreduce_bytes();
 // share tags.
 void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, size_t elem_bytes,
                      uint32_t unit_base);
-constexpr uint32_t kSecondPhaseUnits = 0x80000000u;  // unit_base of a call's second ring
+
+
+// Every rank's `mine` (any size) to every rank, concatenated in rank order; sizes
+// (bytes per rank) are exchanged first. CorruptPayload for absurd announced sizes.
+std::vector<uint8_t> ring_allgatherv_bytes(Op& op, std::span<const uint8_t> mine, std::vector<int64_t>& sizes);
 
 // Pipelined chain from `root` around the ring.
 void chain_broadcast(Op& op, void* data, int64_t bytes, int root);

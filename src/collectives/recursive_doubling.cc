@@ -28,12 +28,22 @@ int64_t small_allreduce_bytes() {
   return env_bytes("GRADCOMM_SMALL_ALLREDUCE_BYTES", int64_t{128} << 10, 0, int64_t{1} << 30);
 }
 
+void dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
+  if (op.size() == 1 || numel == 0) return;
+  if (numel * static_cast<int64_t>(dtype_size(dtype)) <= small_allreduce_bytes()) {
+    recursive_doubling_allreduce(op, data, numel, dtype, reduce_op, unit_base);
+  } else {
+    ring_allreduce(op, data, numel, dtype, reduce_op, unit_base);
+  }
+}
+
 namespace {
 constexpr uint32_t kFoldUnit = 0x7FFFFFF0u;  // pre-step: even rank -> odd rank
 constexpr uint32_t kUnfoldUnit = 0x7FFFFFF1u;  // post-step: odd rank -> even rank
 }  // namespace
 
-void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op) {
+void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
+                                  uint32_t unit_base) {
   const int n = op.size();
   const int r = op.rank();
   const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
@@ -57,11 +67,11 @@ void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype
   int id;  // rank among the p that do the doubling; -1 for ranks that sit out
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      auto send = op.send(r + 1, kFoldUnit, data, bytes);
+      auto send = op.send(r + 1, unit_base + kFoldUnit, data, bytes);
       op.wait(*send, "fold send");
       id = -1;
     } else {
-      auto recv = op.recv(r - 1, kFoldUnit, theirs.data(), bytes);
+      auto recv = op.recv(r - 1, unit_base + kFoldUnit, theirs.data(), bytes);
       op.wait(*recv, "fold receive");
       combine(r - 1);
       id = r / 2;
@@ -76,8 +86,8 @@ void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype
     uint32_t round = 0;
     for (int mask = 1; mask < p; mask *= 2, ++round) {
       const int peer = real_rank(id ^ mask);
-      auto recv = op.recv(peer, round, theirs.data(), bytes);
-      auto send = op.send(peer, round, data, bytes);
+      auto recv = op.recv(peer, unit_base + round, theirs.data(), bytes);
+      auto send = op.send(peer, unit_base + round, data, bytes);
       op.wait(*recv, "recursive-doubling receive");
       op.wait(*send, "recursive-doubling send");  // `data` changes next: the send must be done
       combine(peer);
@@ -87,10 +97,10 @@ void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype
   // ---- post-step: hand the result back to the ranks that sat out ----
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      auto recv = op.recv(r + 1, kUnfoldUnit, data, bytes);
+      auto recv = op.recv(r + 1, unit_base + kUnfoldUnit, data, bytes);
       op.wait(*recv, "unfold receive");
     } else {
-      auto send = op.send(r - 1, kUnfoldUnit, data, bytes);
+      auto send = op.send(r - 1, unit_base + kUnfoldUnit, data, bytes);
       op.wait(*send, "unfold send");
     }
   }

@@ -8,8 +8,12 @@
 // one message ("unit" u = step*C + chunk) and a chunk is forwarded as unit u+C
 // the moment it arrives. Blocks never overlap, so receives can be posted ahead
 // with no staging.
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cstring>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -63,6 +67,34 @@ void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, s
     if (u + C < total_units) sends.push_back(send_unit(u + C));  // recvCopySend
   }
   op.wait_all(sends, "allgather send");
+}
+
+}  // namespace gradcomm::detail
+
+namespace gradcomm::detail {
+
+std::vector<uint8_t> ring_allgatherv_bytes(Op& op, std::span<const uint8_t> mine, std::vector<int64_t>& sizes) {
+  const int n = op.size();
+  const int r = op.rank();
+  sizes.assign(n, 0);
+  sizes[r] = static_cast<int64_t>(mine.size());
+  if (n > 1) {
+    ring_allgatherv(op, reinterpret_cast<uint8_t*>(sizes.data()), std::vector<int64_t>(n, 1), sizeof(int64_t),
+                    /*unit_base=*/0);
+  }
+  int64_t total = 0, offset = 0;
+  for (int s = 0; s < n; ++s) {
+    // Sizes come from other processes: refuse what cannot be a real payload.
+    if (sizes[s] < 0 || sizes[s] > (int64_t{1} << 40)) {
+      op.fail(ErrorCode::kCorruptPayload, fmt::format("rank {} announced a block of {} bytes", s, sizes[s]));
+    }
+    if (s == r) offset = total;
+    total += sizes[s];
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(total));
+  if (!mine.empty()) std::memcpy(out.data() + offset, mine.data(), mine.size());
+  if (n > 1 && total > 0) ring_allgatherv(op, out.data(), sizes, 1, kSecondPhaseUnits);
+  return out;
 }
 
 }  // namespace gradcomm::detail

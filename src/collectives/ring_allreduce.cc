@@ -64,7 +64,7 @@ struct RingPlan {
 
 }  // namespace
 
-void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op) {
+void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
   const int n = op.size();
   const int r = op.rank();
   const int right = wrap(r + 1, n);
@@ -102,7 +102,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
 
   auto send_unit = [&](int64_t u) {
     const auto [b, e] = send_region(u);
-    sends[u] = op.send(right, static_cast<uint32_t>(u), base + b * elem, static_cast<size_t>(e - b) * elem);
+    sends[u] = op.send(right, unit_base + static_cast<uint32_t>(u), base + b * elem, static_cast<size_t>(e - b) * elem);
     send_posted[u] = 1;
   };
 
@@ -115,7 +115,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
       const auto [b, e] = recv_region(posted);
       const size_t bytes = static_cast<size_t>(e - b) * elem;
       if (posted < rs_units) {
-        recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), staging.get() + (posted % kPipelineDepth) * slot_bytes,
+        recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), staging.get() + (posted % kPipelineDepth) * slot_bytes,
                                 bytes);
         continue;
       }
@@ -125,7 +125,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
         op.wait(*sends[twin], "reduce-scatter send");
         sends[twin].reset();
       }
-      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), base + b * elem, bytes);
+      recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), base + b * elem, bytes);
     }
   };
 
