@@ -240,21 +240,56 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
     throw InvalidArgument(fmt::format("rank {}: allreduce: unknown reduce op value {}", rank(),
                                       static_cast<int>(reduce_op)));
   }
-  const std::string& spec = options.compressor.empty() ? std::string("none") : options.compressor;
-  if (spec != "none") {
-    throw InvalidArgument(
-        fmt::format("rank {}: allreduce: unknown compressor '{}'; accepted: none", rank(), options.compressor));
+  const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
+  const CompressorSpec* spec = nullptr;
+  try {
+    spec = &compression_.spec(text);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
   }
   WireHeader header;
   header.op = OpKind::kAllreduce;
   header.dtype = t.dtype;
   header.reduce_op = reduce_op;
   header.numel = t.numel;
-  header.compressor = spec;
-  header.compressor_hash = fnv1a32(spec);
+  header.compressor = spec->id == CompressorId::kNone ? "none" : spec->canonical();
+  header.compressor_hash = fnv1a32(header.compressor);
+  if (spec->id == CompressorId::kNone) {
+    run(header, [&](Op& op) { dense_allreduce(op, t.data, t.numel, t.dtype, reduce_op); });
+    return;
+  }
+
+  // Compressed: float32 gradients, summed or averaged, state under the caller's key.
+  if (t.dtype != DType::kFloat32) {
+    throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' takes float32 tensors, got {}", rank(),
+                                      text, dtype_name(t.dtype)));
+  }
+  if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
+    throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(), text,
+                                      reduce_op_name(reduce_op)));
+  }
+  if (options.key.empty() && CompressionEngine::stateful(*spec)) {
+    throw InvalidArgument(fmt::format(
+        "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
+        "draws): set CompressOptions::key to a name unique to this tensor",
+        rank(), text));
+  }
+  KeyState* key = nullptr;
+  if (!options.key.empty()) {
+    key = &state_.keys[options.key];
+    if (key->numel != 0 && (key->numel != t.numel || key->dtype != t.dtype)) {
+      throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
+                                        rank(), options.key, key->numel, dtype_name(key->dtype), t.numel));
+    }
+    key->numel = t.numel;
+    key->dtype = t.dtype;
+    header.step = key->step;
+  }
+  const uint64_t key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
   run(header, [&](Op& op) {
-    dense_allreduce(op, t.data, t.numel, t.dtype, reduce_op);
+    if (t.numel > 0) compression_.allreduce(op, static_cast<float*>(t.data), t.numel, reduce_op, *spec, key, key_hash);
   });
+  if (key != nullptr) key->step += 1;
 }
 
 void CommunicatorImpl::allgather(TensorView in, TensorView out) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compression.h"
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
@@ -129,6 +130,7 @@ class CommunicatorImpl {
   uint64_t next_seq_ = 1;
   Stats stats_;
   CompressionState state_;
+  CompressionEngine compression_;
   std::optional<std::pair<ErrorCode, std::string>> failure_;
   std::optional<ControlMessage> pending_abort_;
 };

@@ -64,6 +64,21 @@ TEST_P(MultiprocCollectives, ExactAndBitwiseIdenticalOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocCollectives, ::testing::Values(2, 3, 5));
 
+class MultiprocCompressed : public ::testing::TestWithParam<int> {};
+
+TEST_P(MultiprocCompressed, EverySpecFiniteBitwiseIdenticalAndExactWhereDefined) {
+  const int n = GetParam();
+  const Job job = run_job(n, "compressed");
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  ASSERT_EQ(job.results.size(), static_cast<size_t>(n)) << job.output;
+  for (const auto& r : job.results) {
+    EXPECT_EQ(r.at("wrong"), "0") << job.output;
+    EXPECT_EQ(r.at("checks"), std::to_string(13 * 3 * 2 + 3 + 3)) << job.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocCompressed, ::testing::Values(2, 3, 4));
+
 TEST(MultiprocFaults, KilledPeerIsPeerFailureOnEveryOtherRankWithinTenSeconds) {
   const Job job = run_job(3, "kill 2");
   int64_t died_at = -1;

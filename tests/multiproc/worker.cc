@@ -7,6 +7,8 @@
 //   kill VICTIM              VICTIM SIGKILLs itself in the middle of an allreduce
 //   stop VICTIM TIMEOUT_MS   VICTIM SIGSTOPs itself; the others use a TIMEOUT_MS timeout
 //   mismatch numel|dtype|op|kind   rank 1 calls something different
+//   compressed               every compressor spec, 3 steps each: finite, bitwise identical
+//                            across ranks, topk = sum of each rank's own top-k, fp16 within rounding
 //   abuse                    ranks >= 1 first attack the job's store (garbage, HTTP,
 //                            wrong token, a 2^64-1 length), then all rendezvous and allreduce
 //
@@ -19,7 +21,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -178,6 +182,70 @@ int run_mismatch(Communicator& comm, const std::string& kind) {
   return 1;
 }
 
+std::vector<float> gradient(int rank, int64_t n, int step) {
+  std::mt19937 rng(static_cast<uint32_t>(step * 7919 + rank));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> g(static_cast<size_t>(n));
+  for (auto& v : g) v = dist(rng);
+  return g;
+}
+
+int run_compressed(Communicator& comm) {
+  static const char* kSpecs[] = {"fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.01,select=sample",
+                                 "topk:k=100,ef=0", "randomk:ratio=0.01", "qsgd", "quant:bits=8",
+                                 "quant:bits=4,round=nearest", "quant:bits=2", "quant:bits=1", "sign",
+                                 "sketch:ratio=0.01"};
+  const int n = comm.size(), r = comm.rank();
+  const int64_t numel = 100003;
+  int checks = 0, wrong = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) {
+      ++wrong;
+      fmt::print(stderr, "rank {}: WRONG {}\n", r, what);
+    }
+  };
+  for (const char* spec : kSpecs) {
+    for (int step = 0; step < 3; ++step) {
+      auto g = gradient(r, numel, step);
+      comm.allreduce(TensorView::of(g.data(), numel), ReduceOp::kSum, CompressOptions{spec, spec, nullptr});
+      const std::string what = fmt::format("{} step {}", spec, step);
+      check(std::all_of(g.begin(), g.end(), [](float v) { return std::isfinite(v); }), what + " finite");
+      check(same_on_every_rank(comm, g.data(), g.size() * sizeof(float)), what + " bitwise across ranks");
+      if (std::string(spec) == "topk:k=100,ef=0") {
+        // Each rank's own top-100 (ties to the lower index), summed in rank order.
+        std::vector<float> expected(numel, 0.0f);
+        for (int s = 0; s < n; ++s) {
+          const auto gs = gradient(s, numel, step);
+          std::vector<int64_t> order(numel);
+          std::iota(order.begin(), order.end(), 0);
+          std::partial_sort(order.begin(), order.begin() + 100, order.end(), [&](int64_t a, int64_t b) {
+            return std::abs(gs[a]) != std::abs(gs[b]) ? std::abs(gs[a]) > std::abs(gs[b]) : a < b;
+          });
+          for (int j = 0; j < 100; ++j) expected[order[j]] += gs[order[j]];
+        }
+        check(g == expected, what + " equals the sum of each rank's top-k");
+      }
+      if (std::string(spec) == "fp16") {
+        bool close = true;
+        std::vector<std::vector<float>> all;
+        for (int s = 0; s < n; ++s) all.push_back(gradient(s, numel, step));
+        for (int64_t i = 0; i < numel; ++i) {
+          double exact = 0, magnitude = 0;
+          for (int s = 0; s < n; ++s) {
+            exact += all[s][i];
+            magnitude += std::abs(all[s][i]);
+          }
+          close &= std::abs(g[i] - exact) <= n * std::ldexp(magnitude, -11) + 1e-6;
+        }
+        check(close, what + " within fp16 rounding of the exact sum");
+      }
+    }
+  }
+  fmt::print("RESULT rank={} checks={} wrong={} sent={}\n", r, checks, wrong, comm.stats().bytes_sent);
+  return wrong == 0 ? 0 : 1;
+}
+
 // Before joining, ranks >= 1 attack the store rank 0 is about to serve; every
 // attack must be dropped, and the real ranks must still rendezvous and compute.
 int run_abuse() {
@@ -218,6 +286,7 @@ int main(int argc, char** argv) {
     if (mode == "stop" && argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
     auto comm = Communicator::create(options);
     if (mode == "collectives") return run_collectives(*comm);
+    if (mode == "compressed") return run_compressed(*comm);
     if ((mode == "kill" || mode == "stop") && argc > 2) return run_fault(*comm, mode == "kill", std::stoi(argv[2]));
     if (mode == "mismatch" && argc > 2) return run_mismatch(*comm, argv[2]);
   } catch (const Error& e) {

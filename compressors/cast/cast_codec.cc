@@ -1,0 +1,97 @@
+// fp16 and bf16: every value narrowed to 16 bits with src/half.h (round to nearest
+// even; NaN stays NaN; past the largest finite becomes infinity) and widened back
+// exactly. Payload (FORMAT_dense.md): header (param0 = param1 = 0, flags 0), then n
+// little-endian u16. No buckets, so any run boundary works: alignment 1.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "compressors/quantize/dense_util.h"
+#include "gradcomm/errors.h"
+#include "half.h"
+
+namespace gradcomm::detail {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "payload values are little-endian u16");
+
+struct Fp16 {
+  static constexpr CompressorId kId = CompressorId::kFp16;
+  static uint16_t narrow(float x) { return float_to_half(x); }
+  static float widen(uint16_t h) { return half_to_float(h); }
+};
+struct Bf16 {
+  static constexpr CompressorId kId = CompressorId::kBf16;
+  static uint16_t narrow(float x) { return float_to_bf16(x); }
+  static float widen(uint16_t h) { return bf16_to_float(h); }
+};
+
+template <class Format>
+class CastCodec final : public DenseCodec {
+ public:
+  size_t encoded_bytes(int64_t n) const override {
+    check_dense_numel(name(), n);
+    return PayloadHeader::kBytes + 2 * static_cast<size_t>(n);
+  }
+
+  void encode(const float* in, int64_t n, uint8_t* out, const PhiloxStream&, int64_t first) const override {
+    check_dense_encode(name(), n, first, 1);
+    PayloadHeader h;
+    h.id = Format::kId;
+    h.numel = static_cast<uint64_t>(n);
+    write_header(h, out);
+    // Narrow a chunk into an aligned buffer, then one memcpy: the payload itself may
+    // be unaligned, and a plain loop into the buffer is what the compiler vectorizes.
+    uint8_t* values = out + PayloadHeader::kBytes;
+    uint16_t chunk[kDenseChunk];
+    for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
+      const size_t m = static_cast<size_t>(std::min<int64_t>(kDenseChunk, n - start));
+      for (size_t k = 0; k < m; ++k) chunk[k] = Format::narrow(in[start + k]);
+      std::memcpy(values + 2 * start, chunk, 2 * m);
+    }
+  }
+
+  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<false>(payload, n, out);
+  }
+  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<true>(payload, n, out);
+  }
+
+  int64_t alignment() const override { return 1; }
+
+ private:
+  static const char* name() { return compressor_name(Format::kId); }
+
+  template <bool kAdd>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+    // Every 16-bit pattern is a valid value, so only the framing can be wrong.
+    const DenseSections s = read_dense_sections(payload, Format::kId, n, 0, 0, 0, 2 * static_cast<size_t>(n), 0);
+    uint16_t chunk[kDenseChunk];
+    for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
+      const size_t m = static_cast<size_t>(std::min<int64_t>(kDenseChunk, n - start));
+      std::memcpy(chunk, s.codes + 2 * start, 2 * m);
+      float* y = out + start;
+      for (size_t k = 0; k < m; ++k) {
+        const float v = Format::widen(chunk[k]);
+        if constexpr (kAdd) {
+          y[k] += v;
+        } else {
+          y[k] = v;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DenseCodec> make_cast_codec(CompressorId id) {
+  if (id == CompressorId::kFp16) return std::make_unique<CastCodec<Fp16>>();
+  if (id == CompressorId::kBf16) return std::make_unique<CastCodec<Bf16>>();
+  throw InvalidArgument(fmt::format("make_cast_codec: {} is not a cast", compressor_name(id)));
+}
+
+}  // namespace gradcomm::detail

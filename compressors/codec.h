@@ -1,0 +1,87 @@
+// What each compressor family provides to the collectives (wired in by issue B's
+// communicator work). All work on fp32 values; CPU implementations here are the
+// reference the CUDA ones are held to.
+//
+//  - DenseCodec (fp16, bf16, quant, qsgd, sign): fixed-size payloads, so the
+//    compressed ring knows every message size in advance. A segment of a tensor
+//    encodes exactly as the same elements do inside the whole tensor (bucket
+//    boundaries and random streams are positions in the tensor, not the segment).
+//  - Sparse (topk, randomk, sketch's heavy hitters): index/value payloads decoded
+//    by scatter-add; indices in a payload are strictly increasing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "compressors/philox.h"
+#include "compressors/spec.h"
+
+namespace gradcomm::detail {
+
+class DenseCodec {
+ public:
+  virtual ~DenseCodec() = default;
+  // Exact payload size for n values (header included); depends only on n and the spec.
+  virtual size_t encoded_bytes(int64_t n) const = 0;
+  // Encodes in[0, n) into out[0, encoded_bytes(n)). Element i of the run is element
+  // `first + i` of the tensor: it draws its random numbers at that position of
+  // `rng`, and buckets are counted from `first` (which must be a multiple of alignment()).
+  virtual void encode(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first) const = 0;
+  // out[i] = decoded value i (decode) or out[i] += it (decode_add). CorruptPayload
+  // when the payload is not a valid encoding of n values under this spec.
+  virtual void decode(std::span<const uint8_t> payload, int64_t n, float* out) const = 0;
+  virtual void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const = 0;
+  // Ring segments must start at multiples of this (bucket size; 1 for casts).
+  virtual int64_t alignment() const = 0;
+};
+
+// fp16, bf16, quant, qsgd, sign. InvalidArgument for other ids.
+std::unique_ptr<DenseCodec> make_dense_codec(const CompressorSpec& spec);
+
+// ---- sparse payloads ------------------------------------------------------------
+// A selection of coordinates of an n-element vector, indices strictly increasing.
+struct SparseVector {
+  std::vector<uint64_t> indices;
+  std::vector<float> values;
+};
+
+// Payload: header (param0/param1 = count low/high 32 bits, flags bit0 = u64
+// indices, bit1 = fp16 values),
+// indices (u32 when n < 2^32, else u64), values (fp32 or fp16). See FORMAT.md.
+std::vector<uint8_t> encode_sparse(CompressorId id, int64_t n, const SparseVector& v, ValueType values);
+// out[indices[j]] += values[j]. CorruptPayload on bad header, truncation, an index
+// >= n or indices not strictly increasing; nothing is written before validation.
+void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, float* out);
+
+// Top-k by magnitude of acc[0, n). exact: the k largest |acc|, ties to the lower
+// index (radix select on |x|, no full sort). sample: DGC-style threshold estimated
+// from a Philox-drawn sample, then every element with |acc| >= threshold; the count
+// is variable, bounded as FORMAT.md documents. Indices come out increasing.
+SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect select, const PhiloxStream& rng);
+
+// k distinct indices of [0, n), increasing, the same for every caller with the same
+// stream (random-k draws one stream per (seed, key, step), shared by all ranks).
+std::vector<uint64_t> randomk_indices(int64_t n, int64_t k, const PhiloxStream& rng);
+
+// ---- count sketch ------------------------------------------------------------------
+// rows x cols table; row r hashes element i to a column and a sign drawn from
+// `rng` (shared by all ranks), so tables of different ranks are summable.
+class CountSketch {
+ public:
+  CountSketch(int rows, int cols, const PhiloxStream& rng);
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  // table[r * cols + h_r(i)] += s_r(i) * x[i] for all i in [0, n); table not cleared.
+  void accumulate(const float* x, int64_t n, float* table) const;
+  // estimate[i] = median over rows of s_r(i) * table[r * cols + h_r(i)].
+  void estimate(const float* table, int64_t n, float* estimate) const;
+
+ private:
+  int rows_, cols_;
+  PhiloxStream rng_;
+};
+
+}  // namespace gradcomm::detail

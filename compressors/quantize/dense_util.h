@@ -1,0 +1,116 @@
+// CPU helpers shared by the bucketed dense codecs (quant, qsgd, sign): argument
+// checks, batched Philox uniforms, the bucket reductions in the order dense_math.h
+// fixes, and the payload framing every decoder validates before writing anything.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+
+#include "compressors/codec.h"
+#include "compressors/payload.h"
+#include "compressors/philox.h"
+#include "compressors/quantize/dense_math.h"
+
+namespace gradcomm::detail {
+
+// Elements an encoder or decoder handles per inner chunk: codes and uniforms for one
+// chunk live on the stack (8 KiB), so nothing is allocated per call.
+constexpr size_t kDenseChunk = 1024;
+
+// Largest n a dense payload may describe: keeps n * bits and the section sizes far
+// from overflow (2^48 elements is a petabyte of fp32).
+constexpr int64_t kMaxDenseNumel = int64_t{1} << 48;
+
+// InvalidArgument unless 0 <= n <= kMaxDenseNumel.
+void check_dense_numel(const char* codec, int64_t n);
+// InvalidArgument unless n is valid and first >= 0 is a multiple of alignment.
+void check_dense_encode(const char* codec, int64_t n, int64_t first, int64_t alignment);
+
+inline int64_t bucket_count(int64_t n, int64_t bucket) { return (n + bucket - 1) / bucket; }
+
+inline void store_f32(uint8_t* out, float v) { std::memcpy(out, &v, 4); }
+inline float load_f32(const uint8_t* in) {
+  float v;
+  std::memcpy(&v, in, 4);
+  return v;
+}
+
+// u[k] = philox_uniform(rng, pos + k) for k in [0, count), computing each Philox
+// block once for its four lanes (philox.h: element i is lane i % 4 of block i / 4).
+// `scratch` holds count + 8 floats; returns the pointer u (inside scratch).
+inline const float* fill_uniforms(const PhiloxStream& rng, uint64_t pos, size_t count, float* scratch) {
+  const uint64_t block0 = pos / 4;
+  const uint64_t blocks = (pos % 4 + count + 3) / 4;
+  const uint32_t s0 = static_cast<uint32_t>(rng.stream), s1 = static_cast<uint32_t>(rng.stream >> 32);
+  const uint32_t k0 = static_cast<uint32_t>(rng.seed), k1 = static_cast<uint32_t>(rng.seed >> 32);
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t block = block0 + b;
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), s0, s1, k0, k1);
+    for (int lane = 0; lane < 4; ++lane) {
+      // philox_uniform's conversion: top 24 bits times 2^-24.
+      scratch[4 * b + lane] = static_cast<float>(static_cast<int32_t>(r.v[lane] >> 8)) * 5.9604644775390625e-8f;
+    }
+  }
+  return scratch + pos % 4;
+}
+
+// Sum of f(x[j]) over a bucket in the lane order of dense_math.h (kSumLanes lanes,
+// element j into lane j % 8, then combine_lanes). Written as 8 independent lane
+// accumulators so the compiler keeps them in two vector registers.
+template <class F>
+inline float lane_sum(const float* x, size_t m, F f) {
+  float lane[kSumLanes] = {};
+  size_t j = 0;
+  for (; j + kSumLanes <= m; j += kSumLanes) {
+    for (int l = 0; l < kSumLanes; ++l) lane[l] = add_rn(lane[l], f(x[j + l]));
+  }
+  for (int l = 0; j + l < m; ++l) lane[l] = add_rn(lane[l], f(x[j + l]));
+  return combine_lanes(lane);
+}
+
+// Min and max of a bucket, and whether every element is finite. They are taken on
+// order keys (dense_math.h), integers that order floats as their values do with -0
+// below +0, so the result is unique (no first-of-equals choice between -0 and +0)
+// and the loop is a plain integer min/max reduction the compiler vectorizes. The
+// extremes matter only when every element is finite (otherwise the bucket is poisoned).
+struct BucketRange {
+  float lo, hi;
+  bool finite;
+};
+inline BucketRange bucket_range(const float* __restrict x, size_t m) {
+  int32_t lo = INT32_MAX, hi = INT32_MIN;
+  uint32_t bad = 0;
+  for (size_t j = 0; j < m; ++j) {
+    const int32_t key = float_order_key(x[j]);
+    lo = key < lo ? key : lo;
+    hi = key > hi ? key : hi;
+    bad |= (float_bits(x[j]) & 0x7FFFFFFFu) >= 0x7F800000u ? 1u : 0u;
+  }
+  return BucketRange{order_key_float(lo), order_key_float(hi), bad == 0};
+}
+
+// The sections of a validated payload: everything after the header, with the
+// exact length the spec requires for n elements.
+struct DenseSections {
+  const uint8_t* scales;  // scale_bytes bytes
+  const uint8_t* codes;   // code_bytes bytes
+};
+// CorruptPayload unless `payload` is a header of `id` for n elements with the given
+// params and flags 0, followed by exactly scale_bytes + code_bytes bytes, the bits
+// past the last of `code_bits_total` code bits zero.
+DenseSections read_dense_sections(std::span<const uint8_t> payload, CompressorId id, int64_t n, uint32_t param0,
+                                  uint32_t param1, size_t scale_bytes, size_t code_bytes, uint64_t code_bits_total);
+
+// A codec's constructor for each family (the factory in dense_codec_factory.cc
+// validates the spec first).
+std::unique_ptr<DenseCodec> make_cast_codec(CompressorId id);
+std::unique_ptr<DenseCodec> make_quant_codec(int bits, int64_t bucket, Rounding round);
+std::unique_ptr<DenseCodec> make_qsgd_codec(int levels, int64_t bucket);
+std::unique_ptr<DenseCodec> make_sign_codec(int64_t bucket);
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,185 @@
+// qsgd:levels=s,bucket=B — QSGD (Alistarh et al., NeurIPS 2017): per bucket the L2
+// norm; each element becomes a sign bit and a level in 0..s drawn so that
+// E[level] = |x| / norm * s, hence E[decode] = x.
+//
+// Payload (FORMAT_dense.md): header (param0 = s, param1 = bucket), then per bucket
+// the norm as fp32, then n codes of 1 + ceil(log2(s + 1)) bits, each
+// level | sign << (bits - 1). Decode: +-(level * (norm / s)). A bucket whose fp32
+// norm is not finite (a NaN or infinity in it, or squares summing past fp32 range)
+// stores NaN and decodes to NaN.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "compressors/quantize/bitpack.h"
+#include "compressors/quantize/dense_util.h"
+#include "gradcomm/errors.h"
+
+namespace gradcomm::detail {
+namespace {
+
+// The code loop, apart so that the compiler sees unaliased arrays and vectorizes it.
+void qsgd_codes(const float* __restrict x, const float* __restrict u, size_t m, float scale, float levels,
+                unsigned bits, uint32_t* __restrict codes) {
+  for (size_t k = 0; k < m; ++k) codes[k] = qsgd_code(x[k], round_stochastic(qsgd_position(x[k], scale, levels), u[k]), bits);
+}
+
+// Two passes per bucket: the squared norm (lane_sum order), then levels.
+template <unsigned kBits>
+void encode_run(const float* in, int64_t n, int64_t bucket, uint32_t levels, unsigned bits, uint8_t* scales,
+                uint8_t* codes_out, const PhiloxStream& rng, int64_t first) {
+  const float levels_f = static_cast<float>(levels);
+  CodeWriter<kBits> writer(codes_out, bits);
+  uint32_t codes[kDenseChunk];
+  float uniforms[kDenseChunk + 8];
+  for (int64_t start = 0; start < n; start += bucket) {
+    const size_t m = static_cast<size_t>(std::min(bucket, n - start));
+    const float* x = in + start;
+    float norm = sqrt_rn(lane_sum(x, m, [](float v) { return mul_rn(v, v); }));
+    if (!is_finite(norm)) norm = bits_float(kCanonicalNanBits);
+    store_f32(scales, norm);
+    scales += 4;
+    const float scale = qsgd_scale(norm, levels);
+    for (size_t c = 0; c < m; c += kDenseChunk) {
+      const size_t cm = std::min(kDenseChunk, m - c);
+      const float* xc = x + c;
+      const float* u = fill_uniforms(rng, static_cast<uint64_t>(first + start) + c, cm, uniforms);
+      qsgd_codes(xc, u, cm, scale, levels_f, bits, codes);
+      writer.put(codes, cm);
+    }
+  }
+  writer.finish();
+}
+
+// Checks every level is <= s (a b-bit field can hold up to 2^(b-1) - 1), before the
+// decoder writes anything. Skipped when s + 1 is a power of two: every field is valid.
+template <unsigned kBits>
+bool levels_in_range(const uint8_t* packed, int64_t n, uint32_t levels, unsigned bits) {
+  CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), bits);
+  const uint32_t level_mask = (1u << (bits - 1)) - 1u;
+  uint32_t codes[kDenseChunk];
+  uint32_t worst = 0;
+  for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
+    const size_t cm = static_cast<size_t>(std::min<int64_t>(kDenseChunk, n - start));
+    reader.get(codes, cm);
+    for (size_t k = 0; k < cm; ++k) worst = std::max(worst, codes[k] & level_mask);
+  }
+  return worst <= levels;
+}
+
+template <unsigned kBits, bool kAdd>
+void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, uint32_t levels,
+                unsigned bits, float* out) {
+  CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), bits);
+  uint32_t codes[kDenseChunk];
+  for (int64_t start = 0; start < n; start += bucket) {
+    const size_t m = static_cast<size_t>(std::min(bucket, n - start));
+    const float unit = qsgd_unit(load_f32(scales), levels);
+    scales += 4;
+    float* y = out + start;
+    for (size_t c = 0; c < m; c += kDenseChunk) {
+      const size_t cm = std::min(kDenseChunk, m - c);
+      reader.get(codes, cm);
+      for (size_t k = 0; k < cm; ++k) {
+        const float v = qsgd_value(codes[k], unit, bits);
+        if constexpr (kAdd) {
+          y[c + k] += v;
+        } else {
+          y[c + k] = v;
+        }
+      }
+    }
+  }
+}
+
+class QsgdCodec final : public DenseCodec {
+ public:
+  QsgdCodec(int levels, int64_t bucket)
+      : levels_(static_cast<uint32_t>(levels)), bucket_(bucket), bits_(qsgd_code_bits(levels_)) {}
+
+  size_t encoded_bytes(int64_t n) const override {
+    check_dense_numel("qsgd", n);
+    return PayloadHeader::kBytes + scale_bytes(n) + packed_code_bytes(static_cast<uint64_t>(n), bits_);
+  }
+
+  void encode(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first) const override {
+    check_dense_encode("qsgd", n, first, bucket_);
+    PayloadHeader h;
+    h.id = CompressorId::kQsgd;
+    h.numel = static_cast<uint64_t>(n);
+    h.param0 = levels_;
+    h.param1 = static_cast<uint32_t>(bucket_);
+    write_header(h, out);
+    uint8_t* scales = out + PayloadHeader::kBytes;
+    uint8_t* codes = scales + scale_bytes(n);
+    // Compile-time widths for the common small level counts (s <= 127).
+    switch (bits_) {
+      case 2: return encode_run<2>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 3: return encode_run<3>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 4: return encode_run<4>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 5: return encode_run<5>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 6: return encode_run<6>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 7: return encode_run<7>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 8: return encode_run<8>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      default: return encode_run<0>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+    }
+  }
+
+  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<false>(payload, n, out);
+  }
+  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<true>(payload, n, out);
+  }
+
+  int64_t alignment() const override { return bucket_; }
+
+ private:
+  size_t scale_bytes(int64_t n) const { return 4 * static_cast<size_t>(bucket_count(n, bucket_)); }
+
+  template <unsigned kBits, bool kAdd>
+  void validate_and_decode(const DenseSections& s, int64_t n, float* out) const {
+    if (((levels_ + 1) & levels_) != 0 && !levels_in_range<kBits>(s.codes, n, levels_, bits_)) {
+      throw CorruptPayload(fmt::format("qsgd payload: a level above s = {}", levels_));
+    }
+    decode_run<kBits, kAdd>(s.scales, s.codes, n, bucket_, levels_, bits_, out);
+  }
+
+  template <bool kAdd>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+    check_dense_numel("qsgd", n);  // before any size is computed from n
+    const DenseSections s =
+        read_dense_sections(payload, CompressorId::kQsgd, n, levels_, static_cast<uint32_t>(bucket_), scale_bytes(n),
+                            packed_code_bytes(static_cast<uint64_t>(n), bits_), static_cast<uint64_t>(n) * bits_);
+    // An encoder writes a finite norm >= 0, or NaN for a poisoned bucket.
+    const int64_t buckets = bucket_count(n, bucket_);
+    for (int64_t b = 0; b < buckets; ++b) {
+      const float norm = load_f32(s.scales + 4 * b);
+      if (!is_nan(norm) && !(is_finite(norm) && norm >= 0.0f)) {
+        throw CorruptPayload(fmt::format("qsgd payload: bucket {} has norm {}", b, norm));
+      }
+    }
+    switch (bits_) {
+      case 2: return validate_and_decode<2, kAdd>(s, n, out);
+      case 3: return validate_and_decode<3, kAdd>(s, n, out);
+      case 4: return validate_and_decode<4, kAdd>(s, n, out);
+      case 5: return validate_and_decode<5, kAdd>(s, n, out);
+      case 6: return validate_and_decode<6, kAdd>(s, n, out);
+      case 7: return validate_and_decode<7, kAdd>(s, n, out);
+      case 8: return validate_and_decode<8, kAdd>(s, n, out);
+      default: return validate_and_decode<0, kAdd>(s, n, out);
+    }
+  }
+
+  uint32_t levels_;
+  int64_t bucket_;
+  unsigned bits_;
+};
+
+}  // namespace
+
+std::unique_ptr<DenseCodec> make_qsgd_codec(int levels, int64_t bucket) {
+  return std::make_unique<QsgdCodec>(levels, bucket);
+}
+
+}  // namespace gradcomm::detail

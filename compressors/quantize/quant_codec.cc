@@ -1,0 +1,177 @@
+// quant:bits=b,bucket=B,round=stochastic|nearest — per-bucket min/max uniform
+// quantization to 2^b - 1 steps (b in {1, 2, 4, 8}).
+//
+// Payload (FORMAT_dense.md): header (param0 = bits, param1 = bucket), then per
+// bucket the pair (min, max) as fp32, then the n codes packed `bits` wide.
+// Per element: s = clamp((x - min) * inv, 0, L) with inv = L / (max - min), code =
+// round(s) (half up, or stochastically with u = philox_uniform(rng, first + i));
+// decode min + code * step with step = (max - min) / L. A bucket holding a NaN or an
+// infinity (or whose max - min overflows) stores (NaN, NaN) and decodes to NaN.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "compressors/quantize/bitpack.h"
+#include "compressors/quantize/dense_util.h"
+#include "gradcomm/errors.h"
+
+namespace gradcomm::detail {
+namespace {
+
+// The code loops, apart so that the compiler sees unaliased arrays and vectorizes
+// them (the clamps become min/max, the casts cvttps2dq).
+template <uint32_t kLevels>
+void codes_nearest(const float* __restrict x, size_t m, float lo, float inv, uint32_t* __restrict codes) {
+  for (size_t k = 0; k < m; ++k) codes[k] = round_half_up(quant_position(x[k], lo, inv, static_cast<float>(kLevels)));
+}
+template <uint32_t kLevels>
+void codes_stochastic(const float* __restrict x, const float* __restrict u, size_t m, float lo, float inv,
+                      uint32_t* __restrict codes) {
+  for (size_t k = 0; k < m; ++k) {
+    codes[k] = round_stochastic(quant_position(x[k], lo, inv, static_cast<float>(kLevels)), u[k]);
+  }
+}
+
+// Encodes one run. Two passes per bucket (range, then codes), the bucket still in
+// cache for the second; codes stream through `writer` across bucket boundaries.
+template <unsigned kBits, bool kStochastic>
+void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uint8_t* codes_out,
+                const PhiloxStream& rng, int64_t first) {
+  constexpr uint32_t kLevels = (1u << kBits) - 1u;
+  CodeWriter<kBits> writer(codes_out, kBits);
+  uint32_t codes[kDenseChunk];
+  float uniforms[kDenseChunk + 8];
+  for (int64_t start = 0; start < n; start += bucket) {
+    const size_t m = static_cast<size_t>(std::min(bucket, n - start));
+    const float* x = in + start;
+    const BucketRange r = bucket_range(x, m);
+    float lo = r.lo, hi = r.hi;
+    if (!r.finite || !is_finite(add_rn(hi, -lo))) lo = hi = bits_float(kCanonicalNanBits);
+    store_f32(scales, lo);
+    store_f32(scales + 4, hi);
+    scales += 8;
+    const float inv = quant_inverse_step(lo, hi, kLevels);
+    for (size_t c = 0; c < m; c += kDenseChunk) {
+      const size_t cm = std::min(kDenseChunk, m - c);
+      const float* xc = x + c;
+      if constexpr (kStochastic) {
+        const float* u = fill_uniforms(rng, static_cast<uint64_t>(first + start) + c, cm, uniforms);
+        codes_stochastic<kLevels>(xc, u, cm, lo, inv, codes);
+      } else {
+        codes_nearest<kLevels>(xc, cm, lo, inv, codes);
+      }
+      writer.put(codes, cm);
+    }
+  }
+  writer.finish();
+}
+
+template <unsigned kBits, bool kAdd>
+void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, float* out) {
+  constexpr uint32_t kLevels = (1u << kBits) - 1u;
+  CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), kBits);
+  uint32_t codes[kDenseChunk];
+  for (int64_t start = 0; start < n; start += bucket) {
+    const size_t m = static_cast<size_t>(std::min(bucket, n - start));
+    const float lo = load_f32(scales), hi = load_f32(scales + 4);
+    scales += 8;
+    const float step = quant_step(lo, hi, kLevels);
+    float* y = out + start;
+    for (size_t c = 0; c < m; c += kDenseChunk) {
+      const size_t cm = std::min(kDenseChunk, m - c);
+      reader.get(codes, cm);
+      for (size_t k = 0; k < cm; ++k) {
+        const float v = quant_value(lo, step, codes[k]);
+        if constexpr (kAdd) {
+          y[c + k] += v;
+        } else {
+          y[c + k] = v;
+        }
+      }
+    }
+  }
+}
+
+class QuantCodec final : public DenseCodec {
+ public:
+  QuantCodec(int bits, int64_t bucket, Rounding round) : bits_(bits), bucket_(bucket), round_(round) {}
+
+  size_t encoded_bytes(int64_t n) const override {
+    check_dense_numel("quant", n);
+    return PayloadHeader::kBytes + scale_bytes(n) + packed_code_bytes(static_cast<uint64_t>(n), bits_);
+  }
+
+  void encode(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first) const override {
+    check_dense_encode("quant", n, first, bucket_);
+    PayloadHeader h;
+    h.id = CompressorId::kQuant;
+    h.numel = static_cast<uint64_t>(n);
+    h.param0 = static_cast<uint32_t>(bits_);
+    h.param1 = static_cast<uint32_t>(bucket_);
+    write_header(h, out);
+    uint8_t* scales = out + PayloadHeader::kBytes;
+    uint8_t* codes = scales + scale_bytes(n);
+    const bool stochastic = round_ == Rounding::kStochastic;
+    switch (bits_) {
+      case 1: return stochastic ? encode_run<1, true>(in, n, bucket_, scales, codes, rng, first)
+                                : encode_run<1, false>(in, n, bucket_, scales, codes, rng, first);
+      case 2: return stochastic ? encode_run<2, true>(in, n, bucket_, scales, codes, rng, first)
+                                : encode_run<2, false>(in, n, bucket_, scales, codes, rng, first);
+      case 4: return stochastic ? encode_run<4, true>(in, n, bucket_, scales, codes, rng, first)
+                                : encode_run<4, false>(in, n, bucket_, scales, codes, rng, first);
+      default: return stochastic ? encode_run<8, true>(in, n, bucket_, scales, codes, rng, first)
+                                 : encode_run<8, false>(in, n, bucket_, scales, codes, rng, first);
+    }
+  }
+
+  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<false>(payload, n, out);
+  }
+  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<true>(payload, n, out);
+  }
+
+  int64_t alignment() const override { return bucket_; }
+
+ private:
+  size_t scale_bytes(int64_t n) const { return 8 * static_cast<size_t>(bucket_count(n, bucket_)); }
+
+  template <bool kAdd>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+    check_dense_numel("quant", n);  // before any size is computed from n
+    const DenseSections s =
+        read_dense_sections(payload, CompressorId::kQuant, n, static_cast<uint32_t>(bits_),
+                            static_cast<uint32_t>(bucket_), scale_bytes(n),
+                            packed_code_bytes(static_cast<uint64_t>(n), bits_), static_cast<uint64_t>(n) * bits_);
+    // Every code is on the grid (b bits hold exactly 0..2^b - 1), so only the
+    // scales can be invalid: what an encoder writes is (NaN, NaN) or finite
+    // min <= max with a finite range. Checked for all buckets before any write.
+    const int64_t buckets = bucket_count(n, bucket_);
+    for (int64_t b = 0; b < buckets; ++b) {
+      const float lo = load_f32(s.scales + 8 * b), hi = load_f32(s.scales + 8 * b + 4);
+      const bool poisoned = is_nan(lo) && is_nan(hi);
+      const bool valid = is_finite(lo) && is_finite(hi) && lo <= hi && is_finite(add_rn(hi, -lo));
+      if (!poisoned && !valid) {
+        throw CorruptPayload(fmt::format("quant payload: bucket {} has min {} and max {}", b, lo, hi));
+      }
+    }
+    switch (bits_) {
+      case 1: return decode_run<1, kAdd>(s.scales, s.codes, n, bucket_, out);
+      case 2: return decode_run<2, kAdd>(s.scales, s.codes, n, bucket_, out);
+      case 4: return decode_run<4, kAdd>(s.scales, s.codes, n, bucket_, out);
+      default: return decode_run<8, kAdd>(s.scales, s.codes, n, bucket_, out);
+    }
+  }
+
+  int bits_;
+  int64_t bucket_;
+  Rounding round_;
+};
+
+}  // namespace
+
+std::unique_ptr<DenseCodec> make_quant_codec(int bits, int64_t bucket, Rounding round) {
+  return std::make_unique<QuantCodec>(bits, bucket, round);
+}
+
+}  // namespace gradcomm::detail

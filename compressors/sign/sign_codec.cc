@@ -1,0 +1,111 @@
+// sign:bucket=B — scaled signSGD (EF-SignSGD, Karimireddy et al., ICML 2019): one
+// bit per element plus a per-bucket scale, the mean |x| of the bucket, so that the
+// decoded bucket has the same l1 norm as the input.
+//
+// Payload (FORMAT_dense.md): header (param0 = 0, param1 = bucket), then per bucket
+// the scale as fp32, then n sign bits packed LSB first (1 = sign bit set: negative,
+// -0.0 included). Decode: +-scale. A bucket whose scale is not finite (a NaN or an
+// infinity in it, or |x| summing past fp32 range) stores NaN and decodes to NaN.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "compressors/quantize/bitpack.h"
+#include "compressors/quantize/dense_util.h"
+#include "gradcomm/errors.h"
+
+namespace gradcomm::detail {
+namespace {
+
+class SignCodec final : public DenseCodec {
+ public:
+  explicit SignCodec(int64_t bucket) : bucket_(bucket) {}
+
+  size_t encoded_bytes(int64_t n) const override {
+    check_dense_numel("sign", n);
+    return PayloadHeader::kBytes + scale_bytes(n) + packed_code_bytes(static_cast<uint64_t>(n), 1);
+  }
+
+  void encode(const float* in, int64_t n, uint8_t* out, const PhiloxStream&, int64_t first) const override {
+    check_dense_encode("sign", n, first, bucket_);
+    PayloadHeader h;
+    h.id = CompressorId::kSign;
+    h.numel = static_cast<uint64_t>(n);
+    h.param1 = static_cast<uint32_t>(bucket_);
+    write_header(h, out);
+    uint8_t* scales = out + PayloadHeader::kBytes;
+    CodeWriter<1> writer(scales + scale_bytes(n), 1);
+    uint32_t bits[kDenseChunk];
+    // Two passes per bucket: mean |x| (lane_sum order), then the sign bits.
+    for (int64_t start = 0; start < n; start += bucket_) {
+      const size_t m = static_cast<size_t>(std::min(bucket_, n - start));
+      const float* x = in + start;
+      const float sum = lane_sum(x, m, [](float v) { return bits_float(float_bits(v) & 0x7FFFFFFFu); });
+      float scale = sum / static_cast<float>(m);
+      if (!is_finite(scale)) scale = bits_float(kCanonicalNanBits);
+      store_f32(scales, scale);
+      scales += 4;
+      for (size_t c = 0; c < m; c += kDenseChunk) {
+        const size_t cm = std::min(kDenseChunk, m - c);
+        for (size_t k = 0; k < cm; ++k) bits[k] = sign_bit(x[c + k]);
+        writer.put(bits, cm);
+      }
+    }
+    writer.finish();
+  }
+
+  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<false>(payload, n, out);
+  }
+  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
+    decode_impl<true>(payload, n, out);
+  }
+
+  int64_t alignment() const override { return bucket_; }
+
+ private:
+  size_t scale_bytes(int64_t n) const { return 4 * static_cast<size_t>(bucket_count(n, bucket_)); }
+
+  template <bool kAdd>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+    check_dense_numel("sign", n);  // before any size is computed from n
+    const DenseSections s =
+        read_dense_sections(payload, CompressorId::kSign, n, 0, static_cast<uint32_t>(bucket_), scale_bytes(n),
+                            packed_code_bytes(static_cast<uint64_t>(n), 1), static_cast<uint64_t>(n));
+    // An encoder writes a finite scale >= 0, or NaN for a poisoned bucket.
+    const int64_t buckets = bucket_count(n, bucket_);
+    for (int64_t b = 0; b < buckets; ++b) {
+      const float scale = load_f32(s.scales + 4 * b);
+      if (!is_nan(scale) && !(is_finite(scale) && scale >= 0.0f)) {
+        throw CorruptPayload(fmt::format("sign payload: bucket {} has scale {}", b, scale));
+      }
+    }
+    CodeReader<1> reader(s.codes, static_cast<uint64_t>(n), 1);
+    uint32_t bits[kDenseChunk];
+    for (int64_t start = 0; start < n; start += bucket_) {
+      const size_t m = static_cast<size_t>(std::min(bucket_, n - start));
+      const float scale = load_f32(s.scales + 4 * (start / bucket_));
+      float* y = out + start;
+      for (size_t c = 0; c < m; c += kDenseChunk) {
+        const size_t cm = std::min(kDenseChunk, m - c);
+        reader.get(bits, cm);
+        for (size_t k = 0; k < cm; ++k) {
+          const float v = sign_value(scale, bits[k]);
+          if constexpr (kAdd) {
+            y[c + k] += v;
+          } else {
+            y[c + k] = v;
+          }
+        }
+      }
+    }
+  }
+
+  int64_t bucket_;
+};
+
+}  // namespace
+
+std::unique_ptr<DenseCodec> make_sign_codec(int64_t bucket) { return std::make_unique<SignCodec>(bucket); }
+
+}  // namespace gradcomm::detail

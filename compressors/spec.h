@@ -1,0 +1,74 @@
+// Compressor specs: `name[:key=value[,key=value...]]`, parsed once by the registry
+// (registry.cc) into a CompressorSpec with every parameter resolved. Two ranks
+// agree on a compressor iff their canonical() strings are equal.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace gradcomm::detail {
+
+enum class CompressorId : uint8_t {
+  kNone = 0,
+  kFp16 = 1,
+  kBf16 = 2,
+  kTopk = 3,
+  kRandomk = 4,
+  kQsgd = 5,
+  kQuant = 6,
+  kSign = 7,
+  kSketch = 8,
+};
+constexpr const char* compressor_name(CompressorId id) {
+  switch (id) {
+    case CompressorId::kNone: return "none";
+    case CompressorId::kFp16: return "fp16";
+    case CompressorId::kBf16: return "bf16";
+    case CompressorId::kTopk: return "topk";
+    case CompressorId::kRandomk: return "randomk";
+    case CompressorId::kQsgd: return "qsgd";
+    case CompressorId::kQuant: return "quant";
+    case CompressorId::kSign: return "sign";
+    case CompressorId::kSketch: return "sketch";
+  }
+  return "unknown";
+}
+
+enum class TopkSelect : uint8_t { kExact = 0, kSample = 1 };
+enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
+enum class ValueType : uint8_t { kFp32 = 0, kFp16 = 1 };  // how sparse values travel
+
+struct CompressorSpec {
+  CompressorId id = CompressorId::kNone;
+
+  // Common keys (every compressor but none):
+  bool ef = false;            // error feedback; default per compressor (DESIGN §5 table)
+  int64_t min_numel = 0;      // smaller tensors go dense
+  int64_t warmup = 0;         // the first `warmup` steps of a key go dense
+  uint64_t seed = 0;          // Philox seed (stochastic rounding, random-k, sketch hashes)
+  ValueType values = ValueType::kFp32;  // sparse values on the wire (topk, randomk, sketch)
+
+  // topk: exactly one of ratio / k is set (k = 0 means "use ratio").
+  double ratio = 0.0;         // topk, randomk, sketch: fraction of elements, (0, 1]
+  int64_t k = 0;              // topk: absolute count; sketch: heavy hitters to recover
+  TopkSelect select = TopkSelect::kExact;
+
+  int levels = 0;             // qsgd: quantization levels s >= 1
+  int bits = 0;               // quant: 1, 2, 4 or 8
+  Rounding round = Rounding::kStochastic;  // quant
+  int64_t bucket = 0;         // qsgd, quant, sign: elements per bucket (scale/norm unit)
+
+  int rows = 0, cols = 0;     // sketch table
+
+  // The spec with every key spelled out in a fixed order, e.g.
+  // "topk:ratio=0.01,select=exact,ef=1,min_numel=0,warmup=0,seed=0,values=fp32".
+  std::string canonical() const;
+};
+
+// Parses a spec string. InvalidArgument naming the problem and listing what is
+// accepted: unknown compressor, unknown key, bad value, missing required key,
+// key given twice.
+CompressorSpec parse_compressor_spec(std::string_view spec);
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,228 @@
+// Top-k selection by magnitude, CPU reference (codec.h: topk_select).
+//
+// Both modes rank elements by a 32-bit magnitude key: the fp32 bits with the sign
+// cleared. For non-NaN floats that integer orders exactly like |x| (denormals below
+// normals, +-0 equal, inf largest). Every NaN maps to one key just above inf, so a
+// NaN outranks every number and NaNs tie among themselves (lower index first): a
+// NaN in the accumulator is sent rather than hidden forever in the error-feedback
+// residual. Keys are plain integers, so the CUDA version ranks identically.
+//
+// exact  — radix select (as in CUB's / PyTorch's topk): three histogram passes over
+//          the digits [31:21], [20:10], [9:0] of the key narrow down the key T of the
+//          k-th largest element and how many elements equal to T are needed; one
+//          compaction pass then takes every key > T and the lowest-index elements with
+//          key == T until k are taken. Output indices are increasing by construction.
+//          No sort, no per-element allocation; the second pass collects the indices
+//          of the surviving bucket when it is small, so the third pass reads only
+//          those.
+// sample — DGC (Lin et al., ICLR 2018): estimate T from a Philox-drawn sample, then
+//          take every element with key >= T in one pass. Count bounds and the
+//          fallback to exact are documented at select_sample and in FORMAT_sparse.md.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "compressors/codec.h"
+#include "gradcomm/errors.h"
+#include "half.h"
+
+namespace gradcomm::detail {
+namespace {
+
+__extension__ typedef unsigned __int128 U128;  // 64x64 -> 128-bit products (CUDA: __umul64hi)
+
+constexpr uint32_t kNanKey = 0x7F800001u;  // every NaN: just above +inf (0x7F800000)
+
+// |x| as an order-preserving integer; NaNs collapse to kNanKey.
+inline uint32_t magnitude_key(float x) {
+  const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
+  return a < kNanKey ? a : kNanKey;
+}
+
+// The three digits of a key, most significant first.
+struct Digit {
+  int shift;
+  uint32_t mask;  // after shifting
+};
+constexpr std::array<Digit, 3> kDigits = {{{21, 0x7FFu}, {10, 0x7FFu}, {0, 0x3FFu}}};
+constexpr int kBuckets = 2048;
+
+// Where the k-th largest key lies: every element with key > key is selected, plus
+// the first `take_equal` elements (by index) with key == key.
+struct Threshold {
+  uint32_t key = 0;
+  int64_t take_equal = 0;
+};
+
+// Within a histogram of the current digit, finds the bucket holding the `need`-th
+// largest element (need >= 1 and <= the histogram's total) and returns it; `need`
+// becomes the rank inside that bucket.
+uint32_t pick_bucket(const std::array<int64_t, kBuckets>& hist, uint32_t top, int64_t& need) {
+  for (uint32_t d = top + 1; d-- > 0;) {
+    if (hist[d] >= need) return d;
+    need -= hist[d];
+  }
+  return 0;  // unreachable while need <= total
+}
+
+// Radix select over n keys given by key_at(i), 1 <= k <= n.
+template <class KeyAt>
+Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
+  std::array<int64_t, kBuckets> hist;
+  int64_t need = k;  // rank of the target among elements matching the prefix so far
+
+  // Pass 1: top digit over everything.
+  hist.fill(0);
+  for (int64_t i = 0; i < n; ++i) ++hist[key_at(i) >> kDigits[0].shift];
+  uint32_t prefix = pick_bucket(hist, kDigits[0].mask, need) << kDigits[0].shift;
+  uint32_t prefix_mask = kDigits[0].mask << kDigits[0].shift;
+
+  // Pass 2: middle digit over the elements in the chosen top bucket. When that
+  // bucket holds at most n/16 elements, remember their indices (one allocation of a
+  // size known from the histogram) so pass 3 need not rescan the input.
+  const int64_t in_bucket = hist[prefix >> kDigits[0].shift];
+  const bool collect = in_bucket <= n / 16;
+  std::vector<int64_t> candidates;
+  if (collect) candidates.resize(static_cast<size_t>(in_bucket));
+  hist.fill(0);
+  {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t key = key_at(i);
+      if ((key & prefix_mask) == prefix) {
+        ++hist[(key >> kDigits[1].shift) & kDigits[1].mask];
+        if (collect) candidates[static_cast<size_t>(c++)] = i;
+      }
+    }
+  }
+  prefix |= pick_bucket(hist, kDigits[1].mask, need) << kDigits[1].shift;
+  prefix_mask |= kDigits[1].mask << kDigits[1].shift;
+
+  // Pass 3: low digit, over the candidates or the whole input.
+  hist.fill(0);
+  auto count_low = [&](uint32_t key) {
+    if ((key & prefix_mask) == prefix) ++hist[key & kDigits[2].mask];
+  };
+  if (collect) {
+    for (int64_t i : candidates) count_low(key_at(i));
+  } else {
+    for (int64_t i = 0; i < n; ++i) count_low(key_at(i));
+  }
+  prefix |= pick_bucket(hist, kDigits[2].mask, need);
+  return Threshold{prefix, need};
+}
+
+// Takes every key > t.key and the first t.take_equal keys == t.key, in index order;
+// `count` is how many that is (known from the select), so the output is sized once.
+SparseVector compact(const float* acc, int64_t n, const Threshold& t, int64_t count) {
+  SparseVector out;
+  out.indices.resize(static_cast<size_t>(count));
+  out.values.resize(static_cast<size_t>(count));
+  int64_t taken = 0;
+  int64_t equal_left = t.take_equal;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = magnitude_key(acc[i]);
+    if (key >= t.key) [[unlikely]] {
+      if (key == t.key) {
+        if (equal_left == 0) continue;
+        --equal_left;
+      }
+      out.indices[static_cast<size_t>(taken)] = static_cast<uint64_t>(i);
+      out.values[static_cast<size_t>(taken)] = acc[i];
+      ++taken;
+    }
+  }
+  return out;
+}
+
+SparseVector take_all(const float* acc, int64_t n) {
+  SparseVector out;
+  out.indices.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.indices[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
+  out.values.assign(acc, acc + n);
+  return out;
+}
+
+SparseVector select_exact(const float* acc, int64_t n, int64_t k) {
+  const Threshold t = radix_threshold(n, k, [acc](int64_t i) { return magnitude_key(acc[i]); });
+  return compact(acc, n, t, k);
+}
+
+// ---- sample (DGC) -------------------------------------------------------------------
+// Sample size m = clamp(ceil(kSampleHits * n / k), kMinSample, n): about kSampleHits
+// sampled elements land above the threshold, so the selected count has a relative
+// spread of roughly 1/sqrt(kSampleHits) (~9%) around k. Inputs with 2m >= n are
+// selected exactly instead: sampling would cost as much as a full select.
+constexpr double kSampleHits = 128.0;
+constexpr int64_t kMinSample = 1024;
+
+// Count bounds: the threshold pass accepts when floor(k/2) (at least 1) <= count
+// <= 2k. Outside them (heavy ties at the threshold, or an unlucky or adversarial
+// sample) the result is the exact top-k instead, so the count always lies in
+// [max(1, floor(k/2)), min(2k, n)] and every selected element has key >= the
+// smallest selected key.
+SparseVector select_sample(const float* acc, int64_t n, int64_t k, const PhiloxStream& rng) {
+  const double want = std::ceil(kSampleHits * static_cast<double>(n) / static_cast<double>(k));
+  const int64_t m = std::max<int64_t>(kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));
+  if (m >= n / 2) return select_exact(acc, n, k);
+
+  // Sample positions, drawn with replacement: position j = floor(u_j * n / 2^64),
+  // where u_j = (stream element 2j) | (element 2j+1) << 32. One Philox block gives
+  // two positions.
+  std::vector<uint32_t> sample(static_cast<size_t>(m));
+  const auto un = static_cast<uint64_t>(n);
+  for (int64_t j = 0; j < m; j += 2) {
+    const auto block = static_cast<uint64_t>(j) >> 1;
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                                    static_cast<uint32_t>(rng.stream), static_cast<uint32_t>(rng.stream >> 32),
+                                    static_cast<uint32_t>(rng.seed), static_cast<uint32_t>(rng.seed >> 32));
+    for (int64_t h = 0; h < 2 && j + h < m; ++h) {
+      const uint64_t u = static_cast<uint64_t>(r.v[2 * h]) | (static_cast<uint64_t>(r.v[2 * h + 1]) << 32);
+      const auto pos = static_cast<size_t>((static_cast<U128>(u) * un) >> 64);
+      sample[static_cast<size_t>(j + h)] = magnitude_key(acc[pos]);
+    }
+  }
+  // Threshold: the key of the rank-ks largest sample, ks = round(k * m / n) >= 1,
+  // so about k elements of the whole input are expected at or above it.
+  const double ks_real = std::round(static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n));
+  const int64_t ks = std::clamp<int64_t>(static_cast<int64_t>(ks_real), 1, m);
+  const uint32_t threshold = radix_threshold(m, ks, [&sample](int64_t j) { return sample[static_cast<size_t>(j)]; }).key;
+
+  const int64_t lower = std::max<int64_t>(1, k / 2);
+  const int64_t upper = std::min<int64_t>(2 * k, n);
+  SparseVector out;
+  out.indices.resize(static_cast<size_t>(upper));
+  out.values.resize(static_cast<size_t>(upper));
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (magnitude_key(acc[i]) >= threshold) [[unlikely]] {
+      if (count == upper) return select_exact(acc, n, k);  // too many: exact instead
+      out.indices[static_cast<size_t>(count)] = static_cast<uint64_t>(i);
+      out.values[static_cast<size_t>(count)] = acc[i];
+      ++count;
+    }
+  }
+  if (count < lower) return select_exact(acc, n, k);  // too few: exact instead
+  out.indices.resize(static_cast<size_t>(count));
+  out.values.resize(static_cast<size_t>(count));
+  return out;
+}
+
+}  // namespace
+
+SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect select, const PhiloxStream& rng) {
+  if (n < 0 || k < 0) throw InvalidArgument(fmt::format("topk_select: n = {} and k = {} must be >= 0", n, k));
+  if (n == 0 || k == 0) return {};
+  if (k >= n) return take_all(acc, n);
+  switch (select) {
+    case TopkSelect::kExact: return select_exact(acc, n, k);
+    case TopkSelect::kSample: return select_sample(acc, n, k, rng);
+  }
+  throw InvalidArgument(fmt::format("topk_select: unknown select mode {}", static_cast<int>(select)));
+}
+
+}  // namespace gradcomm::detail

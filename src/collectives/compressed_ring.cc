@@ -1,0 +1,135 @@
+// Compressed ring allreduce (quantizers and casts), bandwidth-optimal like the
+// dense ring but every message is a payload of a DenseCodec.
+//
+// Reduce-scatter, step k = 0..N-2: rank r sends the encoded partial sum of
+// segment r-k; it receives the partial sum of segment r-k-1, decodes it, adds its
+// own values and (at the next step) encodes the result again. After N-1 steps
+// rank r holds the full sum of segment r+1, encodes it once, replaces its own
+// copy by the decoded bytes, and those exact bytes travel the allgather ring:
+// every rank decodes the same payloads, so all end bitwise identical.
+//
+// Pipelining as in ring_allreduce.cc: segments are cut into C chunks, (step,
+// chunk) is one message "unit", and a chunk goes on as soon as it is ready. Chunk
+// boundaries are multiples of the codec's alignment (its bucket), so a chunk
+// encodes exactly as the same elements would inside the whole tensor.
+//
+// Error feedback: each encode this rank performs loses `value - decode(payload)`;
+// with a residual buffer, that loss is added to it at the same positions, so the
+// sum of all ranks' outputs plus all residuals equals the sum of their inputs.
+#include <algorithm>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "compressors/codec.h"
+
+namespace gradcomm::detail {
+namespace {
+
+int wrap(int64_t value, int n) { return static_cast<int>(((value % n) + n) % n); }
+
+// Element ranges: segment s is [seg(s), seg(s+1)), aligned; chunk j of it splits
+// the segment's alignment units C ways.
+struct AlignedPlan {
+  int n;
+  int64_t numel, align, chunks;
+  int64_t units_total() const { return (numel + align - 1) / align; }
+  int64_t seg(int s) const { return std::min(numel, units_total() * s / n * align); }
+  std::pair<int64_t, int64_t> chunk(int s, int64_t j) const {
+    const int64_t b = seg(s), e = seg(s + 1);
+    const int64_t units = (e - b + align - 1) / align;
+    return {std::min(e, b + units * j / chunks * align), std::min(e, b + units * (j + 1) / chunks * align)};
+  }
+};
+
+}  // namespace
+
+void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
+                               const PhiloxStream& rng, float* residual) {
+  const int n = op.size();
+  const int r = op.rank();
+  const int right = wrap(r + 1, n);
+  const int left = wrap(r - 1, n);
+  const int64_t align = codec.alignment();
+  const int64_t max_seg = ((numel + align - 1) / align + n - 1) / n * align;
+  const int64_t chunk_elems = std::max<int64_t>(align, chunk_bytes() / 4 / align * align);
+  const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
+  const AlignedPlan plan{n, numel, align, std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, max_chunks)};
+  const int64_t C = plan.chunks;
+  const int64_t rs_units = int64_t{n - 1} * C;
+  const int64_t total_units = 2 * rs_units;
+
+  // Unit u's segment on the receive side and on the send side (as in the dense ring).
+  auto recv_chunk = [&](int64_t u) {
+    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
+    return plan.chunk(u < rs_units ? wrap(r - k - 1, n) : wrap(r - k, n), u % C);
+  };
+  auto send_chunk = [&](int64_t u) {
+    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
+    return plan.chunk(u < rs_units ? wrap(r - k, n) : wrap(r + 1 - k, n), u % C);
+  };
+  auto payload_bytes = [&](std::pair<int64_t, int64_t> c) { return codec.encoded_bytes(c.second - c.first); };
+
+  // Every unit has its own payload buffer: sends stay valid until they complete, and
+  // allgather payloads are forwarded as received.
+  std::vector<std::vector<uint8_t>> out(total_units), in(total_units);
+  std::vector<RequestPtr> sends(total_units), recvs(total_units);
+  std::vector<float> scratch(static_cast<size_t>((max_seg + C - 1) / C + align));
+
+  // Encodes data[b, e) into out[u] and sends it; the loss goes to the residual.
+  auto encode_and_send = [&](int64_t u, bool final_owner) {
+    const auto [b, e] = send_chunk(u);
+    out[u].resize(codec.encoded_bytes(e - b));
+    {
+      Op::ReduceTimer timer(op);
+      codec.encode(data + b, e - b, out[u].data(), rng, b);
+      if (residual != nullptr || final_owner) {
+        codec.decode(out[u], e - b, scratch.data());
+        for (int64_t i = 0; i < e - b; ++i) {
+          if (residual != nullptr) residual[b + i] += data[b + i] - scratch[i];
+          if (final_owner) data[b + i] = scratch[i];  // the owner keeps what everyone decodes
+        }
+      }
+    }
+    sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
+  };
+
+  int64_t posted = 0;
+  auto post_until = [&](int64_t limit) {
+    for (limit = std::min(limit, total_units); posted < limit; ++posted) {
+      in[posted].resize(payload_bytes(recv_chunk(posted)));
+      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), in[posted].data(), in[posted].size());
+    }
+  };
+
+  for (int64_t j = 0; j < C; ++j) encode_and_send(j, false);  // step 0: our own segment
+  for (int64_t u = 0; u < total_units; ++u) {
+    post_until(u + kPipelineDepth);
+    const bool reduce_scatter = u < rs_units;
+    op.wait(*recvs[u], reduce_scatter ? "compressed reduce-scatter receive" : "compressed allgather receive");
+    recvs[u].reset();
+    const auto [b, e] = recv_chunk(u);
+    if (reduce_scatter) {
+      // recvReduceSend: our values plus the neighbour's decoded partial sum.
+      {
+        Op::ReduceTimer timer(op);
+        codec.decode_add(in[u], e - b, data + b);
+      }
+      encode_and_send(u + C, /*final_owner=*/u / C == n - 2);
+    } else {
+      {
+        Op::ReduceTimer timer(op);
+        codec.decode(in[u], e - b, data + b);
+      }
+      if (u + C < total_units) {  // recvCopySend: forward the exact bytes
+        out[u + C] = std::move(in[u]);
+        sends[u + C] = op.send(right, static_cast<uint32_t>(u + C), out[u + C].data(), out[u + C].size());
+      }
+    }
+    in[u].clear();
+  }
+  for (auto& send : sends) {
+    if (send) op.wait(*send, "compressed final send");
+  }
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,195 @@
+#include "compression.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "comm_impl.h"
+#include "half.h"
+#include "reduce.h"
+
+namespace gradcomm::detail {
+namespace {
+
+int64_t count_from(double ratio, int64_t k, int64_t numel) {
+  const int64_t c = k > 0 ? k : static_cast<int64_t>(std::llround(ratio * static_cast<double>(numel)));
+  return std::clamp<int64_t>(c, 1, std::max<int64_t>(numel, 1));
+}
+
+// Sketch width when the spec leaves it to us: a few columns per heavy hitter.
+int sketch_cols(const CompressorSpec& spec, int64_t k) {
+  return spec.cols > 0 ? spec.cols : static_cast<int>(std::clamp<int64_t>(4 * k, 16, int64_t{1} << 26));
+}
+
+// acc = data + residual, in data; the residual is then free to collect this step's loss.
+void fold_residual(float* data, int64_t numel, float* residual) {
+  if (residual == nullptr) return;
+  for (int64_t i = 0; i < numel; ++i) data[i] += residual[i];
+}
+
+// Output = zeros except `values` at `indices` (both of one selection).
+void scatter(float* data, int64_t numel, const std::vector<uint64_t>& indices, const float* values) {
+  std::fill(data, data + numel, 0.0f);
+  for (size_t j = 0; j < indices.size(); ++j) data[indices[j]] = values[j];
+}
+
+}  // namespace
+
+const CompressorSpec& CompressionEngine::spec(const std::string& text) {
+  auto it = specs_.find(text);
+  if (it == specs_.end()) it = specs_.emplace(text, parse_compressor_spec(text)).first;
+  return it->second;
+}
+
+bool CompressionEngine::stateful(const CompressorSpec& spec) {
+  switch (spec.id) {
+    case CompressorId::kNone: return false;
+    case CompressorId::kRandomk:
+    case CompressorId::kQsgd: return true;  // draws must change from step to step
+    case CompressorId::kQuant:
+      if (spec.round == Rounding::kStochastic) return true;
+      break;
+    case CompressorId::kTopk:
+      if (spec.select == TopkSelect::kSample) return true;
+      break;
+    default: break;
+  }
+  return spec.ef || spec.warmup > 0;
+}
+
+const DenseCodec& CompressionEngine::codec(const CompressorSpec& spec) {
+  const std::string canonical = spec.canonical();
+  auto it = codecs_.find(canonical);
+  if (it == codecs_.end()) it = codecs_.emplace(canonical, make_dense_codec(spec)).first;
+  return *it->second;
+}
+
+void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
+                                  KeyState* key, uint64_t key_hash) {
+  const int n = op.size();
+  const uint64_t step = key != nullptr ? key->step : 0;
+  float* residual = nullptr;
+  if (spec.ef && key != nullptr) {
+    key->residual.resize(static_cast<size_t>(numel) * sizeof(float));  // zero-filled the first time
+    residual = reinterpret_cast<float*>(key->residual.data());
+  }
+  const PhiloxStream mine{spec.seed, philox_stream_id(key_hash, step, op.rank())};
+  const PhiloxStream shared{spec.seed, philox_stream_id(key_hash, step, -1)};
+
+  // Warm-up steps and small tensors go dense (with what the residual still holds).
+  if (step < static_cast<uint64_t>(spec.warmup) || numel < spec.min_numel) {
+    fold_residual(data, numel, residual);
+    if (residual != nullptr) std::fill(residual, residual + numel, 0.0f);
+    dense_allreduce(op, data, numel, DType::kFloat32, reduce_op);
+    return;
+  }
+
+  fold_residual(data, numel, residual);  // data now holds acc
+  switch (spec.id) {
+    case CompressorId::kFp16:
+    case CompressorId::kBf16:
+    case CompressorId::kQuant:
+    case CompressorId::kQsgd:
+    case CompressorId::kSign: {
+      const DenseCodec& c = codec(spec);
+      if (residual != nullptr) std::fill(residual, residual + numel, 0.0f);
+      if (n == 1) {  // nothing to exchange, but the output is still what compression keeps
+        std::vector<uint8_t> payload(c.encoded_bytes(numel));
+        std::vector<float> decoded(static_cast<size_t>(numel));
+        c.encode(data, numel, payload.data(), mine, 0);
+        c.decode(payload, numel, decoded.data());
+        for (int64_t i = 0; i < numel; ++i) {
+          if (residual != nullptr) residual[i] = data[i] - decoded[i];
+          data[i] = decoded[i];
+        }
+      } else {
+        compressed_ring_allreduce(op, data, numel, c, mine, residual);
+      }
+      break;
+    }
+    case CompressorId::kTopk: {
+      const SparseVector selected = topk_select(data, numel, count_from(spec.ratio, spec.k, numel), spec.select, mine);
+      if (residual != nullptr) {
+        std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
+        for (uint64_t i : selected.indices) residual[i] = 0.0f;
+      }
+      const std::vector<uint8_t> payload = encode_sparse(CompressorId::kTopk, numel, selected, spec.values);
+      std::vector<int64_t> sizes;
+      const std::vector<uint8_t> all = ring_allgatherv_bytes(op, payload, sizes);
+      // Every rank decodes every payload in rank order: bitwise identical sums.
+      std::fill(data, data + numel, 0.0f);
+      size_t at = 0;
+      Op::ReduceTimer timer(op);
+      for (int64_t size : sizes) {
+        decode_add_sparse(CompressorId::kTopk, std::span(all).subspan(at, static_cast<size_t>(size)), numel, data);
+        at += static_cast<size_t>(size);
+      }
+      break;
+    }
+    case CompressorId::kRandomk: {
+      const std::vector<uint64_t> indices = randomk_indices(numel, count_from(spec.ratio, 0, numel), shared);
+      std::vector<float> values(indices.size());
+      for (size_t j = 0; j < indices.size(); ++j) values[j] = data[indices[j]];
+      if (residual != nullptr) {
+        std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
+        for (uint64_t i : indices) residual[i] = 0.0f;
+      }
+      allreduce_values(op, values, spec.values, 0);
+      scatter(data, numel, indices, values.data());
+      break;
+    }
+    case CompressorId::kSketch: {
+      const int64_t k = count_from(spec.ratio, spec.k, numel);
+      const CountSketch sketch(spec.rows, sketch_cols(spec, k), shared);
+      std::vector<float> table(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
+      std::vector<float> estimate(static_cast<size_t>(numel));
+      {
+        Op::ReduceTimer timer(op);
+        sketch.accumulate(data, numel, table.data());
+      }
+      dense_allreduce(op, table.data(), static_cast<int64_t>(table.size()), DType::kFloat32, ReduceOp::kSum);
+      {
+        Op::ReduceTimer timer(op);
+        sketch.estimate(table.data(), numel, estimate.data());
+      }
+      // Same summed table on every rank, so the same heavy hitters everywhere.
+      const std::vector<uint64_t> indices =
+          topk_select(estimate.data(), numel, k, TopkSelect::kExact, shared).indices;
+      std::vector<float> values(indices.size());
+      for (size_t j = 0; j < indices.size(); ++j) values[j] = data[indices[j]];
+      if (residual != nullptr) {
+        std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
+        for (uint64_t i : indices) residual[i] = 0.0f;
+      }
+      allreduce_values(op, values, spec.values, kSecondPhaseUnits);
+      scatter(data, numel, indices, values.data());
+      break;
+    }
+    case CompressorId::kNone:
+      dense_allreduce(op, data, numel, DType::kFloat32, reduce_op);
+      return;
+  }
+  if (reduce_op == ReduceOp::kAvg) {
+    Op::ReduceTimer timer(op);
+    divide_inplace(data, numel, DType::kFloat32, n);
+  }
+}
+
+// Sums the values of a sparse selection across ranks, as fp32 or (values=fp16)
+// as fp16 on the wire; the caller's vector holds the sums afterwards.
+void CompressionEngine::allreduce_values(Op& op, std::vector<float>& values, ValueType type, uint32_t unit_base) {
+  if (type == ValueType::kFp32) {
+    dense_allreduce(op, values.data(), static_cast<int64_t>(values.size()), DType::kFloat32, ReduceOp::kSum,
+                    unit_base);
+    return;
+  }
+  std::vector<uint16_t> half(values.size());
+  for (size_t j = 0; j < values.size(); ++j) half[j] = float_to_half(values[j]);
+  dense_allreduce(op, half.data(), static_cast<int64_t>(half.size()), DType::kFloat16, ReduceOp::kSum, unit_base);
+  for (size_t j = 0; j < values.size(); ++j) values[j] = half_to_float(half[j]);
+}
+
+}  // namespace gradcomm::detail

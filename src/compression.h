@@ -1,0 +1,57 @@
+// Compressed allreduce (DESIGN §4-5): each compressor family on its collective,
+// with error feedback and per-key state. Runs inside the allreduce's Op, after
+// the call header (which carries the canonical spec and the key's step) matched.
+//
+//   fp16, bf16, quant, qsgd, sign -> compressed ring (compressed_ring.cc)
+//   topk                          -> sparse allgather, decoded in rank order
+//   randomk                       -> dense allreduce of the k shared-index values
+//   sketch                        -> dense allreduce of the count-sketch table, then
+//                                    of the exact values at the recovered indices
+//
+// Error feedback (spec.ef): acc = grad + residual enters the collective, and the
+// residual becomes what this rank's encodes dropped (acc - decode(payload) for
+// the ring; acc with the transmitted indices zeroed for the sparsifiers).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "compressors/codec.h"
+#include "compressors/spec.h"
+#include "gradcomm/types.h"
+#include "state.h"
+
+namespace gradcomm::detail {
+
+class Op;
+
+class CompressionEngine {
+ public:
+  // Parses once per distinct spec string; InvalidArgument from the registry.
+  const CompressorSpec& spec(const std::string& text);
+
+  // True when the spec needs a key: error feedback, a step counter (warm-up) or
+  // random draws that must differ from step to step.
+  static bool stateful(const CompressorSpec& spec);
+
+  // Allreduces data[0, numel) (fp32, in place) with `spec`; `key` (may be null for
+  // stateless specs) provides the residual and step; `key_hash` seeds the streams.
+  void allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
+                 KeyState* key, uint64_t key_hash);
+
+ private:
+  const DenseCodec& codec(const CompressorSpec& spec);
+  static void allreduce_values(Op& op, std::vector<float>& values, ValueType type, uint32_t unit_base);
+
+  std::unordered_map<std::string, CompressorSpec> specs_;
+  std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec
+};
+
+// The collectives the engine runs (in src/collectives/).
+void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
+                               const PhiloxStream& rng, float* residual);
+
+}  // namespace gradcomm::detail

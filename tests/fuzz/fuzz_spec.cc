@@ -1,0 +1,64 @@
+// parse_compressor_spec on arbitrary text. Only InvalidArgument may escape; a spec
+// that parses must canonicalize to a string that parses to the same spec and the
+// same canonical string (the identity ranks compare).
+#include <string>
+#include <string_view>
+
+#include "compressors/spec.h"
+#include "fuzz_util.h"
+#include "gradcomm/errors.h"
+
+using gradcomm::detail::CompressorSpec;
+
+void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
+  const char* specs[] = {
+      "none",
+      "fp16:ef=1,min_numel=1024",
+      "bf16:seed=18446744073709551615,warmup=3",
+      "topk:ratio=0.01",
+      "topk:k=10,select=sample,values=fp16",
+      "randomk:ratio=1e-3,ef=0",
+      "qsgd:levels=4,bucket=128",
+      "quant:bits=2,bucket=64,round=nearest",
+      "sign:bucket=1024",
+      "sketch:rows=5,cols=1024,k=100",
+      "sketch:ratio=0.5",
+  };
+  int i = 0;
+  for (const char* spec : specs) seeds.add("spec" + std::to_string(i++), std::string(spec));
+}
+
+namespace {
+
+bool same(const CompressorSpec& a, const CompressorSpec& b) {
+  return a.id == b.id && a.ef == b.ef && a.min_numel == b.min_numel && a.warmup == b.warmup && a.seed == b.seed &&
+         a.values == b.values && a.ratio == b.ratio && a.k == b.k && a.select == b.select && a.levels == b.levels &&
+         a.bits == b.bits && a.round == b.round && a.bucket == b.bucket && a.rows == b.rows && a.cols == b.cols;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  CompressorSpec spec;
+  try {
+    spec = gradcomm::detail::parse_compressor_spec(text);
+  } catch (const gradcomm::InvalidArgument& e) {
+    // Messages stay one bounded line whatever the input.
+    const std::string_view message = e.what();
+    GRADCOMM_FUZZ_CHECK(message.size() < 1024, "%zu-byte message", message.size());
+    GRADCOMM_FUZZ_CHECK(message.find('\n') == std::string_view::npos, "newline in message");
+    return 0;
+  }
+  const std::string canonical = spec.canonical();
+  CompressorSpec again;
+  try {
+    again = gradcomm::detail::parse_compressor_spec(canonical);
+  } catch (const gradcomm::InvalidArgument& e) {
+    GRADCOMM_FUZZ_CHECK(false, "canonical '%s' does not parse: %s", canonical.c_str(), e.what());
+  }
+  GRADCOMM_FUZZ_CHECK(same(spec, again), "'%s' parses to another spec", canonical.c_str());
+  GRADCOMM_FUZZ_CHECK(again.canonical() == canonical, "'%s' canonicalizes to '%s'", canonical.c_str(),
+                      again.canonical().c_str());
+  return 0;
+}

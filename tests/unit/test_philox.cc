@@ -1,0 +1,153 @@
+// Philox4x32-10: the published known answers, the stream/index mapping, and the
+// statistics every compressor that draws from it relies on.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "compressors/philox.h"
+
+namespace gradcomm::detail {
+namespace {
+
+struct KnownAnswer {
+  uint32_t counter[4];
+  uint32_t key[2];
+  uint32_t expected[4];
+};
+
+// Random123 (D. E. Shaw Research) tests/kat_vectors, the three "philox4x32 10" lines:
+// counter words 0..3, key words 0..1, output words 0..3.
+constexpr KnownAnswer kKnownAnswers[] = {
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000000},
+     {0x00000000, 0x00000000},
+     {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
+     {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},  // digits of pi
+     {0xa4093822, 0x299f31d0},
+     {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+};
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  for (const auto& kat : kKnownAnswers) {
+    const Philox4 r =
+        philox4x32_10(kat.counter[0], kat.counter[1], kat.counter[2], kat.counter[3], kat.key[0], kat.key[1]);
+    for (int lane = 0; lane < 4; ++lane) {
+      EXPECT_EQ(r.v[lane], kat.expected[lane])
+          << "counter word 0 = " << std::hex << kat.counter[0] << ", lane " << lane;
+    }
+  }
+}
+
+// Element i of a stream is lane i % 4 of the block at counter
+// (i / 4 low, i / 4 high, stream low, stream high) under key (seed low, seed high).
+TEST(Philox, StreamIndexMapsToCounterAndLane) {
+  const PhiloxStream s{0x0123456789ABCDEFull, 0xFEDCBA9876543210ull};
+  const uint64_t indices[] = {0, 1, 2, 3, 4, 7, 1001, (uint64_t{1} << 34) + 5, ~uint64_t{0}};
+  for (uint64_t i : indices) {
+    const uint64_t block = i / 4;
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0x76543210u,
+                                    0xFEDCBA98u, 0x89ABCDEFu, 0x01234567u);
+    EXPECT_EQ(philox_bits(s, i), r.v[i % 4]) << "index " << i;
+  }
+}
+
+TEST(Philox, ZeroVectorThroughTheStreamMapping) {
+  // The all-zero known answer seen through PhiloxStream: seed 0, stream 0, elements
+  // 0..3 are the four lanes of block 0. (The other two vectors have counter word 1
+  // >= 2^30, beyond the blocks a 64-bit element index reaches.)
+  const PhiloxStream s{0, 0};
+  const uint32_t expected[4] = {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8};
+  for (uint64_t lane = 0; lane < 4; ++lane) EXPECT_EQ(philox_bits(s, lane), expected[lane]);
+}
+
+TEST(Philox, UniformIsTopTwentyFourBitsInUnitInterval) {
+  const PhiloxStream s{42, 7};
+  for (uint64_t i = 0; i < 4096; ++i) {
+    const float u = philox_uniform(s, i);
+    EXPECT_EQ(u, static_cast<float>(philox_bits(s, i) >> 8) / 16777216.0f);
+  }
+  // The largest possible draw (all bits set) is still below 1 in fp32.
+  EXPECT_LT(static_cast<float>(0xFFFFFFFFu >> 8) * 5.9604644775390625e-8f, 1.0f);
+}
+
+TEST(Philox, UniformMeanAndVarianceOfOneMillionDraws) {
+  constexpr int64_t kDraws = 1'000'000;
+  const PhiloxStream s{0x5EED, philox_stream_id(0xABCDEF, 3, -1)};
+  double sum = 0, sum_sq = 0;
+  for (int64_t i = 0; i < kDraws; ++i) {
+    const double u = philox_uniform(s, static_cast<uint64_t>(i));
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+    sum_sq += u * u;
+  }
+  const double mean = sum / kDraws;
+  const double variance = sum_sq / kDraws - mean * mean;
+  // U(0,1): mean 1/2 with standard error sqrt(1/12 / N); the sample variance 1/12
+  // with standard error sqrt((mu4 - sigma^4) / N), mu4 = 1/80, sigma^4 = 1/144.
+  const double mean_sigma = std::sqrt(1.0 / 12.0 / kDraws);
+  const double var_sigma = std::sqrt((1.0 / 80.0 - 1.0 / 144.0) / kDraws);
+  EXPECT_NEAR(mean, 0.5, 5 * mean_sigma);
+  EXPECT_NEAR(variance, 1.0 / 12.0, 5 * var_sigma);
+}
+
+TEST(Philox, EveryBitIsSetHalfTheTime) {
+  constexpr int64_t kDraws = 1 << 18;
+  const PhiloxStream s{1, 2};
+  int64_t ones[32] = {};
+  for (int64_t i = 0; i < kDraws; ++i) {
+    const uint32_t b = philox_bits(s, static_cast<uint64_t>(i));
+    for (int bit = 0; bit < 32; ++bit) ones[bit] += (b >> bit) & 1u;
+  }
+  const double sigma = std::sqrt(kDraws * 0.25);
+  for (int bit = 0; bit < 32; ++bit) EXPECT_NEAR(ones[bit], kDraws / 2.0, 5 * sigma) << "bit " << bit;
+}
+
+TEST(Philox, DistinctStreamsAndSeedsDiffer) {
+  constexpr int kValues = 64;
+  auto draw = [](const PhiloxStream& s) {
+    std::vector<uint32_t> v(kValues);
+    for (int i = 0; i < kValues; ++i) v[i] = philox_bits(s, static_cast<uint64_t>(i));
+    return v;
+  };
+  std::set<std::vector<uint32_t>> seen;
+  for (uint64_t stream : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{1} << 32, ~uint64_t{0}}) {
+    for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 32}) {
+      EXPECT_TRUE(seen.insert(draw({seed, stream})).second) << "seed " << seed << " stream " << stream;
+    }
+  }
+}
+
+TEST(Philox, SameStreamAndIndexReproduceInAnyOrder) {
+  const PhiloxStream s{99, philox_stream_id(1234, 5, 2)};
+  std::vector<uint32_t> forward(1000);
+  for (uint64_t i = 0; i < forward.size(); ++i) forward[i] = philox_bits(s, i);
+  for (uint64_t i = forward.size(); i-- > 0;) EXPECT_EQ(philox_bits(s, i), forward[i]);
+  const PhiloxStream copy = s;
+  EXPECT_EQ(philox_uniform(copy, 777), philox_uniform(s, 777));
+}
+
+TEST(Philox, StreamIdIsDeterministicAndSeparatesKeyStepRank) {
+  EXPECT_EQ(philox_stream_id(7, 8, 3), philox_stream_id(7, 8, 3));
+  std::set<uint64_t> ids;
+  int count = 0;
+  for (uint64_t key : {uint64_t{0}, uint64_t{1}, uint64_t{0xDEADBEEF}}) {
+    for (uint64_t step = 0; step < 16; ++step) {
+      for (int rank = -1; rank < 16; ++rank) {
+        ids.insert(philox_stream_id(key, step, rank));
+        ++count;
+      }
+    }
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(count));
+  // Swapping step and rank must not land on the same stream.
+  EXPECT_NE(philox_stream_id(5, 1, 2), philox_stream_id(5, 2, 1));
+}
+
+}  // namespace
+}  // namespace gradcomm::detail
