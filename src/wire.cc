@@ -90,6 +90,10 @@ std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
 std::string WireHeader::describe() const {
   switch (op) {
     case OpKind::kAllreduce:
+      if (compressor != "none") {  // compressed calls also agree on the key's step
+        return fmt::format("allreduce(numel={}, {}, {}, {}, step={}) #{}", numel, dtype_name(dtype),
+                           reduce_op_name(reduce_op), compressor, step, seq);
+      }
       return fmt::format("allreduce(numel={}, {}, {}, {}) #{}", numel, dtype_name(dtype), reduce_op_name(reduce_op),
                          compressor, seq);
     case OpKind::kAllgather:

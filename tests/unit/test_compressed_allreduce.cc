@@ -166,6 +166,28 @@ TEST(CompressedAllreduce, MismatchedSpecsRaiseOnEveryRank) {
   }
 }
 
+// One rank restored an older checkpoint: same call, different step of the key.
+TEST(CompressedAllreduce, DifferentStepsOfAKeyAreAMismatchNamingTheSteps) {
+  auto errors = testing::run_ranks_collect(2, [](Communicator& comm) {
+    std::vector<float> g(100, 1.0f);
+    const CompressOptions options{"sign", "w", nullptr};
+    comm.allreduce(TensorView::of(g.data(), 100), ReduceOp::kSum, options);
+    const auto after_one = comm.save_state();
+    comm.allreduce(TensorView::of(g.data(), 100), ReduceOp::kSum, options);
+    if (comm.rank() == 1) comm.load_state(after_one);  // back to step 1
+    comm.allreduce(TensorView::of(g.data(), 100), ReduceOp::kSum, options);
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const MismatchError& m) {
+      EXPECT_NE(std::string(m.what()).find("step=2"), std::string::npos) << m.what();
+      EXPECT_NE(std::string(m.what()).find("step=1"), std::string::npos) << m.what();
+    }
+  }
+}
+
 TEST(CompressedAllreduce, BadUsesAreInvalidArguments) {
   testing::run_ranks(2, [](Communicator& comm) {
     std::vector<float> g(100, 1.0f);
