@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
 
+#include "compressors/spec.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 
@@ -160,6 +162,60 @@ int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count
   int64_t wrong = 0;
   for (int64_t i = 0; i < count; ++i) wrong += !equals(host.data(), dtype, i, (i % 7 + 1) * ranks_sum);
   return wrong;
+}
+
+int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_text, int64_t count, int world_size,
+                               Device device) {
+  using detail::CompressorId, detail::Rounding, detail::TopkSelect;
+  const detail::CompressorSpec spec = detail::parse_compressor_spec(spec_text);
+  HostView host(buf, count * 4, device);
+  const auto* out = static_cast<const float*>(host.data());
+  const double n = world_size;
+  const double ranks_sum = n * (n + 1) / 2;      // sum of (r + 1)
+  const double s_max = 7 * ranks_sum;             // the largest exact sum, and every partial sum's bound
+  const double encodes = n;                       // N-1 reduce-scatter hops + the owner's final encode
+  auto exact = [&](int64_t i) { return static_cast<double>(i % 7 + 1) * ranks_sum; };
+
+  // Dense fallbacks (warm-up, small tensors) must be exact.
+  if (spec.warmup > 0 || count < spec.min_numel) {
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < count; ++i) wrong += out[i] != exact(i);
+    return wrong;
+  }
+  double bound = -1;  // per-element |out - exact| bound for the compressed ring
+  int64_t max_nonzero = 0;
+  const auto selected = [&](double ratio, int64_t k) {
+    return k > 0 ? k : std::max<int64_t>(1, static_cast<int64_t>(std::llround(ratio * static_cast<double>(count))));
+  };
+  switch (spec.id) {
+    case CompressorId::kNone: bound = 0; break;
+    case CompressorId::kFp16: bound = encodes * std::ldexp(s_max, -11); break;
+    case CompressorId::kBf16: bound = encodes * std::ldexp(s_max, -8); break;
+    case CompressorId::kQuant: {  // step <= (max - min) / (2^b - 1) <= s_max / (2^b - 1)
+      const double step = s_max / ((1 << spec.bits) - 1);
+      bound = encodes * (spec.round == Rounding::kNearest ? step / 2 : step);
+      break;
+    }
+    case CompressorId::kQsgd:  // one level of the bucket's L2 norm, <= sqrt(B) * s_max
+      bound = encodes * std::sqrt(static_cast<double>(spec.bucket)) * s_max / spec.levels;
+      break;
+    case CompressorId::kSign: bound = encodes * 2 * s_max; break;  // |x| + mean|x| per encode
+    case CompressorId::kTopk:  // all ranks' inputs are proportional: one shared selection
+      max_nonzero = n * selected(spec.ratio, spec.k) * (spec.select == TopkSelect::kSample ? 2 : 1);
+      break;
+    case CompressorId::kRandomk: max_nonzero = selected(spec.ratio, 0); break;
+    case CompressorId::kSketch: max_nonzero = selected(spec.ratio, spec.k); break;
+  }
+  int64_t wrong = 0, nonzero = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (bound >= 0) {
+      wrong += !(std::abs(out[i] - exact(i)) <= bound * (1 + 1e-6));
+    } else {
+      nonzero += out[i] != 0;
+      wrong += !(out[i] == 0 || out[i] == exact(i));
+    }
+  }
+  return wrong + std::max<int64_t>(0, nonzero - max_nonzero);
 }
 
 int64_t count_wrong_allgather(const BenchBuffer& out, DType dtype, int64_t count_per_rank, int world_size,

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <memory>
 
 #include "gradcomm/types.h"
@@ -41,6 +42,13 @@ void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int r
 void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device);
 // Elements that differ from the exact result.
 int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device);
+// The same inputs through a compressor (float32, sum, a key with no history): an
+// element is wrong when it breaks the compressor's own error bound, which for the
+// compressed ring is a per-encode bound times the N encodes an element goes
+// through; the sparsifiers must give 0 or the exact sum, with at most as many
+// non-zeros as they select. See bench_data.cc for each bound.
+int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec, int64_t count, int world_size,
+                               Device device);
 int64_t count_wrong_allgather(const BenchBuffer& out, DType dtype, int64_t count_per_rank, int world_size,
                               Device device);
 
