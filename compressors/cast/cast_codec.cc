@@ -76,11 +76,7 @@ class CastCodec final : public DenseCodec {
       float* y = out + start;
       for (size_t k = 0; k < m; ++k) {
         const float v = Format::widen(chunk[k]);
-        if constexpr (kAdd) {
-          y[k] += v;
-        } else {
-          y[k] = v;
-        }
+        store_or_add<kAdd>(y[k], v);
       }
     }
   }

@@ -18,6 +18,16 @@
 
 namespace gradcomm::detail {
 
+// The decoders' one difference between decode and decode_add: store or accumulate.
+template <bool kAdd>
+inline void store_or_add(float& y, float v) {
+  if constexpr (kAdd) {
+    y += v;
+  } else {
+    y = v;
+  }
+}
+
 // Elements an encoder or decoder handles per inner chunk: codes and uniforms for one
 // chunk live on the stack (8 KiB), so nothing is allocated per call.
 constexpr size_t kDenseChunk = 1024;

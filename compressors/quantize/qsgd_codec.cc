@@ -82,11 +82,7 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
       reader.get(codes, cm);
       for (size_t k = 0; k < cm; ++k) {
         const float v = qsgd_value(codes[k], unit, bits);
-        if constexpr (kAdd) {
-          y[c + k] += v;
-        } else {
-          y[c + k] = v;
-        }
+        store_or_add<kAdd>(y[c + k], v);
       }
     }
   }

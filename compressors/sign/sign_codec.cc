@@ -91,11 +91,7 @@ class SignCodec final : public DenseCodec {
         reader.get(bits, cm);
         for (size_t k = 0; k < cm; ++k) {
           const float v = sign_value(scale, bits[k]);
-          if constexpr (kAdd) {
-            y[c + k] += v;
-          } else {
-            y[c + k] = v;
-          }
+          store_or_add<kAdd>(y[c + k], v);
         }
       }
     }
