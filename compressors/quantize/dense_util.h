@@ -18,6 +18,24 @@
 
 namespace gradcomm::detail {
 
+// The codecs with per-bucket scales (quant, qsgd, sign): decode and decode_add
+// forward to Derived::decode_impl<kAdd>, and ring segments align to the bucket.
+template <class Derived>
+class BucketCodec : public DenseCodec {
+ public:
+  explicit BucketCodec(int64_t bucket) : bucket_(bucket) {}
+  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const final {
+    static_cast<const Derived&>(*this).template decode_impl<false>(payload, n, out);
+  }
+  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const final {
+    static_cast<const Derived&>(*this).template decode_impl<true>(payload, n, out);
+  }
+  int64_t alignment() const final { return bucket_; }
+
+ protected:
+  const int64_t bucket_;  // elements per scale
+};
+
 // The decoders' one difference between decode and decode_add: store or accumulate.
 template <bool kAdd>
 inline void store_or_add(float& y, float v) {

@@ -88,10 +88,10 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
   }
 }
 
-class QsgdCodec final : public DenseCodec {
+class QsgdCodec final : public BucketCodec<QsgdCodec> {
  public:
   QsgdCodec(int levels, int64_t bucket)
-      : levels_(static_cast<uint32_t>(levels)), bucket_(bucket), bits_(qsgd_code_bits(levels_)) {}
+      : BucketCodec(bucket), levels_(static_cast<uint32_t>(levels)), bits_(qsgd_code_bits(levels_)) {}
 
   size_t encoded_bytes(int64_t n) const override {
     check_dense_numel("qsgd", n);
@@ -121,16 +121,9 @@ class QsgdCodec final : public DenseCodec {
     }
   }
 
-  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<false>(payload, n, out);
-  }
-  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<true>(payload, n, out);
-  }
-
-  int64_t alignment() const override { return bucket_; }
-
  private:
+  friend class BucketCodec<QsgdCodec>;
+
   size_t scale_bytes(int64_t n) const { return 4 * static_cast<size_t>(bucket_count(n, bucket_)); }
 
   template <unsigned kBits, bool kAdd>
@@ -168,7 +161,6 @@ class QsgdCodec final : public DenseCodec {
   }
 
   uint32_t levels_;
-  int64_t bucket_;
   unsigned bits_;
 };
 

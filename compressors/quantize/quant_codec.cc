@@ -88,9 +88,9 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
   }
 }
 
-class QuantCodec final : public DenseCodec {
+class QuantCodec final : public BucketCodec<QuantCodec> {
  public:
-  QuantCodec(int bits, int64_t bucket, Rounding round) : bits_(bits), bucket_(bucket), round_(round) {}
+  QuantCodec(int bits, int64_t bucket, Rounding round) : BucketCodec(bucket), bits_(bits), round_(round) {}
 
   size_t encoded_bytes(int64_t n) const override {
     check_dense_numel("quant", n);
@@ -120,16 +120,9 @@ class QuantCodec final : public DenseCodec {
     }
   }
 
-  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<false>(payload, n, out);
-  }
-  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<true>(payload, n, out);
-  }
-
-  int64_t alignment() const override { return bucket_; }
-
  private:
+  friend class BucketCodec<QuantCodec>;
+
   size_t scale_bytes(int64_t n) const { return 8 * static_cast<size_t>(bucket_count(n, bucket_)); }
 
   template <bool kAdd>
@@ -160,7 +153,6 @@ class QuantCodec final : public DenseCodec {
   }
 
   int bits_;
-  int64_t bucket_;
   Rounding round_;
 };
 

@@ -17,9 +17,9 @@
 namespace gradcomm::detail {
 namespace {
 
-class SignCodec final : public DenseCodec {
+class SignCodec final : public BucketCodec<SignCodec> {
  public:
-  explicit SignCodec(int64_t bucket) : bucket_(bucket) {}
+  explicit SignCodec(int64_t bucket) : BucketCodec(bucket) {}
 
   size_t encoded_bytes(int64_t n) const override {
     check_dense_numel("sign", n);
@@ -54,16 +54,9 @@ class SignCodec final : public DenseCodec {
     writer.finish();
   }
 
-  void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<false>(payload, n, out);
-  }
-  void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<true>(payload, n, out);
-  }
-
-  int64_t alignment() const override { return bucket_; }
-
  private:
+  friend class BucketCodec<SignCodec>;
+
   size_t scale_bytes(int64_t n) const { return 4 * static_cast<size_t>(bucket_count(n, bucket_)); }
 
   template <bool kAdd>
@@ -97,7 +90,6 @@ class SignCodec final : public DenseCodec {
     }
   }
 
-  int64_t bucket_;
 };
 
 }  // namespace

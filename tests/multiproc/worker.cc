@@ -49,6 +49,19 @@ using gradcomm::testing::contribution;
 using gradcomm::testing::store_average;
 using gradcomm::testing::store_value;
 
+// Counts checks and failures, naming each failure on stderr.
+struct Checker {
+  explicit Checker(int rank) : rank(rank) {}
+  void operator()(bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) {
+      ++wrong;
+      fmt::print(stderr, "rank {}: WRONG {}\n", rank, what);
+    }
+  }
+  int rank, checks = 0, wrong = 0;
+};
+
 uint64_t fnv(const void* data, size_t bytes) {
   uint64_t h = 14695981039346656037ull;
   for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
@@ -68,14 +81,7 @@ bool same_on_every_rank(Communicator& comm, const void* data, size_t bytes) {
 
 int run_collectives(Communicator& comm) {
   const int n = comm.size(), r = comm.rank();
-  int checks = 0, wrong = 0;
-  auto check = [&](bool ok, const std::string& what) {
-    ++checks;
-    if (!ok) {
-      ++wrong;
-      fmt::print(stderr, "rank {}: WRONG {}\n", r, what);
-    }
-  };
+  Checker check(r);
   for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{1000003}}) {
     for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
@@ -124,8 +130,8 @@ int run_collectives(Communicator& comm) {
     comm.barrier();
   }
   const Stats s = comm.stats();
-  fmt::print("RESULT rank={} checks={} wrong={} ops={} sent={}\n", r, checks, wrong, s.ops, s.bytes_sent);
-  return wrong == 0 ? 0 : 1;
+  fmt::print("RESULT rank={} checks={} wrong={} ops={} sent={}\n", r, check.checks, check.wrong, s.ops, s.bytes_sent);
+  return check.wrong == 0 ? 0 : 1;
 }
 
 // Allreduces a 16 MB tensor in a loop; the victim kills or stops itself from a
@@ -197,14 +203,7 @@ int run_compressed(Communicator& comm) {
                                  "sketch:ratio=0.01"};
   const int n = comm.size(), r = comm.rank();
   const int64_t numel = 100003;
-  int checks = 0, wrong = 0;
-  auto check = [&](bool ok, const std::string& what) {
-    ++checks;
-    if (!ok) {
-      ++wrong;
-      fmt::print(stderr, "rank {}: WRONG {}\n", r, what);
-    }
-  };
+  Checker check(r);
   for (const char* spec : kSpecs) {
     for (int step = 0; step < 3; ++step) {
       auto g = gradient(r, numel, step);
@@ -242,8 +241,8 @@ int run_compressed(Communicator& comm) {
       }
     }
   }
-  fmt::print("RESULT rank={} checks={} wrong={} sent={}\n", r, checks, wrong, comm.stats().bytes_sent);
-  return wrong == 0 ? 0 : 1;
+  fmt::print("RESULT rank={} checks={} wrong={} sent={}\n", r, check.checks, check.wrong, comm.stats().bytes_sent);
+  return check.wrong == 0 ? 0 : 1;
 }
 
 // Before joining, ranks >= 1 attack the store rank 0 is about to serve; every
