@@ -157,8 +157,8 @@ void Op::fail(ErrorCode code, const std::string& what) {
   throw_error(code, message);
 }
 
-Op::ReduceTimer::~ReduceTimer() {
-  op_.comm_.mutable_stats().reduce_s += std::chrono::duration<double>(Clock::now() - start_).count();
+Op::PhaseTimer::~PhaseTimer() {
+  op_.comm_.mutable_stats().*phase_ += std::chrono::duration<double>(Clock::now() - start_).count();
 }
 
 // ---- CommunicatorImpl ---------------------------------------------------------------

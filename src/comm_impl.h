@@ -48,13 +48,15 @@ class Op {
   void wait(Request& request, const char* what);
   void wait_all(std::vector<RequestPtr>& requests, const char* what);
 
-  // Adds to Stats::reduce_s for the scope's lifetime.
-  class ReduceTimer {
+  // Adds the scope's wall time to one phase of Stats: &Stats::reduce_s,
+  // &Stats::encode_s or &Stats::decode_s.
+  class PhaseTimer {
    public:
-    explicit ReduceTimer(Op& op) : op_(op), start_(Clock::now()) {}
-    ~ReduceTimer();
+    PhaseTimer(Op& op, double Stats::*phase) : op_(op), phase_(phase), start_(Clock::now()) {}
+    ~PhaseTimer();
    private:
     Op& op_;
+    double Stats::*phase_;
     Clock::time_point start_;
   };
 

@@ -99,8 +99,14 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       if (n == 1) {  // nothing to exchange, but the output is still what compression keeps
         std::vector<uint8_t> payload(c.encoded_bytes(numel));
         std::vector<float> decoded(static_cast<size_t>(numel));
-        c.encode(data, numel, payload.data(), mine, 0);
-        c.decode(payload, numel, decoded.data());
+        {
+          Op::PhaseTimer timer(op, &Stats::encode_s);
+          c.encode(data, numel, payload.data(), mine, 0);
+        }
+        {
+          Op::PhaseTimer timer(op, &Stats::decode_s);
+          c.decode(payload, numel, decoded.data());
+        }
         for (int64_t i = 0; i < numel; ++i) {
           if (residual != nullptr) residual[i] = data[i] - decoded[i];
           data[i] = decoded[i];
@@ -111,18 +117,23 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       break;
     }
     case CompressorId::kTopk: {
-      const SparseVector selected = topk_select(data, numel, count_from(spec.ratio, spec.k, numel), spec.select, mine);
-      if (residual != nullptr) {
-        std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
-        for (uint64_t i : selected.indices) residual[i] = 0.0f;
+      std::vector<uint8_t> payload;
+      {
+        Op::PhaseTimer timer(op, &Stats::encode_s);
+        const SparseVector selected =
+            topk_select(data, numel, count_from(spec.ratio, spec.k, numel), spec.select, mine);
+        if (residual != nullptr) {
+          std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
+          for (uint64_t i : selected.indices) residual[i] = 0.0f;
+        }
+        payload = encode_sparse(CompressorId::kTopk, numel, selected, spec.values);
       }
-      const std::vector<uint8_t> payload = encode_sparse(CompressorId::kTopk, numel, selected, spec.values);
       std::vector<int64_t> sizes;
       const std::vector<uint8_t> all = ring_allgatherv_bytes(op, payload, sizes);
       // Every rank decodes every payload in rank order: bitwise identical sums.
       std::fill(data, data + numel, 0.0f);
       size_t at = 0;
-      Op::ReduceTimer timer(op);
+      Op::PhaseTimer timer(op, &Stats::decode_s);
       for (int64_t size : sizes) {
         decode_add_sparse(CompressorId::kTopk, std::span(all).subspan(at, static_cast<size_t>(size)), numel, data);
         at += static_cast<size_t>(size);
@@ -130,12 +141,17 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       break;
     }
     case CompressorId::kRandomk: {
-      const std::vector<uint64_t> indices = randomk_indices(numel, count_from(spec.ratio, 0, numel), shared);
-      std::vector<float> values(indices.size());
-      for (size_t j = 0; j < indices.size(); ++j) values[j] = data[indices[j]];
-      if (residual != nullptr) {
-        std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
-        for (uint64_t i : indices) residual[i] = 0.0f;
+      std::vector<uint64_t> indices;
+      std::vector<float> values;
+      {
+        Op::PhaseTimer timer(op, &Stats::encode_s);
+        indices = randomk_indices(numel, count_from(spec.ratio, 0, numel), shared);
+        values.resize(indices.size());
+        for (size_t j = 0; j < indices.size(); ++j) values[j] = data[indices[j]];
+        if (residual != nullptr) {
+          std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
+          for (uint64_t i : indices) residual[i] = 0.0f;
+        }
       }
       allreduce_values(op, values, spec.values, 0);
       scatter(data, numel, indices, values.data());
@@ -147,12 +163,12 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       std::vector<float> table(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
       std::vector<float> estimate(static_cast<size_t>(numel));
       {
-        Op::ReduceTimer timer(op);
+        Op::PhaseTimer timer(op, &Stats::encode_s);
         sketch.accumulate(data, numel, table.data());
       }
       dense_allreduce(op, table.data(), static_cast<int64_t>(table.size()), DType::kFloat32, ReduceOp::kSum);
       {
-        Op::ReduceTimer timer(op);
+        Op::PhaseTimer timer(op, &Stats::decode_s);
         sketch.estimate(table.data(), numel, estimate.data());
       }
       // Same summed table on every rank, so the same heavy hitters everywhere.
@@ -173,7 +189,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       return;
   }
   if (reduce_op == ReduceOp::kAvg) {
-    Op::ReduceTimer timer(op);
+    Op::PhaseTimer timer(op, &Stats::reduce_s);
     divide_inplace(data, numel, DType::kFloat32, n);
   }
 }

@@ -80,7 +80,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
     const auto [b, e] = send_chunk(u);
     out[u].resize(codec.encoded_bytes(e - b));
     {
-      Op::ReduceTimer timer(op);
+      Op::PhaseTimer timer(op, &Stats::encode_s);
       codec.encode(data + b, e - b, out[u].data(), rng, b);
       if (residual != nullptr || final_owner) {
         codec.decode(out[u], e - b, scratch.data());
@@ -111,13 +111,13 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
     if (reduce_scatter) {
       // recvReduceSend: our values plus the neighbour's decoded partial sum.
       {
-        Op::ReduceTimer timer(op);
+        Op::PhaseTimer timer(op, &Stats::decode_s);
         codec.decode_add(in[u], e - b, data + b);
       }
       encode_and_send(u + C, /*final_owner=*/u / C == n - 2);
     } else {
       {
-        Op::ReduceTimer timer(op);
+        Op::PhaseTimer timer(op, &Stats::decode_s);
         codec.decode(in[u], e - b, data + b);
       }
       if (u + C < total_units) {  // recvCopySend: forward the exact bytes

@@ -54,7 +54,7 @@ void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype
 
   // Combines `theirs` (from `peer`) into `data`, the lower rank's data first.
   auto combine = [&](int peer) {
-    Op::ReduceTimer timer(op);
+    Op::PhaseTimer timer(op, &Stats::reduce_s);
     if (peer > r) {
       reduce_inplace(data, theirs.data(), numel, dtype, reduce_op);
     } else {
@@ -107,7 +107,7 @@ void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype
   // Every rank divides the identical sum identically; the even ranks of the pre-step
   // received the sum, not the average, so they divide too.
   if (reduce_op == ReduceOp::kAvg) {
-    Op::ReduceTimer timer(op);
+    Op::PhaseTimer timer(op, &Stats::reduce_s);
     divide_inplace(data, numel, dtype, n);
   }
 }

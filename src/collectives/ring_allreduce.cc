@@ -143,7 +143,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
       // last fold (step N-2) also applies the average's division.
       const auto [b, e] = recv_region(u);
       const bool last_step = u / C == n - 2;
-      Op::ReduceTimer timer(op);
+      Op::PhaseTimer timer(op, &Stats::reduce_s);
       reduce_inplace(base + b * elem, staging.get() + (u % kPipelineDepth) * slot_bytes, e - b, dtype, reduce_op,
                      last_step ? divisor : 1);
     }

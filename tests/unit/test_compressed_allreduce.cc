@@ -188,6 +188,23 @@ TEST(CompressedAllreduce, DifferentStepsOfAKeyAreAMismatchNamingTheSteps) {
   }
 }
 
+// Stats split a compressed call's time into encode, decode and the rest.
+TEST(CompressedAllreduce, StatsReportEncodeAndDecodeTime) {
+  for (const char* spec : {"quant:bits=4", "topk:ratio=0.01", "sketch:ratio=0.01"}) {
+    std::vector<Stats> stats(2);
+    testing::run_ranks(2, [&](Communicator& comm) {
+      auto g = gradient(comm.rank(), 200000);
+      comm.allreduce(TensorView::of(g.data(), 200000), ReduceOp::kSum, {spec, "w", nullptr});
+      stats[comm.rank()] = comm.stats();
+    });
+    for (const Stats& s : stats) {
+      EXPECT_GT(s.encode_s, 0.0) << spec;
+      EXPECT_GT(s.decode_s, 0.0) << spec;
+      EXPECT_LE(s.encode_s + s.decode_s + s.reduce_s, s.total_s) << spec;
+    }
+  }
+}
+
 TEST(CompressedAllreduce, BadUsesAreInvalidArguments) {
   testing::run_ranks(2, [](Communicator& comm) {
     std::vector<float> g(100, 1.0f);
