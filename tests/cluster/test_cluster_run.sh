@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/cluster/run.sh end to end on a tiny configuration: it must produce records for
+# gradcomm and the peers, and leave no namespace, link or bridge behind -- after a
+# normal run, after a failing run, and when interrupted (SIGINT / SIGTERM) mid-run.
+# Skips (exit 77) where network namespaces cannot be made (not root, no netns support).
+#   test_cluster_run.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1 src=$2
+run=$src/bench/cluster/run.sh
+if [[ $EUID -ne 0 ]] || ! ip netns add gctestprobe$$ 2>/dev/null; then
+  echo "SKIP: cannot create network namespaces here (needs root and netns support)"; exit 77
+fi
+ip netns del gctestprobe$$
+fail() { echo "FAIL: $*"; exit 1; }
+leftovers() { { ip netns list; ip -o link show; } | grep -E "gcns[0-9]+_|gcbr[0-9]+|gcv[0-9]+_" || true; }
+[[ -z $(leftovers) ]] || fail "leftovers before the test: $(leftovers)"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+# 1. A normal run: 3 ranks, dense (against Gloo) and one compressor.
+"$run" --ranks 3 --rate 10gbit --sizes 64K --compressors "none;quant:bits=4" --baselines gloo \
+  --iters 3 --warmup 1 --build "$build" --json "$tmp/out.json" >"$tmp/log" 2>&1 || { cat "$tmp/log"; fail "run failed"; }
+/usr/bin/python3 - "$tmp/out.json" <<'PY' || fail "records wrong"
+import json, sys
+recs = json.load(open(sys.argv[1]))
+impls = sorted((r["impl"], r["compressor"]) for r in recs)
+assert ("gloo", "none") in impls or any(i == "gloo" for i, _ in impls), impls
+assert ("gradcomm", "none") in impls and ("gradcomm", "quant:bits=4") in impls, impls
+for r in recs:
+    assert r["ranks"] == 3 and r["size_bytes"] == 65536 and r["link_rate"] == "10gbit", r
+    assert r["time_us"] > 0, r
+    if r["impl"] == "gradcomm": assert r["wrong"] in (None, 0), r
+print("records ok:", impls)
+PY
+[[ -z $(leftovers) ]] || fail "left behind after a normal run: $(leftovers)"
+
+# 2. A failing run (an invalid compressor spec): non-zero exit, nothing left behind.
+if "$run" --ranks 2 --sizes 64K --compressors "nosuch" --baselines none --build "$build" \
+     --json "$tmp/bad.json" >"$tmp/log2" 2>&1; then fail "an invalid spec succeeded"; fi
+grep -q "bench failed" "$tmp/log2" || { cat "$tmp/log2"; fail "no failure message"; }
+[[ -z $(leftovers) ]] || fail "left behind after a failing run: $(leftovers)"
+
+# 3. Interrupted mid-run, by SIGINT and by SIGTERM.
+for sig in INT TERM; do
+  # (A background job of a script starts with SIGINT ignored; restore the default, as a
+  # terminal's Ctrl-C would find it.)
+  /usr/bin/python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+  "$run" --ranks 2 --rate 1gbit --sizes 64M --compressors none --baselines none --iters 50 \
+    --build "$build" --json "$tmp/int.json" >"$tmp/log3" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [[ -n $(leftovers) ]] && break; sleep 0.1; done
+  sleep 2
+  kill -"$sig" "$pid"
+  wait "$pid"; rc=$?
+  [[ $rc -ne 0 ]] || fail "SIG$sig: run.sh exited 0"
+  [[ -z $(leftovers) ]] || fail "left behind after SIG$sig: $(leftovers)"
+  echo "SIG$sig: exit $rc, nothing left behind"
+done
+echo PASS
