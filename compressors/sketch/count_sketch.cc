@@ -20,29 +20,19 @@
 #include <fmt/format.h>
 
 #include "compressors/codec.h"
+#include "compressors/sketch/sketch_hash.h"  // hashes and the median, shared with gpu_sketch.cu
 #include "gradcomm/errors.h"
 #include "half.h"  // float_bits, bits_float
 
 namespace gradcomm::detail {
 namespace {
 
-// Rows beyond this would only cost time (the median error falls like exp(-rows));
-// the bound lets the CUDA version keep a row's estimates in registers.
-constexpr int kMaxRows = 64;
-
-inline uint64_t fmix64(uint64_t z) {
-  z ^= z >> 33;
-  z *= 0xFF51AFD7ED558CCDull;
-  z ^= z >> 33;
-  z *= 0xC4CEB9FE1A85EC53ull;
-  z ^= z >> 33;
-  return z;
-}
-
-uint64_t row_salt(const PhiloxStream& rng, int r) {
-  const auto base = 2 * static_cast<uint64_t>(r);
-  return static_cast<uint64_t>(philox_bits(rng, base)) | (static_cast<uint64_t>(philox_bits(rng, base + 1)) << 32);
-}
+using sketch::apply_sign;
+using sketch::column_of;
+using sketch::element_hash;
+using sketch::kMaxRows;
+using sketch::row_salt;
+using sketch::sort_small;
 
 // Elements hashed per block before their table updates. Hashing a block first and
 // then scattering keeps each store's address ready early; fused into one loop, the
@@ -51,25 +41,6 @@ constexpr int64_t kBlock = 512;
 // estimate gathers one row at a time for this many elements, so while a row is
 // being read only that row's pages need to stay in cache and TLB.
 constexpr int64_t kEstimateBlock = 8192;
-
-inline uint64_t element_hash(uint64_t salt, uint64_t i) { return fmix64(i ^ salt); }
-inline uint32_t column_of(uint64_t z, uint32_t cols) { return static_cast<uint32_t>(((z >> 32) * cols) >> 32); }
-// s_r(i) * v, exact: flips the sign bit when bit 0 of z is set. Written as an xor
-// because a branch on a random bit mispredicts half the time (measured 5x slower).
-inline float apply_sign(uint64_t z, float v) { return bits_float(float_bits(v) ^ (static_cast<uint32_t>(z & 1u) << 31)); }
-
-// Sorts v[0, count) ascending with a branchless odd-even transposition network
-// (count rounds of compare-exchange), the same on CPU and in a GPU thread.
-inline void sort_small(float* v, int count) {
-  for (int round = 0; round < count; ++round) {
-    for (int a = round & 1; a + 1 < count; a += 2) {
-      const float lo = std::min(v[a], v[a + 1]);
-      const float hi = std::max(v[a], v[a + 1]);
-      v[a] = lo;
-      v[a + 1] = hi;
-    }
-  }
-}
 
 }  // namespace
 
@@ -110,7 +81,6 @@ void CountSketch::estimate(const float* table, int64_t n, float* estimate) const
   std::vector<float> votes(rows * kEstimateBlock);
   std::vector<uint32_t> cell(kEstimateBlock);
   float v[kMaxRows];
-  const int mid = rows_ / 2;
   for (int64_t base = 0; base < n; base += kEstimateBlock) {
     const int64_t len = std::min(kEstimateBlock, n - base);
     for (size_t r = 0; r < rows; ++r) {
@@ -129,7 +99,7 @@ void CountSketch::estimate(const float* table, int64_t n, float* estimate) const
     for (int64_t j = 0; j < len; ++j) {
       for (size_t r = 0; r < rows; ++r) v[r] = votes[r * kEstimateBlock + static_cast<size_t>(j)];
       sort_small(v, rows_);
-      estimate[base + j] = (rows_ & 1) ? v[mid] : 0.5f * v[mid - 1] + 0.5f * v[mid];
+      estimate[base + j] = sketch::median_of_sorted(v, rows_);
     }
   }
 }

@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "compressors/codec.h"
+#include "compressors/topk/topk_logic.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 
@@ -35,13 +36,7 @@ namespace {
 
 __extension__ typedef unsigned __int128 U128;  // 64x64 -> 128-bit products (CUDA: __umul64hi)
 
-constexpr uint32_t kNanKey = 0x7F800001u;  // every NaN: just above +inf (0x7F800000)
-
-// |x| as an order-preserving integer; NaNs collapse to kNanKey.
-inline uint32_t magnitude_key(float x) {
-  const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
-  return a < kNanKey ? a : kNanKey;
-}
+using topk::magnitude_key;  // topk_logic.h: shared with the CUDA kernels
 
 // The three digits of a key, most significant first.
 struct Digit {

@@ -1,0 +1,150 @@
+// The CUDA side of the sparse compressors (topk, randomk, sketch's heavy hitters):
+// host-callable, stream-ordered functions on device pointers, producing the same
+// selections and payload bytes as the CPU reference in codec.h. Host-only header
+// (cuda_runtime_api.h, no device code), so .cc files can call it.
+//
+// Every function enqueues work on `stream` and returns without synchronizing; the
+// only exception is GpuSparseWorkspace::read_count (documented there). Results that
+// depend on the data (how many elements a select=sample selection kept) stay on the
+// device: later kernels read them from there, the host learns them when it needs a
+// size (read_count), and bounds known in advance (capacity()) size every buffer.
+//
+// Error feedback is fused: with `residual` given, a call computes acc = grad +
+// residual into `residual` while it reads the data anyway, and leaves residual = acc
+// with the transmitted indices zeroed (src/compression.cc's rule). `grad` is then
+// only read. Without a residual, acc is `grad` itself.
+//
+// Workspaces: one GpuSparseWorkspace per key (per tensor), kept by the caller. Its
+// buffers only grow, so once a key has run at its size nothing is allocated.
+// (CudaMemory::reserve frees and reallocates, which synchronizes the device: the
+// first call of a key at a new size is not asynchronous.)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "compressors/philox.h"
+#include "compressors/spec.h"
+#include "cuda/buffer.h"
+#include "cuda/device_status.h"
+
+namespace gradcomm::detail {
+
+// Scratch and results of the sparse GPU calls for one key. The members are the
+// .cu files' business; callers use the accessors. Not thread-safe; one stream at
+// a time (a call's results are valid on its stream after it, until the next call).
+class GpuSparseWorkspace {
+ public:
+  // The last selection (gpu_topk_select, gpu_randomk_indices, GpuCountSketch::recover):
+  // indices()[0, count) strictly increasing, values()[0, count) the accumulator at
+  // them (topk only; randomk and recover leave values() unset: use gpu_gather).
+  const uint64_t* indices() const { return indices_.as<uint64_t>(); }
+  const float* values() const { return values_.as<float>(); }
+  // Device word holding the selection's size; at most capacity().
+  const uint64_t* count() const;
+  // Host bound on count(): min(k, n) for exact top-k, random-k and recover;
+  // min(2k, n) for select=sample (FORMAT.md's count bounds).
+  int64_t capacity() const { return capacity_; }
+  // Copies count() to the host: synchronizes `stream` (a D2H copy of 8 bytes).
+  int64_t read_count(cudaStream_t stream);
+
+  // ---- internals (gpu_topk.cu, gpu_randomk.cu, gpu_sketch.cu) ----------------------
+  DeviceBuffer state_;        // two SelectState records (radix progress, flags, count)
+  DeviceBuffer hist_;         // 2048 x u64 histogram, zero between passes
+  DeviceBuffer candidates_;   // keys of the bucket chosen by radix pass 0 (when small)
+  DeviceBuffer tiles_;        // per-tile (greater, equal) counts of the compaction
+  DeviceBuffer tile_offsets_; // their exclusive scan
+  DeviceBuffer cub_temp_;     // CUB's temporary storage (scan, radix sort)
+  DeviceBuffer indices_;      // capacity x u64
+  DeviceBuffer values_;       // capacity x f32
+  DeviceBuffer sample_keys_;  // select=sample: m keys
+  DeviceBuffer estimate_;     // sketch: n estimates
+  DeviceBuffer draws_, draws_sorted_, order_, order_sorted_, dup_, rejected_;  // random-k
+  PinnedBuffer host_count_;
+  int64_t capacity_ = 0;
+  int64_t candidate_capacity_ = 0;
+};
+
+// ---- top-k ----------------------------------------------------------------------------
+// topk_select() on the GPU: acc = grad (+ residual), n >= 0, k >= 0. The selection
+// (indices and fp32 values) is exactly the CPU's for the same acc bits, mode and
+// stream: exact = the k largest magnitude keys, ties to the lower index (radix select
+// over 11/11/10-bit digits, then a stable tile compaction); sample = the CPU's DGC
+// threshold from the same Philox sample, every key >= it, and the same fallback to
+// exact outside [max(1, k/2), min(2k, n)] (decided on the device, no sync).
+// With a residual: residual = acc with the selected indices zeroed afterwards.
+void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
+                     const PhiloxStream& rng, GpuSparseWorkspace& ws, cudaStream_t stream);
+
+// ---- sparse payload (FORMAT.md, "Sparse payload") -------------------------------------
+// Bytes of the payload of `count` entries for n elements.
+size_t sparse_payload_bytes(int64_t n, int64_t count, ValueType values);
+
+// encode_sparse() on the GPU. Writes the payload of the selection (indices, values,
+// *count <= capacity, all on the device) to `out` (8-byte aligned, at least
+// sparse_payload_bytes(n, capacity) bytes) and its size to *out_bytes (device u64,
+// may be null). Validates first, as encode_sparse refuses: an index >= n, indices not
+// increasing or *count > capacity record the fault in `status` (kIndexOutOfRange,
+// kIndexOrder, kBadLength) and nothing is written. Byte-identical to encode_sparse.
+void gpu_encode_sparse(CompressorId id, int64_t n, const uint64_t* indices, const float* values,
+                       const uint64_t* count, int64_t capacity, ValueType values_type, uint8_t* out,
+                       uint64_t* out_bytes, DeviceStatus* status, cudaStream_t stream);
+
+// decode_add_sparse() on the GPU: out[indices[j]] += values[j] for the payload's
+// entries. `payload` (device, any alignment) holds `payload_bytes` bytes from an
+// untrusted peer. The header, flags, count, length, every index < n and strictly
+// increasing are checked on the device first; a bad payload records its fault in
+// `status` and writes nothing. A payload is also skipped when `status` already holds
+// a fault, so a batch (payloads decoded in rank order on one stream, deterministic:
+// indices within a payload are unique, so no atomics) stops at the first bad one.
+void gpu_decode_add_sparse(CompressorId id, const uint8_t* payload, size_t payload_bytes, int64_t n, float* out,
+                           DeviceStatus* status, cudaStream_t stream);
+
+// ---- gather / scatter / error feedback --------------------------------------------------
+// values[j] = acc[indices[j]] for j < *count; when zero_in is given,
+// zero_in[indices[j]] = 0 afterwards (the error-feedback residual, zero_in == acc).
+void gpu_gather(const float* acc, const uint64_t* indices, const uint64_t* count, int64_t capacity, float* values,
+                float* zero_in, cudaStream_t stream);
+// out[indices[j]] = values[j] for j < *count (the caller zero-fills out first).
+void gpu_scatter(float* out, const uint64_t* indices, const float* values, const uint64_t* count, int64_t capacity,
+                 cudaStream_t stream);
+// residual[i] = grad[i] + residual[i]: acc, for the compressors whose selection does
+// not read the data (random-k).
+void gpu_fold_residual(const float* grad, float* residual, int64_t n, cudaStream_t stream);
+
+// ---- random-k ---------------------------------------------------------------------------
+// randomk_indices() on the GPU: the same k distinct increasing indices of [0, n) for
+// the same stream, into ws.indices() (count = min(k, n)). Floyd's sequential loop is
+// replaced by the equivalent parallel form of randomk_logic.h (draws in parallel,
+// duplicates by a radix sort, collisions by chain walking, a final sort).
+void gpu_randomk_indices(int64_t n, int64_t k, const PhiloxStream& rng, GpuSparseWorkspace& ws,
+                         cudaStream_t stream);
+
+// ---- count sketch -------------------------------------------------------------------------
+// CountSketch on the GPU, same hashes (sketch_hash.h). Bitwise equality with the CPU:
+// estimate() for the same table bits; recover() (indices) for the same table bits.
+// accumulate() adds with float atomics in a nondeterministic order: each table cell
+// is a sum of the same terms as on the CPU, rounded in another order (see gpu_sketch.cu
+// for the bound).
+class GpuCountSketch {
+ public:
+  GpuCountSketch(int rows, int cols, const PhiloxStream& rng);  // InvalidArgument as CountSketch
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  // table[r * cols + h_r(i)] += s_r(i) * acc[i], acc = x (+ residual: residual = acc
+  // afterwards, the fold fused into this pass). Table (device, rows x cols) not cleared.
+  void accumulate(const float* x, float* residual, int64_t n, float* table, cudaStream_t stream) const;
+  // estimate[i] = median over rows of s_r(i) * table[r * cols + h_r(i)].
+  void estimate(const float* table, int64_t n, float* estimate, cudaStream_t stream) const;
+  // Heavy hitters: the exact top-k of the estimates (as src/compression.cc selects them)
+  // into ws.indices(); the estimates themselves land in ws.values().
+  void recover(const float* table, int64_t n, int64_t k, GpuSparseWorkspace& ws, cudaStream_t stream) const;
+
+ private:
+  int rows_, cols_;
+  PhiloxStream rng_;
+};
+
+}  // namespace gradcomm::detail

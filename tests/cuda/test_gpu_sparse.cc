@@ -1,0 +1,445 @@
+// The GPU sparse compressors (compressors/topk/gpu_sparse.h) against the CPU
+// reference (compressors/codec.h): top-k exact and sample selections, fused error
+// feedback, payload bytes and decode-add bit for bit; every kind of corrupt payload
+// records its fault and leaves the output untouched; random-k indices; count-sketch
+// estimate and recovery bit for bit, accumulate within the fp32 reordering bound.
+// Every test skips on machines without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compressors/codec.h"
+#include "compressors/payload.h"
+#include "compressors/sketch/sketch_hash.h"
+#include "compressors/topk/gpu_sparse.h"
+#include "cuda/buffer.h"
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/device_status.h"
+#include "gradcomm/errors.h"
+#include "half.h"
+
+#include "cuda_test_util.h"
+
+namespace gradcomm::detail {
+namespace {
+
+constexpr int64_t kSizes[] = {1, 7, 1000, 1000003, (int64_t{1} << 22) + 5};
+
+// ---- host <-> device ---------------------------------------------------------------------
+template <class T>
+DeviceBuffer upload(const std::vector<T>& v, size_t extra_bytes = 0) {
+  DeviceBuffer d(std::max<size_t>(v.size() * sizeof(T) + extra_bytes, 1));
+  if (!v.empty()) GRADCOMM_CUDA_CHECK(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <class T>
+std::vector<T> download(const void* p, size_t count) {
+  std::vector<T> v(count);
+  if (count > 0) GRADCOMM_CUDA_CHECK(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// Inputs: 0 gaussian, 1 values from a tiny set (heavy ties), 2 gaussian with NaN,
+// infinities, signed zeros and denormals mixed in.
+std::vector<float> make_input(int64_t n, int kind, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) {
+    if (kind == 1) {
+      v = static_cast<float>(static_cast<int>(gen() % 5) - 2) * 0.5f;
+    } else if (kind == 2 && gen() % 8 == 0) {
+      const uint64_t r = gen() % 4;
+      v = r == 0 ? std::numeric_limits<float>::quiet_NaN()
+          : r == 1 ? -std::numeric_limits<float>::infinity()
+          : r == 2 ? -0.0f
+                   : std::numeric_limits<float>::denorm_min() * 3.0f;
+    } else {
+      v = normal(gen);
+    }
+  }
+  return x;
+}
+
+// Bitwise, except that two NaNs match: arithmetic on NaN (the EF fold) yields the
+// canonical NaN on the GPU and a propagated payload on the CPU.
+bool same_value(float a, float b) {
+  return float_bits(a) == float_bits(b) || (std::isnan(a) && std::isnan(b));
+}
+
+void expect_same_floats(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!same_value(got[i], want[i])) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << " (0x" << std::hex << float_bits(got[i])
+                    << "), expected " << want[i] << " (0x" << float_bits(want[i]) << ")" << std::dec;
+      return;
+    }
+  }
+}
+
+std::vector<int64_t> ks_for(int64_t n) {
+  std::vector<int64_t> ks = {0, 1, 2, n / 1000, n / 100, n / 3, n - 1, n, n + 5};
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+// One GPU selection against topk_select, with or without error feedback.
+void check_topk(const std::vector<float>& grad, int64_t k, TopkSelect mode, bool ef, GpuSparseWorkspace& ws,
+                cudaStream_t stream) {
+  const auto n = static_cast<int64_t>(grad.size());
+  const PhiloxStream rng{static_cast<uint64_t>(k) * 31 + 7, static_cast<uint64_t>(n)};
+  std::vector<float> residual = ef ? make_input(n, 0, static_cast<uint64_t>(k + 1)) : std::vector<float>();
+  std::vector<float> acc = grad;
+  if (ef) {
+    for (int64_t i = 0; i < n; ++i) acc[static_cast<size_t>(i)] += residual[static_cast<size_t>(i)];
+  }
+  const SparseVector want = topk_select(acc.data(), n, k, mode, rng);
+
+  DeviceBuffer d_grad = upload(grad), d_res = upload(residual);
+  gpu_topk_select(d_grad.as<float>(), ef ? d_res.as<float>() : nullptr, n, k, mode, rng, ws, stream);
+  const int64_t count = ws.read_count(stream);
+  ASSERT_EQ(count, static_cast<int64_t>(want.indices.size()));
+  ASSERT_LE(count, ws.capacity());
+  EXPECT_EQ(download<uint64_t>(ws.indices(), static_cast<size_t>(count)), want.indices);
+  const std::vector<float> values = download<float>(ws.values(), static_cast<size_t>(count));
+  if (ef) {
+    expect_same_floats(values, want.values, "values");
+    std::vector<float> want_res = acc;
+    for (uint64_t i : want.indices) want_res[i] = 0.0f;
+    expect_same_floats(download<float>(d_res.data(), static_cast<size_t>(n)), want_res, "residual");
+  } else {
+    EXPECT_EQ(0, std::memcmp(values.data(), want.values.data(), values.size() * sizeof(float))) << "values bits";
+  }
+}
+
+class GpuSparse : public ::testing::Test {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_F(GpuSparse, TopkExactMatchesCpuSelection) {
+  Stream stream;
+  GpuSparseWorkspace ws;  // reused across sizes: grow-only
+  for (int64_t n : kSizes) {
+    for (int kind = 0; kind < 3; ++kind) {
+      const std::vector<float> grad = make_input(n, kind, static_cast<uint64_t>(n + kind));
+      for (int64_t k : ks_for(n)) {
+        for (bool ef : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " k=" << k << " ef=" << ef);
+          check_topk(grad, k, TopkSelect::kExact, ef, ws, stream.get());
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuSparse, TopkSampleMatchesCpuSelection) {
+  Stream stream;
+  GpuSparseWorkspace ws;
+  for (int64_t n : kSizes) {
+    for (int kind = 0; kind < 3; ++kind) {
+      const std::vector<float> grad = make_input(n, kind, static_cast<uint64_t>(3 * n + kind));
+      for (int64_t k : ks_for(n)) {
+        for (bool ef : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " k=" << k << " ef=" << ef);
+          check_topk(grad, k, TopkSelect::kSample, ef, ws, stream.get());
+        }
+      }
+    }
+  }
+}
+
+// ---- payloads ----------------------------------------------------------------------------
+TEST_F(GpuSparse, EncodeIsByteIdenticalToEncodeSparse) {
+  Stream stream;
+  StatusBuffer status;
+  GpuSparseWorkspace ws;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000003}}) {
+    const std::vector<float> grad = make_input(n, 2, static_cast<uint64_t>(n));
+    for (int64_t k : {int64_t{1}, std::max<int64_t>(n / 100, 1), n}) {
+      const SparseVector want = topk_select(grad.data(), n, k, TopkSelect::kExact, {});
+      DeviceBuffer d_grad = upload(grad);
+      gpu_topk_select(d_grad.as<float>(), nullptr, n, k, TopkSelect::kExact, {}, ws, stream.get());
+      for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
+        const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kTopk, n, want, vt);
+        DeviceBuffer out(sparse_payload_bytes(n, ws.capacity(), vt));
+        DeviceBuffer out_bytes(sizeof(uint64_t));
+        status.reset(stream.get());
+        gpu_encode_sparse(CompressorId::kTopk, n, ws.indices(), ws.values(), ws.count(), ws.capacity(), vt,
+                          out.as<uint8_t>(), out_bytes.as<uint64_t>(), status.device(), stream.get());
+        EXPECT_EQ(status.read(stream.get()).fault, 0u);
+        EXPECT_EQ(download<uint64_t>(out_bytes.data(), 1)[0], bytes.size());
+        EXPECT_EQ(download<uint8_t>(out.data(), bytes.size()), bytes) << "n=" << n << " k=" << k;
+      }
+    }
+  }
+}
+
+// u64 indices (n >= 2^32), at the header level: nothing of size n is touched.
+TEST_F(GpuSparse, WideIndexPayloadsMatchCpu) {
+  Stream stream;
+  StatusBuffer status;
+  const int64_t n = (int64_t{1} << 32) + 10;
+  SparseVector v{{0, 3, 9}, {1.5f, -2.0f, 0.25f}};
+  for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
+    const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kRandomk, n, v, vt);
+    DeviceBuffer idx = upload(v.indices), val = upload(v.values), count = upload(std::vector<uint64_t>{3});
+    DeviceBuffer out(sparse_payload_bytes(n, 3, vt));
+    status.reset(stream.get());
+    gpu_encode_sparse(CompressorId::kRandomk, n, idx.as<uint64_t>(), val.as<float>(), count.as<uint64_t>(), 3, vt,
+                      out.as<uint8_t>(), nullptr, status.device(), stream.get());
+    ASSERT_EQ(status.read(stream.get()).fault, 0u);
+    EXPECT_EQ(download<uint8_t>(out.data(), bytes.size()), bytes);
+    // Decode into a 16-float window: the indices are < 16.
+    std::vector<float> want(16, 1.0f);
+    decode_add_sparse(CompressorId::kRandomk, bytes, n, want.data());
+    DeviceBuffer d_out = upload(std::vector<float>(16, 1.0f));
+    gpu_decode_add_sparse(CompressorId::kRandomk, out.as<uint8_t>(), bytes.size(), n, d_out.as<float>(),
+                          status.device(), stream.get());
+    EXPECT_EQ(status.read(stream.get()).fault, 0u);
+    EXPECT_EQ(download<float>(d_out.data(), 16), want);
+  }
+}
+
+TEST_F(GpuSparse, DecodeAddInRankOrderMatchesCpu) {
+  Stream stream;
+  StatusBuffer status;
+  for (int64_t n : {int64_t{7}, int64_t{1000}, int64_t{1000003}}) {
+    for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
+      std::vector<float> want = make_input(n, 0, 5);
+      DeviceBuffer d_out = upload(want);
+      status.reset(stream.get());
+      for (int rank = 0; rank < 4; ++rank) {
+        const std::vector<float> x = make_input(n, rank % 3, static_cast<uint64_t>(rank + 10));
+        const SparseVector sel = topk_select(x.data(), n, std::max<int64_t>(n / (rank + 2), 1), TopkSelect::kExact, {});
+        const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kTopk, n, sel, vt);
+        decode_add_sparse(CompressorId::kTopk, bytes, n, want.data());
+        // Misaligned on purpose for odd ranks: payloads sit anywhere in an allgather buffer.
+        const size_t offset = rank % 2 == 0 ? 0 : static_cast<size_t>(rank);
+        std::vector<uint8_t> shifted(offset, 0xEE);
+        shifted.insert(shifted.end(), bytes.begin(), bytes.end());
+        DeviceBuffer d_payload = upload(shifted);
+        gpu_decode_add_sparse(CompressorId::kTopk, d_payload.as<uint8_t>() + offset, bytes.size(), n,
+                              d_out.as<float>(), status.device(), stream.get());
+      }
+      EXPECT_EQ(status.read(stream.get()).fault, 0u);
+      expect_same_floats(download<float>(d_out.data(), static_cast<size_t>(n)), want, "decoded sum");
+    }
+  }
+}
+
+// A valid payload, then one mutation per kind of corruption.
+struct Corruption {
+  const char* name;
+  PayloadFault fault;
+  void (*mutate)(std::vector<uint8_t>&);
+};
+template <class T>
+void poke(std::vector<uint8_t>& b, size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
+const Corruption kCorruptions[] = {
+    {"truncated header", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.resize(20); }},
+    {"empty", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.clear(); }},
+    {"magic", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[0] ^= 1; }},
+    {"version", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[4] = 2; }},
+    {"compressor id", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[5] = 4; }},
+    {"numel", PayloadFault::kBadNumel, [](std::vector<uint8_t>& b) { poke<uint64_t>(b, 8, 999); }},
+    {"unknown flag", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 4; }},
+    {"u64 flag for small n", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 1; }},
+    {"count above n", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 16, 1001); }},
+    {"count 2^40", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 20, 256); }},
+    {"extra byte", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.push_back(0); }},
+    {"truncated body", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.pop_back(); }},
+    {"index out of range", PayloadFault::kIndexOutOfRange, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 24 + 4 * 9, 1000); }},
+    {"repeated index", PayloadFault::kIndexOrder,
+     [](std::vector<uint8_t>& b) { std::memcpy(b.data() + 24 + 4 * 5, b.data() + 24 + 4 * 4, 4); }},
+    {"decreasing index", PayloadFault::kIndexOrder, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 24 + 4 * 3, 0); }},
+};
+
+TEST_F(GpuSparse, CorruptPayloadRecordsFaultAndWritesNothing) {
+  Stream stream;
+  StatusBuffer status;
+  const int64_t n = 1000;
+  const std::vector<float> x = make_input(n, 0, 3);
+  const SparseVector sel = topk_select(x.data(), n, 10, TopkSelect::kExact, {});
+  const std::vector<uint8_t> good = encode_sparse(CompressorId::kTopk, n, sel, ValueType::kFp32);
+  const std::vector<float> before = make_input(n, 0, 4);
+  for (const Corruption& c : kCorruptions) {
+    SCOPED_TRACE(c.name);
+    std::vector<uint8_t> bad = good;
+    c.mutate(bad);
+    std::vector<float> cpu = before;  // the CPU agrees that it is corrupt
+    EXPECT_THROW(decode_add_sparse(CompressorId::kTopk, bad, n, cpu.data()), CorruptPayload);
+    DeviceBuffer d_out = upload(before);
+    DeviceBuffer d_bad = upload(bad);
+    DeviceBuffer d_good = upload(good);
+    status.reset(stream.get());
+    gpu_decode_add_sparse(CompressorId::kTopk, d_bad.as<uint8_t>(), bad.size(), n, d_out.as<float>(), status.device(),
+                          stream.get());
+    // A valid payload after a bad one is skipped too: the batch stops at the fault.
+    gpu_decode_add_sparse(CompressorId::kTopk, d_good.as<uint8_t>(), good.size(), n, d_out.as<float>(),
+                          status.device(), stream.get());
+    EXPECT_EQ(status.read(stream.get()).fault, static_cast<uint32_t>(c.fault));
+    const std::vector<float> after = download<float>(d_out.data(), static_cast<size_t>(n));
+    EXPECT_EQ(0, std::memcmp(after.data(), before.data(), before.size() * sizeof(float))) << "output was written";
+    EXPECT_THROW(status.check(stream.get(), "test"), CorruptPayload);
+  }
+}
+
+TEST_F(GpuSparse, EncodeRefusesWhatTheDecoderWouldReject) {
+  Stream stream;
+  StatusBuffer status;
+  struct Bad {
+    std::vector<uint64_t> indices;
+    uint64_t count;
+    PayloadFault fault;
+  };
+  const Bad cases[] = {{{1, 2, 100}, 3, PayloadFault::kIndexOutOfRange},
+                       {{1, 5, 5}, 3, PayloadFault::kIndexOrder},
+                       {{4, 2, 3}, 3, PayloadFault::kIndexOrder},
+                       {{1, 2, 3}, 4, PayloadFault::kBadLength}};
+  for (const Bad& b : cases) {
+    DeviceBuffer idx = upload(b.indices), val = upload(std::vector<float>{1, 2, 3});
+    DeviceBuffer count = upload(std::vector<uint64_t>{b.count});
+    const std::vector<uint8_t> sentinel(sparse_payload_bytes(100, 3, ValueType::kFp32), 0xAB);
+    DeviceBuffer out = upload(sentinel);
+    status.reset(stream.get());
+    gpu_encode_sparse(CompressorId::kTopk, 100, idx.as<uint64_t>(), val.as<float>(), count.as<uint64_t>(), 3,
+                      ValueType::kFp32, out.as<uint8_t>(), nullptr, status.device(), stream.get());
+    EXPECT_EQ(status.read(stream.get()).fault, static_cast<uint32_t>(b.fault));
+    EXPECT_EQ(download<uint8_t>(out.data(), sentinel.size()), sentinel) << "payload was written";
+  }
+}
+
+// ---- random-k -------------------------------------------------------------------------------
+TEST_F(GpuSparse, RandomkIndicesGatherAndResidualMatchCpu) {
+  Stream stream;
+  GpuSparseWorkspace ws;
+  struct Case {
+    int64_t n, k;
+  };
+  const Case cases[] = {{1, 1},       {7, 3},       {7, 7},           {1000, 1},        {1000, 10},
+                        {1000, 999},  {1000003, 10000}, {1000003, 990000}, {(int64_t{1} << 22) + 5, 41943}};
+  for (const Case& c : cases) {
+    const PhiloxStream rng{99, static_cast<uint64_t>(c.n * 7 + c.k)};
+    const std::vector<uint64_t> want = randomk_indices(c.n, c.k, rng);
+    gpu_randomk_indices(c.n, c.k, rng, ws, stream.get());
+    const int64_t count = ws.read_count(stream.get());
+    ASSERT_EQ(count, static_cast<int64_t>(want.size())) << "n=" << c.n << " k=" << c.k;
+    ASSERT_EQ(download<uint64_t>(ws.indices(), want.size()), want) << "n=" << c.n << " k=" << c.k;
+
+    // Fused EF for random-k: fold, gather, zero; scatter back.
+    const std::vector<float> grad = make_input(c.n, 0, 1), res = make_input(c.n, 0, 2);
+    DeviceBuffer d_grad = upload(grad), d_res = upload(res), d_vals(want.size() * sizeof(float) + 4);
+    gpu_fold_residual(d_grad.as<float>(), d_res.as<float>(), c.n, stream.get());
+    gpu_gather(d_res.as<float>(), ws.indices(), ws.count(), ws.capacity(), d_vals.as<float>(), d_res.as<float>(),
+               stream.get());
+    std::vector<float> acc(grad.size()), want_vals;
+    for (size_t i = 0; i < grad.size(); ++i) acc[i] = grad[i] + res[i];
+    for (uint64_t i : want) want_vals.push_back(acc[i]);
+    std::vector<float> want_res = acc;
+    for (uint64_t i : want) want_res[i] = 0.0f;
+    expect_same_floats(download<float>(d_vals.data(), want.size()), want_vals, "gathered values");
+    expect_same_floats(download<float>(d_res.data(), grad.size()), want_res, "residual");
+    DeviceBuffer d_out = upload(std::vector<float>(grad.size(), 0.0f));
+    gpu_scatter(d_out.as<float>(), ws.indices(), d_vals.as<float>(), ws.count(), ws.capacity(), stream.get());
+    std::vector<float> want_out(grad.size(), 0.0f);
+    for (size_t j = 0; j < want.size(); ++j) want_out[want[j]] = want_vals[j];
+    expect_same_floats(download<float>(d_out.data(), grad.size()), want_out, "scattered");
+  }
+}
+
+// n near 2^63 (no data of size n needed): about half the draws are rejected and
+// retried with spare draws, which the GPU must assign in the CPU's order.
+TEST_F(GpuSparse, RandomkRejectionFixupMatchesCpu) {
+  Stream stream;
+  GpuSparseWorkspace ws;
+  for (int64_t n : {std::numeric_limits<int64_t>::max() - 5, (int64_t{1} << 62) + 12345}) {
+    for (int64_t k : {1, 300, 5000}) {  // 5000 > the 4096-entry list: the scan fallback
+      const PhiloxStream rng{3, static_cast<uint64_t>(k)};
+      const std::vector<uint64_t> want = randomk_indices(n, k, rng);
+      gpu_randomk_indices(n, k, rng, ws, stream.get());
+      ASSERT_EQ(ws.read_count(stream.get()), k);
+      EXPECT_EQ(download<uint64_t>(ws.indices(), want.size()), want) << "n=" << n << " k=" << k;
+    }
+  }
+}
+
+// ---- count sketch ----------------------------------------------------------------------------
+TEST_F(GpuSparse, SketchAccumulateWithinReorderingBoundEstimateAndRecoverExact) {
+  Stream stream;
+  GpuSparseWorkspace ws;
+  struct Case {
+    int rows, cols;
+    int64_t n;
+  };
+  // Small tables take the shared-memory path, wide ones the global-atomic path.
+  const Case cases[] = {{1, 64, 1000003}, {5, 97, 1000003}, {4, 4000, (int64_t{1} << 22) + 5}, {5, 40000, 1000003},
+                        {3, 16, 7}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "rows=" << c.rows << " cols=" << c.cols << " n=" << c.n);
+    const PhiloxStream rng{11, static_cast<uint64_t>(c.cols)};
+    const CountSketch cpu(c.rows, c.cols, rng);
+    const GpuCountSketch gpu(c.rows, c.cols, rng);
+    const std::vector<float> grad = make_input(c.n, 0, 8), res = make_input(c.n, 0, 9);
+    std::vector<float> acc(grad.size());
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] = grad[i] + res[i];
+    const size_t cells = static_cast<size_t>(c.rows) * c.cols;
+    std::vector<float> want(cells, 0.0f);
+    cpu.accumulate(acc.data(), c.n, want.data());
+    DeviceBuffer d_grad = upload(grad), d_res = upload(res), d_table = upload(std::vector<float>(cells, 0.0f));
+    gpu.accumulate(d_grad.as<float>(), d_res.as<float>(), c.n, d_table.as<float>(), stream.get());
+    const std::vector<float> got = download<float>(d_table.data(), cells);
+    expect_same_floats(download<float>(d_res.data(), acc.size()), acc, "folded residual");
+    // Per cell: m terms, sum |terms| (the shared hash, sketch_hash.h); any summation
+    // order is within gamma_{m-1} sum |terms| of the exact sum, so two orders differ by
+    // at most twice that (gpu_sketch.cu).
+    std::vector<double> abs_sum(cells, 0.0);
+    std::vector<int64_t> terms(cells, 0);
+    for (int r = 0; r < c.rows; ++r) {
+      const uint64_t salt = sketch::row_salt(rng, r);
+      for (int64_t i = 0; i < c.n; ++i) {
+        const uint64_t z = sketch::element_hash(salt, static_cast<uint64_t>(i));
+        const size_t cell = static_cast<size_t>(r) * c.cols + sketch::column_of(z, static_cast<uint32_t>(c.cols));
+        abs_sum[cell] += std::fabs(acc[static_cast<size_t>(i)]);
+        ++terms[cell];
+      }
+    }
+    int64_t exact_cells = 0;
+    for (size_t cell = 0; cell < cells; ++cell) {
+      const double mu = static_cast<double>(std::max<int64_t>(terms[cell] - 1, 0)) * std::ldexp(1.0, -24);
+      const double bound = 2.0 * mu / (1.0 - mu) * abs_sum[cell];
+      ASSERT_LE(std::fabs(double{got[cell]} - double{want[cell]}), bound)
+          << "cell " << cell << " of " << terms[cell] << " terms: gpu " << got[cell] << ", cpu " << want[cell];
+      exact_cells += float_bits(got[cell]) == float_bits(want[cell]);
+    }
+    RecordProperty("sketch_cells_bitwise_equal", std::to_string(exact_cells) + "/" + std::to_string(cells));
+
+    // estimate and recover from the CPU's table bits: bitwise the CPU's.
+    DeviceBuffer d_cpu_table = upload(want), d_est(static_cast<size_t>(c.n) * sizeof(float));
+    gpu.estimate(d_cpu_table.as<float>(), c.n, d_est.as<float>(), stream.get());
+    std::vector<float> want_est(static_cast<size_t>(c.n));
+    cpu.estimate(want.data(), c.n, want_est.data());
+    const std::vector<float> got_est = download<float>(d_est.data(), want_est.size());
+    EXPECT_EQ(0, std::memcmp(got_est.data(), want_est.data(), want_est.size() * sizeof(float))) << "estimate bits";
+    const int64_t k = std::max<int64_t>(c.n / 100, 1);
+    gpu.recover(d_cpu_table.as<float>(), c.n, k, ws, stream.get());
+    const std::vector<uint64_t> want_idx = topk_select(want_est.data(), c.n, k, TopkSelect::kExact, rng).indices;
+    ASSERT_EQ(ws.read_count(stream.get()), static_cast<int64_t>(want_idx.size()));
+    EXPECT_EQ(download<uint64_t>(ws.indices(), want_idx.size()), want_idx);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomm::detail
