@@ -1,0 +1,24 @@
+// fp16 and bf16 on the GPU: one thread per 8 elements narrows them with src/half.h
+// (the CPU's rounding, bit for bit) and stores the 16 bytes; decode widens back.
+// Kernels and launchers: compressors/quantize/gpu_dense_kernels.cuh.
+#include "compressors/quantize/gpu_dense_kernels.cuh"
+
+namespace gradcomm::detail {
+
+void gpu_cast_encode(const GpuEncodeArgs& args) {
+  if (args.layout.id == CompressorId::kBf16) {
+    gpu_dense::launch_encode(CastPolicy<true>{}, args);
+  } else {
+    gpu_dense::launch_encode(CastPolicy<false>{}, args);
+  }
+}
+
+void gpu_cast_decode(const GpuDecodeArgs& args) {
+  if (args.layout.id == CompressorId::kBf16) {
+    gpu_dense::launch_decode(CastPolicy<true>{}, args);
+  } else {
+    gpu_dense::launch_decode(CastPolicy<false>{}, args);
+  }
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,126 @@
+// GpuDenseCodec: argument checks and dispatch to the per-family launchers
+// (gpu_dense_launch.h). Host code only; the kernels live in the .cu files.
+#include "compressors/quantize/gpu_dense_codec.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "compressors/codec.h"
+#include "compressors/payload.h"
+#include "compressors/quantize/dense_util.h"
+#include "compressors/quantize/gpu_dense_launch.h"
+#include "compressors/quantize/gpu_dense_logic.h"
+#include "gradcomm/errors.h"
+
+namespace gradcomm::detail {
+
+static_assert(kDenseMagic == PayloadHeader::kMagic && kDenseVersion == PayloadHeader::kVersion &&
+              kDenseHeaderBytes == PayloadHeader::kBytes);
+
+namespace {
+
+DenseLayout layout_for(const CompressorSpec& s, int64_t n) {
+  return make_dense_layout(s.id, s.bits, s.levels, s.bucket, static_cast<uint64_t>(n));
+}
+
+// InvalidArgument unless p is null only when allowed, and 4-byte aligned (fp32).
+void check_floats(const void* p, int64_t n, const char* name, const char* what) {
+  if (p == nullptr && n > 0) throw InvalidArgument(fmt::format("{}: {} is null with n={}", what, name, n));
+  if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) {
+    throw InvalidArgument(fmt::format("{}: {} = {} is not aligned to its 4-byte float elements", what, name, p));
+  }
+}
+
+// InvalidArgument when [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+void check_disjoint(const void* a, uint64_t a_bytes, const char* a_name, const void* b, uint64_t b_bytes,
+                    const char* b_name, const char* what) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  if (a_bytes != 0 && b_bytes != 0 && x < y + b_bytes && y < x + a_bytes) {
+    throw InvalidArgument(fmt::format("{}: {} and {} overlap", what, a_name, b_name));
+  }
+}
+
+}  // namespace
+
+GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec) : spec_(spec) {
+  make_dense_codec(spec);  // the CPU factory's checks: dense id, bits, levels, bucket range
+}
+
+size_t GpuDenseCodec::encoded_bytes(int64_t n) const {
+  check_dense_numel(compressor_name(spec_.id), n);
+  return static_cast<size_t>(layout_for(spec_, n).total_bytes());
+}
+
+int64_t GpuDenseCodec::alignment() const {
+  return spec_.id == CompressorId::kFp16 || spec_.id == CompressorId::kBf16 ? 1 : spec_.bucket;
+}
+
+void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const PhiloxStream& rng, int64_t first,
+                           float* residual, cudaStream_t stream) const {
+  encode(in, n, payload, rng, first, EncodeFeedback{residual, ResidualMode::kFold, nullptr}, stream);
+}
+
+void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const PhiloxStream& rng, int64_t first,
+                           const EncodeFeedback& feedback, cudaStream_t stream) const {
+  const std::string what = fmt::format("{} GPU encode", compressor_name(spec_.id));
+  check_dense_encode(what.c_str(), n, first, alignment());
+  const DenseLayout layout = layout_for(spec_, n);
+  const uint64_t floats = static_cast<uint64_t>(n) * sizeof(float);
+  check_floats(in, n, "in", what.c_str());
+  if (payload == nullptr) throw InvalidArgument(fmt::format("{}: payload is null", what));
+  check_disjoint(in, floats, "in", payload, layout.total_bytes(), "payload", what.c_str());
+  if (feedback.residual != nullptr) {
+    check_floats(feedback.residual, n, "residual", what.c_str());
+    check_disjoint(feedback.residual, floats, "residual", in, floats, "in", what.c_str());
+    check_disjoint(feedback.residual, floats, "residual", payload, layout.total_bytes(), "payload", what.c_str());
+    if (feedback.mode != ResidualMode::kFold && feedback.mode != ResidualMode::kAccumulate) {
+      throw InvalidArgument(fmt::format("{}: unknown residual mode {}", what, static_cast<int>(feedback.mode)));
+    }
+  }
+  if (feedback.decoded != nullptr) {
+    check_floats(feedback.decoded, n, "decoded", what.c_str());
+    check_disjoint(feedback.decoded, floats, "decoded", payload, layout.total_bytes(), "payload", what.c_str());
+    if (feedback.residual != nullptr) {
+      check_disjoint(feedback.decoded, floats, "decoded", feedback.residual, floats, "residual", what.c_str());
+    }
+    // decoded == in is fine (each element is read, then written, by one thread);
+    // a partial overlap would make the result depend on scheduling.
+    if (feedback.decoded != in) check_disjoint(feedback.decoded, floats, "decoded", in, floats, "in", what.c_str());
+  }
+  const GpuEncodeArgs args{layout, in, payload, rng, static_cast<uint64_t>(first), feedback, stream};
+  switch (spec_.id) {
+    case CompressorId::kFp16:
+    case CompressorId::kBf16: return gpu_cast_encode(args);
+    case CompressorId::kQuant: return gpu_quant_encode(args, spec_.round);
+    case CompressorId::kQsgd: return gpu_qsgd_encode(args);
+    case CompressorId::kSign: return gpu_sign_encode(args);
+    default: break;
+  }
+  throw InvalidArgument(fmt::format("{}: not a dense codec", what));  // unreachable: the constructor checked
+}
+
+void GpuDenseCodec::decode(const uint8_t* payload, size_t payload_bytes, int64_t n, float* out, bool add,
+                           DeviceStatus* status, cudaStream_t stream) const {
+  const std::string what = fmt::format("{} GPU decode", compressor_name(spec_.id));
+  check_dense_numel(what.c_str(), n);
+  check_floats(out, n, "out", what.c_str());
+  if (status == nullptr) throw InvalidArgument(fmt::format("{}: status is null", what));
+  if (payload == nullptr && payload_bytes > 0) {
+    throw InvalidArgument(fmt::format("{}: payload is null with {} bytes", what, payload_bytes));
+  }
+  check_disjoint(out, static_cast<uint64_t>(n) * sizeof(float), "out", payload, payload_bytes, "payload",
+                 what.c_str());
+  const GpuDecodeArgs args{layout_for(spec_, n), payload, payload_bytes, out, add, status, stream};
+  switch (spec_.id) {
+    case CompressorId::kFp16:
+    case CompressorId::kBf16: return gpu_cast_decode(args);
+    case CompressorId::kQuant: return gpu_quant_decode(args);
+    case CompressorId::kQsgd: return gpu_qsgd_decode(args);
+    case CompressorId::kSign: return gpu_sign_decode(args);
+    default: break;
+  }
+  throw InvalidArgument(fmt::format("{}: not a dense codec", what));
+}
+
+}  // namespace gradcomm::detail
