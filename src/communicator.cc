@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "comm_impl.h"
+#include "communicator_factory.h"
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "logging.h"
@@ -12,11 +13,20 @@
 namespace gradcomm {
 
 std::unique_ptr<Communicator> Communicator::create(const InitOptions& options) {
-  const detail::LaunchConfig config = detail::resolve_launch_config(options);
+  return detail::create_communicator(options, nullptr);
+}
+
+std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& options,
+                                                          std::unique_ptr<detail::Store> external_store) {
+  // An external store stands in for the URL: resolve_launch_config then does not
+  // ask for one, and messages name the store by its address.
+  InitOptions resolved_options = options;
+  if (external_store && resolved_options.store.empty()) resolved_options.store = external_store->address();
+  const detail::LaunchConfig config = detail::resolve_launch_config(resolved_options);
   if (config.world_size == 1) {
     auto transports = detail::create_inproc_transports(1);
-    return std::make_unique<Communicator>(
-        std::make_unique<detail::CommunicatorImpl>(std::move(transports[0]), config.timeout));
+    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transports[0]), config.timeout);
+    return std::make_unique<Communicator>(std::move(impl));
   }
   if (config.transport == "nccl") {
     throw Unsupported(fmt::format("rank {}: transport 'nccl' is not built into this gradcomm; use 'ucx' or 'auto'",
@@ -32,7 +42,8 @@ std::unique_ptr<Communicator> Communicator::create(const InitOptions& options) {
   ucx_options.timeout = config.timeout;
   ucx_options.key_prefix = "gradcomm";
   try {
-    std::unique_ptr<detail::Store> store = detail::create_store(store_options);
+    std::unique_ptr<detail::Store> store =
+        external_store ? std::move(external_store) : detail::create_store(store_options);
     auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
     const std::string name = transport->name();
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));

@@ -1,0 +1,316 @@
+// _gradcomm: the pybind11 module under the `gradcomm` Python package. It stays
+// thin: the package (gradcomm/__init__.py) turns numpy arrays and torch tensors
+// into (pointer, numel, dtype, device, stream) and checks their layout; this file
+// converts those to a TensorView, releases the GIL, and calls the C++ API.
+//
+// One communicator per process lives here (the Python API is module-level, like
+// torch.distributed's default group). Calls are serialized by a mutex taken after
+// the GIL is released, so two Python threads never drive the communicator at once
+// and shutdown() cannot free it under a running collective.
+#include <pybind11/pybind11.h>
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "communicator_factory.h"
+#include "gradcomm/gradcomm.h"
+#include "python_store.h"
+
+namespace py = pybind11;
+
+namespace gradcomm::python {
+namespace {
+
+struct Session {
+  std::mutex mutex;
+  std::unique_ptr<Communicator> comm;
+};
+
+// Never destroyed: a static destructor would run after the interpreter is gone.
+// The package registers shutdown() with atexit, which frees the communicator in time.
+Session& session() {
+  static Session* s = new Session;
+  return *s;
+}
+
+// Calling before init() (or after shutdown()) is a usage error of the module, not
+// one of the C++ error kinds: it surfaces as gradcomm.Error itself.
+class NotInitialized : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// ---- exceptions ------------------------------------------------------------------
+// The C++ classes as Python classes, each also under the builtin it resembles, so
+// `except ValueError` catches gradcomm.InvalidArgument and so on.
+struct PyErrors {
+  PyObject* error = nullptr;
+  PyObject* by_code[9] = {};  // indexed by ErrorCode (1..8)
+};
+PyErrors& py_errors() {
+  static PyErrors errors;
+  return errors;
+}
+
+PyObject* new_error(py::module_& m, const char* name, PyObject* bases, const char* doc) {
+  const std::string qualified = fmt::format("gradcomm.{}", name);
+  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  if (cls == nullptr) throw py::error_already_set();
+  m.add_object(name, py::reinterpret_borrow<py::object>(cls));
+  return cls;  // the module keeps a reference; this one is kept for the translator
+}
+
+void register_errors(py::module_& m) {
+  PyErrors& errors = py_errors();
+  errors.error = new_error(m, "Error", PyExc_RuntimeError,
+                           "Base of every gradcomm error (a RuntimeError); the message names the rank, the call "
+                           "and what was expected versus found.");
+  auto with = [&](PyObject* builtin) {
+    if (builtin == nullptr) return py::reinterpret_borrow<py::object>(errors.error).release().ptr();
+    return py::make_tuple(py::handle(errors.error), py::handle(builtin)).release().ptr();
+  };
+  struct Spec {
+    ErrorCode code;
+    const char* name;
+    PyObject* builtin;
+    const char* doc;
+  };
+  const Spec specs[] = {
+      {ErrorCode::kInvalidArgument, "InvalidArgument", PyExc_ValueError, "A wrong argument (also a ValueError)."},
+      {ErrorCode::kUnsupported, "Unsupported", PyExc_NotImplementedError,
+       "Valid, but not available in this build or on this machine (also a NotImplementedError)."},
+      {ErrorCode::kTimeout, "TimeoutError", PyExc_TimeoutError,
+       "A wait passed its deadline (also the builtin TimeoutError)."},
+      {ErrorCode::kPeerFailure, "PeerFailure", PyExc_ConnectionError,
+       "Another rank died or its connection broke (also a ConnectionError)."},
+      {ErrorCode::kMismatch, "MismatchError", nullptr, "Ranks called different collectives; raised on every rank."},
+      {ErrorCode::kCorruptPayload, "CorruptPayload", PyExc_ValueError,
+       "Bytes failed validation: wire message, payload or state (also a ValueError)."},
+      {ErrorCode::kTransport, "TransportError", nullptr, "The transport (UCX, sockets, the store) failed."},
+      {ErrorCode::kCuda, "CudaError", nullptr, "A CUDA runtime call failed."},
+  };
+  for (const Spec& spec : specs) {
+    PyObject* bases = with(spec.builtin);
+    errors.by_code[static_cast<int>(spec.code)] = new_error(m, spec.name, bases, spec.doc);
+    Py_DECREF(bases);
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      const int code = static_cast<int>(e.code());
+      PyObject* cls = code >= 1 && code <= 8 ? py_errors().by_code[code] : nullptr;
+      PyErr_SetString(cls != nullptr ? cls : py_errors().error, e.what());
+    } catch (const NotInitialized& e) {
+      PyErr_SetString(py_errors().error, e.what());
+    }
+  });
+}
+
+Communicator& communicator(const char* call) {
+  Session& s = session();
+  if (!s.comm) {
+    throw NotInitialized(fmt::format("gradcomm.{}: gradcomm is not initialized; call gradcomm.init() first (after "
+                                     "gradcomm.shutdown(), init() again)",
+                                     call));
+  }
+  return *s.comm;
+}
+
+// ---- conversions -------------------------------------------------------------------
+
+DType parse_dtype(const std::string& name) {
+  static constexpr DType kAll[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
+                                   DType::kInt32,   DType::kInt64,   DType::kUInt8};
+  for (DType d : kAll) {
+    if (name == dtype_name(d)) return d;
+  }
+  throw InvalidArgument(fmt::format("dtype '{}' is not supported; accepted: float32, float16, bfloat16, float64, "
+                                    "int32, int64, uint8",
+                                    name));
+}
+
+ReduceOp parse_op(const std::string& name) {
+  if (name == "sum") return ReduceOp::kSum;
+  if (name == "avg" || name == "mean") return ReduceOp::kAvg;
+  if (name == "min") return ReduceOp::kMin;
+  if (name == "max") return ReduceOp::kMax;
+  throw InvalidArgument(fmt::format("op '{}' is not a reduce op; accepted: sum, avg, min, max", name));
+}
+
+Device parse_device(const std::string& type, int index) {
+  if (type == "cpu") return Device{DeviceType::kCpu, 0};
+  if (type == "cuda") return Device{DeviceType::kCuda, index};
+  throw InvalidArgument(fmt::format("device '{}' is not supported; accepted: cpu, cuda", type));
+}
+
+TensorView view(uintptr_t data, int64_t numel, const std::string& dtype, const std::string& device, int index) {
+  return TensorView{reinterpret_cast<void*>(data), numel, parse_dtype(dtype), parse_device(device, index)};
+}
+
+// ---- the calls -----------------------------------------------------------------------
+
+void init(int rank, int world_size, const std::string& store_url, const std::string& transport, int64_t timeout_ms,
+          const std::string& job_token, py::object py_store, const std::string& key_prefix,
+          const std::string& store_address) {
+  InitOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.store = store_url;
+  options.transport = transport;
+  if (timeout_ms > 0) options.timeout = std::chrono::milliseconds(timeout_ms);
+  options.job_token = job_token;
+
+  std::shared_ptr<PythonStoreLink> link;
+  std::unique_ptr<detail::Store> store;
+  if (!py_store.is_none()) {
+    link = std::make_shared<PythonStoreLink>(py_store);
+    store = std::make_unique<PythonStore>(link, key_prefix, store_address);
+  }
+  {
+    py::gil_scoped_release release;
+    std::lock_guard lock(session().mutex);
+    if (session().comm) {
+      throw InvalidArgument(fmt::format("gradcomm.init: already initialized (rank {} of {}); call "
+                                        "gradcomm.shutdown() before initializing again",
+                                        session().comm->rank(), session().comm->size()));
+    }
+    try {
+      session().comm = detail::create_communicator(options, std::move(store));
+    } catch (...) {
+      if (link) link->detach();
+      throw;
+    }
+  }
+  // Creation is over: nothing calls the store again (see python_store.h).
+  if (link) link->detach();
+}
+
+void shutdown() {
+  py::gil_scoped_release release;
+  std::unique_ptr<Communicator> comm;
+  {
+    std::lock_guard lock(session().mutex);
+    comm = std::move(session().comm);
+  }
+  comm.reset();  // UCX teardown: bounded, never waits on a peer forever
+}
+
+void allreduce(uintptr_t data, int64_t numel, const std::string& dtype, const std::string& device, int index,
+               uintptr_t stream, const std::string& op, const std::string& compression, const std::string& key) {
+  const TensorView t = view(data, numel, dtype, device, index);
+  const ReduceOp reduce_op = parse_op(op);
+  CompressOptions options;
+  options.compressor = compression;
+  options.key = key;
+  options.stream = reinterpret_cast<void*>(stream);
+  py::gil_scoped_release release;
+  std::lock_guard lock(session().mutex);
+  communicator("allreduce").allreduce(t, reduce_op, options);
+}
+
+void allgather(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel, const std::string& dtype,
+               const std::string& device, int index) {
+  const TensorView tin = view(in, numel, dtype, device, index);
+  const TensorView tout = view(out, out_numel, dtype, device, index);
+  py::gil_scoped_release release;
+  std::lock_guard lock(session().mutex);
+  communicator("allgather").allgather(tin, tout);
+}
+
+void broadcast(uintptr_t data, int64_t numel, const std::string& dtype, const std::string& device, int index,
+               int root) {
+  const TensorView t = view(data, numel, dtype, device, index);
+  py::gil_scoped_release release;
+  std::lock_guard lock(session().mutex);
+  communicator("broadcast").broadcast(t, root);
+}
+
+void barrier() {
+  py::gil_scoped_release release;
+  std::lock_guard lock(session().mutex);
+  communicator("barrier").barrier();
+}
+
+}  // namespace
+}  // namespace gradcomm::python
+
+PYBIND11_MODULE(_gradcomm, m) {
+  using namespace gradcomm;
+  using namespace gradcomm::python;
+  m.doc() = "gradcomm's C++ core; use the `gradcomm` package, not this module.";
+  register_errors(m);
+#if defined(GRADCOMM_WITH_CUDA)
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+  m.attr("__version__") = GRADCOMM_VERSION_STRING;
+
+  m.def("init", &init, py::arg("rank"), py::arg("world_size"), py::arg("store"), py::arg("transport"),
+        py::arg("timeout_ms"), py::arg("job_token"), py::arg("py_store"), py::arg("key_prefix"),
+        py::arg("store_address"));
+  m.def("shutdown", &shutdown);
+  m.def("is_initialized", [] {
+    // Release the GIL first, as every entry point does: init() holds the mutex while
+    // its store callbacks wait for the GIL.
+    py::gil_scoped_release release;
+    std::lock_guard lock(session().mutex);
+    return static_cast<bool>(session().comm);
+  });
+  m.def("rank", [] {
+    py::gil_scoped_release release;
+    std::lock_guard lock(session().mutex);
+    return communicator("rank").rank();
+  });
+  m.def("size", [] {
+    py::gil_scoped_release release;
+    std::lock_guard lock(session().mutex);
+    return communicator("size").size();
+  });
+  m.def("allreduce", &allreduce, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
+        py::arg("device_index"), py::arg("stream"), py::arg("op"), py::arg("compression"), py::arg("key"));
+  m.def("allgather", &allgather, py::arg("input"), py::arg("output"), py::arg("numel"), py::arg("out_numel"),
+        py::arg("dtype"), py::arg("device"), py::arg("device_index"));
+  m.def("broadcast", &broadcast, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
+        py::arg("device_index"), py::arg("root"));
+  m.def("barrier", &barrier);
+  m.def("save_state", [] {
+    std::vector<uint8_t> bytes;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(session().mutex);
+      bytes = communicator("save_state").save_state();
+    }
+    return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  });
+  m.def("load_state", [](py::bytes data) {
+    std::string bytes = data;  // a copy: the GIL is released below
+    py::gil_scoped_release release;
+    std::lock_guard lock(session().mutex);
+    communicator("load_state")
+        .load_state(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  });
+  m.def("stats", [] {
+    Stats st;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(session().mutex);
+      st = communicator("stats").stats();
+    }
+    py::dict d;
+    d["bytes_sent"] = st.bytes_sent;
+    d["bytes_received"] = st.bytes_received;
+    d["messages_sent"] = st.messages_sent;
+    d["ops"] = st.ops;
+    d["total_s"] = st.total_s;
+    d["reduce_s"] = st.reduce_s;
+    d["encode_s"] = st.encode_s;
+    d["decode_s"] = st.decode_s;
+    d["comm_s"] = st.comm_s();
+    return d;
+  });
+}

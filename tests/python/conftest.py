@@ -1,0 +1,63 @@
+"""Shared helpers: where things are, and launching ranks as real processes."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+EXAMPLES = os.path.normpath(os.path.join(HERE, "..", "..", "python_bindings", "examples"))
+PYTHON = sys.executable
+
+
+def gradcomm_run():
+    """The built launcher (ctest sets GRADCOMM_RUN); skips the test when absent."""
+    path = os.environ.get("GRADCOMM_RUN")
+    if not path or not os.access(path, os.X_OK):
+        pytest.skip("GRADCOMM_RUN does not name the built gradcomm-run (ctest sets it)")
+    return path
+
+
+def torchrun_command():
+    """torchrun, or `python -m torch.distributed.run` for the same interpreter."""
+    exe = shutil.which("torchrun")
+    if exe:
+        with open(exe, "rb") as f:
+            first = f.readline()
+        # Debian's torchrun runs /usr/bin/python3; only use it when that is us.
+        if first.startswith(b"#!") and os.path.realpath(first[2:].strip().split()[0].decode()) == os.path.realpath(PYTHON):
+            return [exe]
+    return [PYTHON, "-m", "torch.distributed.run"]
+
+
+def run(cmd, timeout=150, env=None):
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                          env=full_env)
+
+
+def launch(n, script, *args, timeout=150, env=None):
+    """Runs `script` on n ranks under gradcomm-run; returns the CompletedProcess."""
+    cmd = [gradcomm_run(), "-n", str(n), "--timeout", str(timeout - 10), "--", PYTHON, script, *map(str, args)]
+    return run(cmd, timeout=timeout, env=env)
+
+
+def ok_ranks(output, tag):
+    """The ranks that printed 'OK <tag>' (gradcomm-run prefixes lines with '[rank] ';
+    torchrun with 'rank: ' or nothing)."""
+    ranks = set()
+    for line in output.splitlines():
+        m = re.search(r"OK " + re.escape(tag) + r" rank=(\d+)\b", line)
+        if m:
+            ranks.add(int(m.group(1)))
+    return ranks
+
+
+def expect_ok(result, n, tag):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}"
+    assert ok_ranks(result.stdout, tag) == set(range(n)), result.stdout

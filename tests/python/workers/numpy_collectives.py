@@ -1,0 +1,125 @@
+"""Rank program (under gradcomm-run): numpy collectives against closed-form and
+independently computed expectations. Prints 'OK numpy rank=R' when all hold."""
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+import gradcomm
+
+gradcomm.init()
+r, n = gradcomm.rank(), gradcomm.size()
+assert (r, n) == (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])), (r, n)
+assert gradcomm._init_source == "environment"
+assert "torch" not in sys.modules  # numpy alone: no torch import behind the user's back
+
+# ---- dense: rank r contributes r + i, so every result is known exactly -------------
+rank_sum = n * (n - 1) // 2
+for dtype in (np.float32, np.float64, np.int32, np.int64, np.float16):
+    for numel in (0, 1, n - 1, 7, 1000, 100_003):
+        x = (np.arange(numel) % 50 + r).astype(dtype)
+        y = gradcomm.allreduce(x)
+        assert y is x
+        expect = (n * (np.arange(numel) % 50) + rank_sum).astype(dtype)
+        np.testing.assert_array_equal(x, expect, err_msg=f"sum {dtype} numel={numel}")
+x = np.full((3, 5), r + 1, np.uint8)
+gradcomm.allreduce(x)
+np.testing.assert_array_equal(x, np.full((3, 5), n * (n + 1) // 2, np.uint8))
+
+x = (np.arange(64) + r).astype(np.float64)
+gradcomm.allreduce(x, op="avg")
+np.testing.assert_allclose(x, np.arange(64) + rank_sum / n, rtol=1e-15)
+x = (np.arange(64) * (r + 1)).astype(np.int64)
+gradcomm.allreduce(x, op="max")
+np.testing.assert_array_equal(x, np.arange(64) * n)
+x = (np.arange(64) - r).astype(np.float32)
+gradcomm.allreduce(x, op="min")
+np.testing.assert_array_equal(x, np.arange(64) - (n - 1))
+
+# ---- allgather, broadcast, barrier ----------------------------------------------------
+x = np.full((2, 3), r, np.int32)
+out = gradcomm.allgather(x)
+assert out.shape == (n, 2, 3)
+for k in range(n):
+    np.testing.assert_array_equal(out[k], np.full((2, 3), k, np.int32))
+x = np.arange(10, dtype=np.float64) * (r + 1)
+root = n - 1
+gradcomm.broadcast(x, root=root)
+np.testing.assert_array_equal(x, np.arange(10, dtype=np.float64) * n)
+gradcomm.barrier()
+
+# ---- compressed: top-k against a numpy top-k of every rank's input --------------------
+numel, k = 5000, 50
+grads = [np.random.default_rng(100 + q).standard_normal(numel).astype(np.float32) for q in range(n)]
+x = grads[r].copy()
+gradcomm.allreduce(x, op="avg", compression=f"topk:k={k}", name="w")
+expect = np.zeros(numel, np.float64)
+for q in range(n):
+    idx = np.argsort(-np.abs(grads[q]), kind="stable")[:k]
+    expect[idx] += grads[q][idx]
+expect /= n
+np.testing.assert_allclose(x, expect, rtol=1e-6, atol=1e-7)
+assert np.count_nonzero(x) <= n * k
+# Every rank holds bitwise the same result.
+everyone = gradcomm.allgather(x)
+for q in range(n):
+    assert everyone[q].tobytes() == x.tobytes(), f"rank {q} differs"
+
+# QSGD: bitwise identical on every rank, and an unbiased estimate close to the mean.
+x = grads[r].copy()
+gradcomm.allreduce(x, op="avg", compression="qsgd:levels=64", name="q")
+everyone = gradcomm.allgather(x)
+for q in range(n):
+    assert everyone[q].tobytes() == x.tobytes(), f"qsgd: rank {q} differs"
+mean = np.mean(grads, axis=0)
+assert np.linalg.norm(x - mean) < 0.5 * np.linalg.norm(mean), np.linalg.norm(x - mean) / np.linalg.norm(mean)
+
+# Compression puts fewer bytes on the wire than the dense ring.
+big = np.random.default_rng(r).standard_normal(200_000).astype(np.float32)
+s0 = gradcomm.stats()["bytes_sent"]
+gradcomm.allreduce(big.copy(), op="avg")
+s1 = gradcomm.stats()["bytes_sent"]
+gradcomm.allreduce(big.copy(), op="avg", compression="topk:ratio=0.01", name="big")
+s2 = gradcomm.stats()["bytes_sent"]
+dense, sparse = s1 - s0, s2 - s1
+assert sparse * 5 < dense, (dense, sparse)
+
+# ---- state dict: restoring it replays the same compressed step ------------------------
+saved = gradcomm.state_dict()
+g = grads[r] * 0.5
+a = gradcomm.allreduce(g.copy(), op="avg", compression=f"topk:k={k}", name="w")
+gradcomm.load_state_dict(saved)
+b = gradcomm.allreduce(g.copy(), op="avg", compression=f"topk:k={k}", name="w")
+assert a.tobytes() == b.tobytes()
+
+# ---- the GIL is released while a collective waits --------------------------------------
+# Rank 0 waits ~0.5 s in allreduce for the late rank 1; a Python thread must keep running.
+ticks, stop = 0, False
+
+
+def spin():
+    global ticks
+    while not stop:
+        ticks += 1
+        time.sleep(0.001)
+
+
+if r == 0:
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    time.sleep(0.05)
+else:
+    time.sleep(0.5)
+before = ticks
+t0 = time.monotonic()
+gradcomm.allreduce(np.ones(10, np.float32))
+waited, during = time.monotonic() - t0, ticks - before
+if r == 0:
+    stop = True
+    spinner.join()
+    assert waited > 0.2 and during >= 20, (waited, during)
+
+print(f"OK numpy rank={r} dense={dense} topk={sparse}", flush=True)
+gradcomm.shutdown()
