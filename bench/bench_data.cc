@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compressors/spec.h"
+#include "env.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 
@@ -107,6 +108,31 @@ void fill(const BenchBuffer& buf, DType dtype, int64_t count, Device device, Fil
 }
 
 }  // namespace
+
+int bench_cuda_device() {
+  int local = 0;
+  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (auto v = detail::env_string(name)) {
+      try {
+        local = std::stoi(*v);
+      } catch (const std::exception&) {
+        throw InvalidArgument(fmt::format("--device cuda: {}='{}' is not a local rank", name, *v));
+      }
+      break;
+    }
+  }
+#if GRADCOMM_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    (void)cudaGetLastError();
+    throw Unsupported("--device cuda: no CUDA device on this machine");
+  }
+  return std::max(local, 0) % count;
+#else
+  (void)local;
+  no_cuda();
+#endif
+}
 
 BenchBuffer::BenchBuffer(int64_t bytes, Device device) : device_(device) {
   size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));  // never a null pointer, even for 0 bytes

@@ -32,6 +32,12 @@ class BenchBuffer {
   Device device_;
 };
 
+// The GPU this process benchmarks on: its local rank (LOCAL_RANK from gradcomm-run
+// or torchrun, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID; else 0) modulo the
+// visible devices, so ranks on one host spread over its GPUs. Unsupported without
+// a CUDA device or a CUDA build.
+int bench_cuda_device();
+
 // Writes rank `rank`'s closed-form input.
 void fill_check_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device);
 // Timing input: the same values for floating types; zeros for integer types, so

@@ -1,7 +1,13 @@
 // gradcomm-bench: nccl-tests-style table for gradcomm's allreduce/allgather, with
-// a peer library (MPI, Gloo) measured in the same run on the same sizes.
+// a peer library (MPI, Gloo on host memory; NCCL on GPU memory) measured in the
+// same run on the same sizes.
 //
 //   gradcomm-run -n 2 gradcomm-bench -b 1K -e 64M -f 4 --baseline mpi --check
+//   gradcomm-run -n 2 gradcomm-bench --device cuda -b 1K -e 256M --baseline nccl --check
+//
+// With --device cuda each rank uses GPU (local rank mod visible GPUs); gradcomm's
+// calls are stream-ordered on the legacy default stream, and each timed loop ends
+// with a synchronize (gradcomm's and the baseline's) inside the timing.
 //
 // Per size: gradcomm warms up and runs its timed loop, then the baseline does the
 // same on the same buffers (interleaved by size, so both see the machine in the
@@ -89,6 +95,7 @@ Plan validate(const Options& o) {
   if (o.iters < 1 || o.warmup < 0) throw InvalidArgument("-n must be at least 1 and -w at least 0");
   p.dtype = parse_dtype(o.dtype);
   p.device.type = o.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
+  if (p.device.type == DeviceType::kCuda) p.device.index = bench_cuda_device();
   if (p.op == BenchOp::kAllgather && o.compressor != "none") {
     throw InvalidArgument(fmt::format("--compressor '{}': compressors apply to allreduce only", o.compressor));
   }
@@ -97,8 +104,11 @@ Plan validate(const Options& o) {
   }
   if (p.device.type == DeviceType::kCuda && (o.baseline == "mpi" || o.baseline == "gloo")) {
     throw Unsupported(fmt::format("--baseline {} runs on host memory only; use --device cpu (or --baseline nccl "
-                                  "on a GPU, once built)",
+                                  "with --device cuda)",
                                   o.baseline));
+  }
+  if (p.device.type != DeviceType::kCuda && o.baseline == "nccl") {
+    throw InvalidArgument("--baseline nccl runs on GPU memory: add --device cuda");
   }
   return p;
 }
@@ -209,9 +219,11 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
     fill_timing_input(in, p_.dtype, in_count, rank, p_.device);
     baseline_->prepare(p_.op, p_.dtype, in.data(), out.data(), in_count);
     for (int i = 0; i < o_.warmup; ++i) baseline_->run();
+    baseline_->synchronize();
     comm_.barrier();
     double b0 = now_us();
     for (int i = 0; i < o_.iters; ++i) baseline_->run();
+    baseline_->synchronize();
     s.base_us = (now_us() - b0) / n;
   }
 
@@ -234,6 +246,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
       if (gather) clear_buffer(out, count * elt, p_.device);
       comm_.barrier();
       baseline_->run();
+      baseline_->synchronize();
       s.wrong_base = static_cast<double>(count_wrong(in, out, count, per_rank));
     }
   }
@@ -330,6 +343,7 @@ int run(const Options& options) {
     setup.rank = comm->rank();
     setup.world_size = comm->size();
     setup.timeout = cfg.timeout;
+    setup.device = plan.device;
     baseline = make_baseline(options.baseline, setup);
     baseline->validate(plan.op, plan.dtype);
   }
@@ -387,8 +401,8 @@ int rank_for_messages() {
 int main(int argc, char** argv) {
   using gradcomm::bench::Options;
   Options o;
-  CLI::App app{"gradcomm-bench: nccl-tests-style benchmark of gradcomm's collectives, with MPI or Gloo measured "
-               "in the same run. Start it under a launcher (gradcomm-run -n N, mpirun, srun)."};
+  CLI::App app{"gradcomm-bench: nccl-tests-style benchmark of gradcomm's collectives, with MPI, Gloo or NCCL "
+               "measured in the same run. Start it under a launcher (gradcomm-run -n N, mpirun, srun)."};
   app.add_option("--op", o.op, "Collective")->check(CLI::IsMember({"allreduce", "allgather"}))->capture_default_str();
   app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (bytes; K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();

@@ -8,7 +8,18 @@
 #include "collectives/collectives.h"
 #include "logging.h"
 
+#if GRADCOMM_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/device.h"
+#include "gpu_context.h"
+#endif
+
 namespace gradcomm::detail {
+
+#if !GRADCOMM_WITH_CUDA
+class GpuContext {};  // never created without CUDA; complete only so the unique_ptr can be destroyed
+#endif
 
 namespace {
 // Polls this many times without progress before sleeping in wait_for_event().
@@ -143,6 +154,13 @@ void Op::wait_all(std::vector<RequestPtr>& requests, const char* what) {
   }
 }
 
+void Op::count_wire(uint64_t sent, uint64_t received, uint64_t messages) {
+  auto& stats = comm_.mutable_stats();
+  stats.bytes_sent += sent;
+  stats.bytes_received += received;
+  stats.messages_sent += messages;
+}
+
 void Op::finish() {
   check_header();
   if (header_send_) spin_until_done(*header_send_, "call header to the right neighbour");
@@ -167,14 +185,68 @@ CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::ch
                                    std::unique_ptr<Store> store)
     : transport_(std::move(transport)), store_(std::move(store)), timeout_(timeout) {}
 
-// Transport first: its teardown may still need the store's peers, never the reverse.
+// GPU side first (its NCCL communicator finalizes on its own, and its waits may
+// call into the transport); then the transport, whose teardown may still need the
+// store's peers, never the reverse.
 CommunicatorImpl::~CommunicatorImpl() {
+  gpu_.reset();
   transport_.reset();
   store_.reset();
 }
 
 void CommunicatorImpl::mark_failed(ErrorCode code, const std::string& message) {
   if (!failure_) failure_.emplace(code, message);
+#if GRADCOMM_WITH_CUDA
+  // NCCL kernels of this or earlier calls may wait on a peer that will never
+  // come: aborting the NCCL communicator releases them.
+  gpu_abort();
+#endif
+}
+
+void CommunicatorImpl::set_transport_preference(const std::string& preference) {
+  if (preference != "auto" && preference != "ucx" && preference != "nccl") {
+    throw InvalidArgument(fmt::format("rank {}: transport '{}' unknown; accepted: auto, ucx, nccl", rank(), preference));
+  }
+  transport_preference_ = preference;
+}
+
+std::string CommunicatorImpl::cuda_path() const {
+#if GRADCOMM_WITH_CUDA
+  if (gpu_) return gpu_->path() == GpuPath::kNccl ? "nccl" : "staging";
+#endif
+  return "";
+}
+
+void CommunicatorImpl::watch_for_aborts() {
+  transport_->progress();
+  while (auto incoming = transport_->poll_abort()) {
+    if (!pending_abort_) pending_abort_ = std::move(*incoming);
+  }
+  if (pending_abort_) {
+    throw_error(pending_abort_->code, fmt::format("rank {}: GPU work abandoned: rank {} reported: {}", rank(),
+                                                  pending_abort_->origin, pending_abort_->text));
+  }
+}
+
+void CommunicatorImpl::synchronize() {
+#if GRADCOMM_WITH_CUDA
+  if (!gpu_) return;  // no CUDA call yet: nothing in flight, nothing new to report
+  check_usable();
+  try {
+    gpu_synchronize();
+  } catch (const std::exception& e) {
+    auto* error = dynamic_cast<const Error*>(&e);
+    const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
+    const std::string message = fmt::format("rank {}: synchronize (after call #{}): {}", rank(), next_seq_ - 1,
+                                            e.what());
+    if (!failure_) {
+      mark_failed(code, message);
+      transport_->send_abort(ControlMessage{code, rank(), next_seq_ - 1, message.substr(0, ControlMessage::kMaxText)});
+      transport_->abandon_pending(kAbandonGrace);
+    }
+    throw_error(code, message);
+  }
+#endif
 }
 
 void CommunicatorImpl::check_usable() const {
@@ -197,9 +269,35 @@ void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const c
                                       t.numel));
   }
   if (t.device.type == DeviceType::kCuda) {
-    throw Unsupported(fmt::format("rank {}: {}: {} is a CUDA tensor; this build's CPU transport ({}) takes host "
-                                  "memory only",
-                                  rank(), op, name, transport_->name()));
+#if GRADCOMM_WITH_CUDA
+    require_cuda_device(t.device.index, fmt::format("rank {}: {}: {} on cuda:{}", rank(), op, name,
+                                                    t.device.index).c_str());
+    if (t.numel > 0) {
+      // NCCL and the copies would fault (or silently read the wrong memory) on a
+      // pointer that is not this device's: catch a mislabelled tensor here.
+      cudaPointerAttributes attributes{};
+      const cudaError_t status = cudaPointerGetAttributes(&attributes, t.data);
+      if (status != cudaSuccess) (void)cudaGetLastError();
+      const bool device_memory = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
+                                                           attributes.type == cudaMemoryTypeManaged);
+      if (!device_memory) {
+        throw InvalidArgument(fmt::format("rank {}: {}: {} is labelled cuda:{} but {:p} is not CUDA device memory "
+                                          "(host memory? pass Device{{DeviceType::kCpu}})",
+                                          rank(), op, name, t.device.index, t.data));
+      }
+      if (attributes.type == cudaMemoryTypeDevice && attributes.device != t.device.index) {
+        throw InvalidArgument(fmt::format("rank {}: {}: {} is labelled cuda:{} but its memory is on cuda:{}", rank(),
+                                          op, name, t.device.index, attributes.device));
+      }
+    }
+#else
+    throw Unsupported(fmt::format("rank {}: {}: {} is a CUDA tensor, but this gradcomm was built without CUDA "
+                                  "(configure with GRADCOMM_CUDA=ON)",
+                                  rank(), op, name));
+#endif
+  } else if (t.device.type != DeviceType::kCpu) {
+    throw InvalidArgument(fmt::format("rank {}: {}: {} has an unknown device type {}", rank(), op, name,
+                                      static_cast<int>(t.device.type)));
   }
 }
 
@@ -254,7 +352,15 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
   header.numel = t.numel;
   header.compressor = spec->id == CompressorId::kNone ? "none" : spec->canonical();
   header.compressor_hash = fnv1a32(header.compressor);
+  const bool cuda = t.device.type == DeviceType::kCuda;
   if (spec->id == CompressorId::kNone) {
+#if GRADCOMM_WITH_CUDA
+    if (cuda) {
+      gpu_setup(t.device.index, "allreduce");
+      run(header, [&](Op& op) { gpu_allreduce(op, t, reduce_op, options.stream, nullptr); });
+      return;
+    }
+#endif
     run(header, [&](Op& op) { dense_allreduce(op, t.data, t.numel, t.dtype, reduce_op); });
     return;
   }
@@ -286,6 +392,20 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
     header.step = key->step;
   }
   const uint64_t key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+#if GRADCOMM_WITH_CUDA
+  if (cuda) {
+    gpu_setup(t.device.index, "allreduce");
+    run(header, [&](Op& op) {
+      const std::function<void(float*)> engine = [&](float* host) {
+        compression_.allreduce(op, host, t.numel, reduce_op, *spec, key, key_hash);
+      };
+      gpu_allreduce(op, t, reduce_op, options.stream, t.numel > 0 ? &engine : nullptr);
+    });
+    if (key != nullptr) key->step += 1;
+    return;
+  }
+#endif
+  (void)cuda;
   run(header, [&](Op& op) {
     if (t.numel > 0) compression_.allreduce(op, static_cast<float*>(t.data), t.numel, reduce_op, *spec, key, key_hash);
   });
@@ -304,10 +424,23 @@ void CommunicatorImpl::allgather(TensorView in, TensorView out) {
     throw InvalidArgument(fmt::format("rank {}: allgather: output has {} elements, expected size() * input = {} * {}",
                                       rank(), out.numel, size(), in.numel));
   }
+  if (in.device.type != out.device.type || (in.device.type == DeviceType::kCuda && in.device.index != out.device.index)) {
+    throw InvalidArgument(fmt::format("rank {}: allgather: input and output must be on one device (input {}:{}, "
+                                      "output {}:{})",
+                                      rank(), in.device.type == DeviceType::kCuda ? "cuda" : "cpu", in.device.index,
+                                      out.device.type == DeviceType::kCuda ? "cuda" : "cpu", out.device.index));
+  }
   WireHeader header;
   header.op = OpKind::kAllgather;
   header.dtype = in.dtype;
   header.numel = in.numel;
+#if GRADCOMM_WITH_CUDA
+  if (in.device.type == DeviceType::kCuda) {
+    gpu_setup(in.device.index, "allgather");
+    run(header, [&](Op& op) { gpu_allgather(op, in, out); });
+    return;
+  }
+#endif
   run(header, [&](Op& op) {
     const size_t elem = dtype_size(in.dtype);
     auto* base = static_cast<uint8_t*>(out.data);
@@ -356,6 +489,13 @@ void CommunicatorImpl::broadcast(TensorView t, int root) {
   header.dtype = t.dtype;
   header.numel = t.numel;
   header.root = root;
+#if GRADCOMM_WITH_CUDA
+  if (t.device.type == DeviceType::kCuda) {
+    gpu_setup(t.device.index, "broadcast");
+    run(header, [&](Op& op) { gpu_broadcast(op, t, root); });
+    return;
+  }
+#endif
   run(header, [&](Op& op) {
     if (size() > 1 && t.numel > 0) chain_broadcast(op, t.data, t.nbytes(), root);
   });
@@ -368,6 +508,31 @@ void CommunicatorImpl::barrier() {
     if (size() > 1) dissemination_barrier(op);
   });
 }
+
+#if GRADCOMM_WITH_CUDA
+void CommunicatorImpl::gpu_setup(int device, const char* op_name) {
+  if (gpu_) {
+    if (device != gpu_->device()) {
+      throw InvalidArgument(fmt::format("rank {}: {}: tensor on cuda:{}, but this communicator is bound to cuda:{} "
+                                        "(its first CUDA tensor's device); use one device per communicator",
+                                        rank(), op_name, device, gpu_->device()));
+    }
+    return;
+  }
+  // A numbered call of its own, so a rank whose first CUDA call differs is caught
+  // by the header check ("allgatherv(..., cuda-setup) #k" against its call).
+  WireHeader header;
+  header.op = OpKind::kAllgatherv;
+  header.dtype = DType::kUInt8;
+  header.numel = static_cast<int64_t>(GpuRankRecord::kBytes);
+  header.compressor = "cuda-setup";
+  header.compressor_hash = fnv1a32(header.compressor);
+  run(header, [&](Op& op) {
+    gpu_ = create_gpu_context(op, device, transport_preference_, timeout_, [this] { watch_for_aborts(); });
+  });
+  stats_.ops -= 1;  // internal: Stats::ops counts the user's collectives
+}
+#endif
 
 void CommunicatorImpl::connect_barrier() {
   WireHeader header;

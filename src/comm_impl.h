@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 namespace gradcomm::detail {
 
 class CommunicatorImpl;
+class GpuContext;  // gpu_context.h (CUDA builds only)
 
 // One collective call in flight: its header, deadline and the wait loop. Every
 // blocking wait of an algorithm goes through wait(), which drives the transport,
@@ -47,6 +49,9 @@ class Op {
   // posted (anything else is CorruptPayload). `what` names the step for errors.
   void wait(Request& request, const char* what);
   void wait_all(std::vector<RequestPtr>& requests, const char* what);
+
+  // Wire traffic that did not go through send()/recv() (NCCL groups), for Stats.
+  void count_wire(uint64_t sent, uint64_t received, uint64_t messages);
 
   // Adds the scope's wall time to one phase of Stats: &Stats::reduce_s,
   // &Stats::encode_s or &Stats::decode_s.
@@ -104,6 +109,14 @@ class CommunicatorImpl {
   std::vector<int64_t> allgatherv(const void* in, int64_t count, DType dtype, std::vector<uint8_t>& out);
   void broadcast(TensorView t, int root);
   void barrier();
+  // Waits for the stream-ordered work of CUDA calls (with the deadline) and
+  // raises its error; for CPU tensors, whose calls block, there is nothing to do.
+  void synchronize();
+  // "auto" | "ucx" | "nccl" (InitOptions::transport): how CUDA tensors travel,
+  // decided at the first CUDA call (gpu_plan.h). Set before any call.
+  void set_transport_preference(const std::string& preference);
+  // "nccl" or "staging" once the first CUDA call chose; "" before (tests, logs).
+  std::string cuda_path() const;
   // The last step of creation: a barrier numbered 0 (user calls count from 1).
   void connect_barrier();
 
@@ -125,6 +138,19 @@ class CommunicatorImpl {
   void run(WireHeader header, Body&& body, bool numbered = true);
   void check_usable() const;
   void check_tensor(const TensorView& t, const char* op, const char* name) const;
+  // CUDA tensors (comm_impl_cuda.cc, CUDA builds only). gpu_setup runs the
+  // numbered setup call at a communicator's first CUDA call (every rank's first
+  // CUDA call must be the same call) and checks the device later on; the others
+  // run inside the call's Op and only enqueue on the NCCL path.
+  void gpu_setup(int device, const char* op);
+  void gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream,
+                     const std::function<void(float* host)>* compressed);
+  void gpu_allgather(Op& op, TensorView in, TensorView out);
+  void gpu_broadcast(Op& op, TensorView t, int root);
+  void gpu_synchronize();
+  void gpu_abort() noexcept;
+  // Raises an abort another rank sent, if one has arrived (GPU waits poll it).
+  void watch_for_aborts();
 
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Store> store_;  // rank 0 serves the TCP store for the job's lifetime
@@ -135,6 +161,8 @@ class CommunicatorImpl {
   CompressionEngine compression_;
   std::optional<std::pair<ErrorCode, std::string>> failure_;
   std::optional<ControlMessage> pending_abort_;
+  std::string transport_preference_ = "auto";
+  std::unique_ptr<GpuContext> gpu_;  // created at the first CUDA call
 };
 
 }  // namespace gradcomm::detail

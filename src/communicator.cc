@@ -26,12 +26,15 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
   if (config.world_size == 1) {
     auto transports = detail::create_inproc_transports(1);
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transports[0]), config.timeout);
+    impl->set_transport_preference(config.transport);  // how CUDA tensors travel (staging or NCCL)
     return std::make_unique<Communicator>(std::move(impl));
   }
+#if !GRADCOMM_WITH_CUDA
   if (config.transport == "nccl") {
-    throw Unsupported(fmt::format("rank {}: transport 'nccl' is not built into this gradcomm; use 'ucx' or 'auto'",
+    throw Unsupported(fmt::format("rank {}: transport 'nccl' needs a gradcomm built with CUDA; use 'ucx' or 'auto'",
                                   config.rank));
   }
+#endif
   detail::StoreOptions store_options;
   store_options.url = config.store;
   store_options.rank = config.rank;
@@ -47,6 +50,7 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
     const std::string name = transport->name();
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));
+    impl->set_transport_preference(config.transport);
     // Over the transport, not the store: once every rank is through, none needs
     // the store again, so rank 0 may exit at any later point without stranding a
     // rank that is still finishing its rendezvous.
@@ -73,7 +77,7 @@ void Communicator::allreduce(TensorView t, ReduceOp op, const CompressOptions& o
 void Communicator::allgather(TensorView in, TensorView out) { impl_->allgather(in, out); }
 void Communicator::broadcast(TensorView t, int root) { impl_->broadcast(t, root); }
 void Communicator::barrier() { impl_->barrier(); }
-void Communicator::synchronize() {}  // CPU collectives are blocking: nothing is ever in flight here
+void Communicator::synchronize() { impl_->synchronize(); }
 
 std::vector<uint8_t> Communicator::save_state() const { return impl_->save_state(); }
 void Communicator::load_state(std::span<const uint8_t> bytes) { impl_->load_state(bytes); }

@@ -10,6 +10,9 @@
 #if GRADCOMM_BENCH_HAVE_GLOO
 #include "baselines/gloo_baseline.h"
 #endif
+#if GRADCOMM_BENCH_HAVE_NCCL
+#include "baselines/nccl_baseline.h"
+#endif
 
 namespace gradcomm::bench {
 
@@ -33,8 +36,12 @@ std::unique_ptr<Baseline> make_baseline(const std::string& name, const BaselineS
 #endif
   }
   if (name == "nccl") {
-    throw Unsupported("--baseline nccl: not built yet (the NCCL peer needs --device cuda and a GPU; "
-                      "use --baseline mpi or gloo on CPU)");
+#if GRADCOMM_BENCH_HAVE_NCCL
+    return std::make_unique<NcclBaseline>(setup);
+#else
+    throw Unsupported("--baseline nccl: this gradcomm-bench was built without CUDA (configure with "
+                      "GRADCOMM_CUDA=ON); on CPU use --baseline mpi or gloo");
+#endif
   }
   throw InvalidArgument(fmt::format("--baseline '{}': expected mpi, gloo, nccl or none", name));
 }

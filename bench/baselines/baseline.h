@@ -1,6 +1,6 @@
-// A peer library measured beside gradcomm in the same run (MPI, Gloo). The bench
-// sees only this interface; each peer lives in its own file and is compiled in
-// only when its package was found (GRADCOMM_BENCH_HAVE_MPI / _GLOO).
+// A peer library measured beside gradcomm in the same run (MPI, Gloo, NCCL). The
+// bench sees only this interface; each peer lives in its own file and is compiled
+// in only when its package was found (GRADCOMM_BENCH_HAVE_MPI / _GLOO / _NCCL).
 #pragma once
 
 #include <chrono>
@@ -25,6 +25,7 @@ struct BaselineSetup {
   int rank = 0;
   int world_size = 1;
   std::chrono::milliseconds timeout{300'000};
+  Device device{};                 // where the bench's buffers live (NCCL: the rank's GPU)
 };
 
 class Baseline {
@@ -43,14 +44,18 @@ class Baseline {
   // allgather: `in` holds count elements, `out` size()*count, rank r's at r*count.
   // InvalidArgument/Unsupported for a dtype or count the peer cannot take.
   virtual void prepare(BenchOp op, DType dtype, void* in, void* out, int64_t count) = 0;
-  // One blocking collective on the prepared buffers. TransportError on failure.
+  // One collective on the prepared buffers: blocking for host peers (MPI, Gloo);
+  // enqueued on the stream for GPU peers (NCCL). TransportError on failure.
   virtual void run() = 0;
+  // Waits until every run() so far has completed (GPU peers; host peers block in
+  // run() already). The bench calls it after each loop, inside the timing.
+  virtual void synchronize() {}
   // Collective teardown (MPI_Finalize) while every rank is still alive; the bench
   // calls it on all ranks, then a gradcomm barrier, then destroys the object.
   virtual void shutdown() {}
 };
 
-// "mpi" | "gloo". InvalidArgument for an unknown name, Unsupported for a peer this
+// "mpi" | "gloo" | "nccl". InvalidArgument for an unknown name, Unsupported for a peer this
 // binary was built without. Collective: every rank must call it together.
 std::unique_ptr<Baseline> make_baseline(const std::string& name, const BaselineSetup& setup);
 

@@ -1,0 +1,106 @@
+// CommunicatorImpl's CUDA branch (CUDA builds only): runs a call on CUDA tensors
+// inside its Op, on the path chosen at the first CUDA call (NCCL or staging), and
+// synchronize(). See gpu_context.h for the stream semantics and
+// collectives/gpu_collectives.h for the algorithms.
+//
+// Streams: allreduce is ordered on CompressOptions::stream (null = the legacy
+// default stream); allgather and broadcast take no options and use the legacy
+// default stream.
+#include <fmt/format.h>
+
+#include "collectives/collectives.h"
+#include "collectives/gpu_collectives.h"
+#include "comm_impl.h"
+#include "cuda/device.h"
+#include "gpu_context.h"
+
+namespace gradcomm::detail {
+
+void CommunicatorImpl::gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream_ptr,
+                                     const std::function<void(float* host)>* compressed) {
+  GpuContext& gpu = *gpu_;
+  DeviceGuard guard(gpu.device());
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  op.finish();  // every rank agrees on the call before anything is enqueued for it
+  gpu.begin(stream, "allreduce");
+  if (compressed != nullptr) {
+    // ---- seam: GPU codecs (issue C1) ----------------------------------------------
+    // Compressed calls run the CPU compression engine (the reference codecs, the
+    // same payload bytes the GPU codecs produce, error feedback state on the host
+    // as for CPU tensors) on a pinned host copy of the whole tensor. When the GPU
+    // codecs land, the NCCL path replaces this block: encode on `stream`, the
+    // compressed ring / sparse allgather / sketch rounds as NCCL groups, decode
+    // on `stream`, with the residual in device memory.
+    const int64_t bytes = t.nbytes();
+    StagedCopy copy;
+    copy.down_src = t.data;
+    copy.down_bytes = bytes;
+    copy.up_dst = t.data;
+    copy.up_bytes = bytes;
+    copy.host_bytes = bytes;
+    staged_call(op, gpu, copy, stream, [&](uint8_t* host) { (*compressed)(reinterpret_cast<float*>(host)); });
+  } else if (gpu.path() == GpuPath::kNccl) {
+    nccl_ring_allreduce(op, gpu, t.data, t.numel, t.dtype, reduce_op, stream);
+  } else {
+    staged_dense_allreduce(op, gpu, t.data, t.numel, t.dtype, reduce_op, stream);
+  }
+  gpu.end(stream);
+}
+
+void CommunicatorImpl::gpu_allgather(Op& op, TensorView in, TensorView out) {
+  GpuContext& gpu = *gpu_;
+  DeviceGuard guard(gpu.device());
+  const cudaStream_t stream = nullptr;
+  op.finish();
+  gpu.begin(stream, "allgather");
+  const int64_t bytes = in.nbytes();
+  if (gpu.path() == GpuPath::kNccl) {
+    nccl_allgather(op, gpu, in.data, out.data, bytes, stream);
+  } else {
+    StagedCopy copy;
+    copy.down_src = in.data;
+    copy.down_bytes = bytes;
+    copy.down_offset = bytes * op.rank();
+    copy.up_dst = out.data;
+    copy.up_bytes = bytes * op.size();
+    copy.host_bytes = bytes * op.size();
+    staged_call(op, gpu, copy, stream, [&](uint8_t* host) {
+      if (op.size() > 1 && bytes > 0) {
+        ring_allgatherv(op, host, std::vector<int64_t>(op.size(), in.numel), dtype_size(in.dtype), /*unit_base=*/0);
+      }
+    });
+  }
+  gpu.end(stream);
+}
+
+void CommunicatorImpl::gpu_broadcast(Op& op, TensorView t, int root) {
+  GpuContext& gpu = *gpu_;
+  DeviceGuard guard(gpu.device());
+  const cudaStream_t stream = nullptr;
+  op.finish();
+  gpu.begin(stream, "broadcast");
+  const int64_t bytes = t.nbytes();
+  if (gpu.path() == GpuPath::kNccl) {
+    nccl_broadcast(op, gpu, t.data, bytes, root, stream);
+  } else {
+    const bool is_root = op.rank() == root;
+    StagedCopy copy;
+    copy.down_src = t.data;
+    copy.down_bytes = is_root ? bytes : 0;
+    copy.up_dst = t.data;
+    copy.up_bytes = is_root ? 0 : bytes;
+    copy.host_bytes = bytes;
+    staged_call(op, gpu, copy, stream, [&](uint8_t* host) {
+      if (op.size() > 1 && bytes > 0) chain_broadcast(op, host, bytes, root);
+    });
+  }
+  gpu.end(stream);
+}
+
+void CommunicatorImpl::gpu_synchronize() { gpu_->synchronize("synchronize"); }
+
+void CommunicatorImpl::gpu_abort() noexcept {
+  if (gpu_) gpu_->abort();
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,91 @@
+// The communicator's GPU side (CUDA builds only): the device it is bound to, the
+// path its CUDA tensors take (NCCL, or pinned-host staging over UCX; chosen once,
+// at the first CUDA call, see gpu_plan.h), the NCCL communicator, and the cached
+// resources of the stream-ordered collectives.
+//
+// Stream semantics (DESIGN §3). A CUDA call is ordered on the caller's stream
+// and returns once its work is enqueued. Consecutive calls share scratch memory,
+// so begin() makes the new call's stream wait for the previous call's
+// completion event (device-side; the host does not block), and end() records it
+// again. synchronize() waits for that event, so it covers every call so far.
+//
+// Resources are grow-only and cached: once warm, a call allocates nothing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/buffer.h"
+#include "env.h"
+#include "gpu_plan.h"
+#include "transport/nccl/nccl_comm.h"
+
+namespace gradcomm::detail {
+
+class GpuContext {
+ public:
+  // `nccl` is null on the staging path. `watchdog` runs between the polls of
+  // every host wait (it raises aborts other ranks sent over the host transport).
+  GpuContext(int device, GpuPathChoice choice, std::unique_ptr<NcclComm> nccl, std::chrono::milliseconds timeout,
+             NcclComm::Watchdog watchdog);
+  ~GpuContext();
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+
+  int device() const { return device_; }
+  GpuPath path() const { return choice_.path; }
+  const std::string& reason() const { return choice_.reason; }
+  NcclComm* nccl() { return nccl_.get(); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Start of a call on `stream`: raises an asynchronous NCCL error left by an
+  // earlier call, then orders `stream` after the previous call.
+  void begin(cudaStream_t stream, const char* what);
+  // End of a call: `stream` now carries all of its work.
+  void end(cudaStream_t stream);
+  // Waits (host, polling, with the deadline) for every call enqueued so far.
+  void synchronize(const char* what);
+  // Host wait for `event` with the deadline, NCCL's async errors and the watchdog
+  // checked between polls. TimeoutError (NCCL aborted) when it passes.
+  void wait_event(cudaEvent_t event, const Deadline& deadline, const char* what);
+  // Tears the NCCL communicator down hard (after a failure elsewhere): kernels
+  // stuck on a peer that will never come are released.
+  void abort() noexcept;
+
+  // Cached resources (grow-only; contents undefined between calls).
+  DeviceBuffer& scratch(size_t bytes);
+  PinnedBuffer& pinned(size_t bytes);
+  cudaStream_t side_stream() { return side_.get(); }   // reduce kernels of the NCCL ring
+  cudaStream_t copy_stream() { return copy_.get(); }   // device-to-host copies of the staging path
+  // At least `n` events (created once, reused: a wait captures an event's latest record).
+  std::vector<Event>& events(size_t n);
+  Event& entry_event() { return entry_; }
+
+ private:
+  int device_;
+  GpuPathChoice choice_;
+  std::unique_ptr<NcclComm> nccl_;
+  std::chrono::milliseconds timeout_;
+  NcclComm::Watchdog watchdog_;
+  Stream side_, copy_;
+  Event last_done_, entry_;
+  bool any_call_ = false;
+  DeviceBuffer scratch_;
+  PinnedBuffer pinned_;
+  std::vector<Event> events_;
+};
+
+// Builds the GPU side at the first CUDA call, inside a numbered call `op` that
+// every rank makes (an allgather of GpuRankRecord over the host transport): each
+// rank reports its GPU, rank 0 adds an NCCL unique id, every rank derives the same
+// path from the same records, and on the NCCL path all ranks create the NCCL
+// communicator together. Logs the choice at info level.
+class Op;
+std::unique_ptr<GpuContext> create_gpu_context(Op& op, int device, const std::string& preference,
+                                               std::chrono::milliseconds timeout, NcclComm::Watchdog watchdog);
+
+}  // namespace gradcomm::detail

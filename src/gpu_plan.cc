@@ -1,0 +1,131 @@
+#include "gpu_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "gradcomm/errors.h"
+
+namespace gradcomm::detail {
+
+// ---- path choice ----------------------------------------------------------------------
+
+std::array<uint8_t, GpuRankRecord::kBytes> GpuRankRecord::serialize() const {
+  std::array<uint8_t, kBytes> out{};
+  uint8_t* p = out.data();
+  std::memcpy(p, uuid.data(), uuid.size());
+  p += uuid.size();
+  for (int i = 0; i < 4; ++i) *p++ = static_cast<uint8_t>(static_cast<uint32_t>(device) >> (8 * i));
+  for (int i = 0; i < 4; ++i) *p++ = static_cast<uint8_t>(flags >> (8 * i));
+  std::memcpy(p, unique_id.data(), unique_id.size());
+  return out;
+}
+
+GpuRankRecord GpuRankRecord::parse(std::span<const uint8_t> bytes) {
+  if (bytes.size() != kBytes) {
+    throw CorruptPayload(fmt::format("GPU setup record of {} bytes, expected {}", bytes.size(), kBytes));
+  }
+  GpuRankRecord r;
+  const uint8_t* p = bytes.data();
+  std::memcpy(r.uuid.data(), p, r.uuid.size());
+  p += r.uuid.size();
+  uint32_t device = 0;
+  for (int i = 0; i < 4; ++i) device |= static_cast<uint32_t>(*p++) << (8 * i);
+  r.device = static_cast<int32_t>(device);
+  for (int i = 0; i < 4; ++i) r.flags |= static_cast<uint32_t>(*p++) << (8 * i);
+  std::memcpy(r.unique_id.data(), p, r.unique_id.size());
+  return r;
+}
+
+std::string format_gpu_uuid(const std::array<uint8_t, 16>& u) {
+  std::string hex;
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) hex += '-';
+    hex += fmt::format("{:02x}", u[i]);
+  }
+  return "GPU-" + hex;
+}
+
+GpuPathChoice choose_gpu_path(const std::string& preference, const std::vector<GpuRankRecord>& ranks) {
+  if (preference != "auto" && preference != "ucx" && preference != "nccl") {
+    throw InvalidArgument(fmt::format("transport '{}' unknown; accepted: auto, ucx, nccl", preference));
+  }
+  if (preference == "ucx") {
+    return {GpuPath::kStaging, "transport=ucx: CUDA tensors are staged through pinned host memory over UCX"};
+  }
+  // The first pair of ranks on one GPU, in rank order (so every rank names the same pair).
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    for (size_t j = i + 1; j < ranks.size(); ++j) {
+      if (ranks[i].uuid != ranks[j].uuid) continue;
+      const std::string shared = fmt::format("ranks {} and {} share GPU {} (cuda:{} and cuda:{})", i, j,
+                                             format_gpu_uuid(ranks[i].uuid), ranks[i].device, ranks[j].device);
+      if (preference == "nccl") {
+        throw Unsupported(fmt::format("transport=nccl: {}; NCCL needs one GPU per rank. Use transport=auto or ucx "
+                                      "(CUDA tensors then go through pinned host memory over UCX), or give each "
+                                      "rank its own GPU (CUDA_VISIBLE_DEVICES, LOCAL_RANK)",
+                                      shared));
+      }
+      return {GpuPath::kStaging, shared + ": NCCL needs one GPU per rank, so CUDA tensors are staged through "
+                                          "pinned host memory over UCX"};
+    }
+  }
+  return {GpuPath::kNccl, fmt::format("every rank has its own GPU: CUDA tensors go over NCCL ({} rank{})",
+                                      ranks.size(), ranks.size() == 1 ? "" : "s")};
+}
+
+// ---- the NCCL ring allreduce schedule ---------------------------------------------------
+
+GpuRingPlan::GpuRingPlan(int size, int rank, int64_t numel, int64_t chunk_elems, int max_chunks, int slots)
+    : size_(size), rank_(rank), numel_(numel), slots_(std::max(slots, 1)) {
+  if (size_ <= 1) return;
+  const int64_t max_seg = (numel + size - 1) / size;
+  chunk_elems = std::max<int64_t>(chunk_elems, 1);
+  chunks_ = std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, std::max(max_chunks, 1));
+  rs_units_ = int64_t{size - 1} * chunks_;
+  slot_elems_ = (max_seg + chunks_ - 1) / chunks_;
+  // An event index is re-recorded event_slots() units later; the latest wait on it
+  // comes max(C, slots) units after its record (see unit()).
+  event_slots_ = static_cast<int>(std::max<int64_t>(chunks_, slots_)) + 1;
+}
+
+std::pair<int64_t, int64_t> GpuRingPlan::chunk(int s, int64_t j) const {
+  const int64_t b = seg_begin(s);
+  const int64_t len = seg_begin(s + 1) - b;
+  return {b + len * j / chunks_, b + len * (j + 1) / chunks_};
+}
+
+RingUnit GpuRingPlan::unit(int64_t u) const {
+  const int64_t C = chunks_;
+  const bool rs = u < rs_units_;
+  const int64_t k = (rs ? u : u - rs_units_) / C;
+  const int64_t j = u % C;
+  RingUnit out;
+  // Reduce-scatter step k: send segment r-k, receive r-k-1. Allgather step k:
+  // send r+1-k, receive r-k (the textbook ring; see ring_allreduce.cc).
+  std::tie(out.send_begin, out.send_end) = chunk(rs ? wrap(rank_ - k) : wrap(rank_ + 1 - k), j);
+  std::tie(out.recv_begin, out.recv_end) = chunk(rs ? wrap(rank_ - k - 1) : wrap(rank_ - k), j);
+  out.reduce = rs;
+  out.last_step = rs && k == size_ - 2;
+  if (rs) {
+    out.slot = static_cast<int>(u % slots_);
+    out.event_slot = static_cast<int>(u % event_slots_);
+    if (u >= slots_) out.slot_waits_for = u - slots_;
+  }
+  // What unit u sends was completed at unit u - C: reduced there if that was a
+  // reduce-scatter unit; an allgather receive is ordered on the stream already.
+  if (u >= C && u - C < rs_units_) out.send_waits_for = u - C;
+  return out;
+}
+
+// ---- staging chunks -------------------------------------------------------------------------
+
+std::vector<std::pair<int64_t, int64_t>> staging_chunks(int64_t numel, int64_t elem_bytes, int64_t chunk_bytes) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t step = std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(elem_bytes, 1));
+  for (int64_t b = 0; b < numel; b += step) out.emplace_back(b, std::min(numel, b + step));
+  return out;
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,115 @@
+// Host-side planning for CUDA tensors, free of CUDA headers so it is built (and
+// unit-tested) in every configuration:
+//  - which path CUDA tensors take (NCCL, or pinned-host staging over UCX), from
+//    the device identities every rank reports at the first CUDA call;
+//  - the schedule of the stream-ordered NCCL ring allreduce (which bytes each
+//    group moves, which reduce each group must wait for, which scratch slot and
+//    event a unit uses);
+//  - the chunks of the staged (UCX) dense allreduce.
+// The GPU code (gpu_context.cc, collectives/nccl_*.cc, collectives/staging.cc)
+// executes these plans; tests/unit/test_gpu_plan.cc executes them on the host.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gradcomm::detail {
+
+// ---- path choice ----------------------------------------------------------------
+
+// What a rank reports at its first CUDA call (fixed-size record, exchanged with an
+// allgather over the host transport). Rank 0's record also carries the NCCL unique
+// id, so one exchange both decides the path and, when it is NCCL, bootstraps it.
+struct GpuRankRecord {
+  static constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+  static constexpr size_t kBytes = 16 + 4 + 4 + kUniqueIdBytes;
+  std::array<uint8_t, 16> uuid{};  // cudaDeviceProp::uuid: identifies the physical GPU across processes
+  int32_t device = 0;              // this rank's device index (for messages)
+  uint32_t flags = 0;              // reserved, zero
+  std::array<uint8_t, kUniqueIdBytes> unique_id{};  // rank 0 only; zeros elsewhere
+
+  std::array<uint8_t, kBytes> serialize() const;
+  static GpuRankRecord parse(std::span<const uint8_t> bytes);  // exactly kBytes; never fails otherwise
+};
+
+enum class GpuPath : uint8_t { kNccl, kStaging };
+
+struct GpuPathChoice {
+  GpuPath path = GpuPath::kStaging;
+  std::string reason;  // for the info log line
+};
+
+// `preference`: "auto" (NCCL unless two ranks share a GPU: NCCL refuses two ranks
+// on one device), "ucx" (always staging), "nccl" (NCCL; Unsupported, naming the
+// ranks and the GPU, when two ranks share one). Deterministic in its inputs, so
+// every rank, given the same records, decides the same. InvalidArgument for an
+// unknown preference.
+GpuPathChoice choose_gpu_path(const std::string& preference, const std::vector<GpuRankRecord>& ranks);
+
+// "GPU-1a2b3c4d-..." as nvidia-smi prints it.
+std::string format_gpu_uuid(const std::array<uint8_t, 16>& uuid);
+
+// ---- the NCCL ring allreduce schedule ---------------------------------------------
+
+// The ring of ring_allreduce.cc (reduce-scatter then allgather, segments cut into C
+// chunks, unit u = step * C + chunk) as a sequence of NCCL groups on the caller's
+// stream, one group per unit: {send send_range(u) to the right, receive
+// recv_range(u) from the left}. Reduce-scatter receives land in scratch slot
+// slot(u) and are folded into the data by a reduce kernel on a side stream, which
+// records event event_slot(u) when done. Before group u is enqueued the caller's
+// stream waits for two reduces (either may be none, -1):
+//   send_waits_for(u): the reduce that produced the chunk group u sends;
+//   slot_waits_for(u): the reduce that last read the scratch slot group u fills.
+// So the reduce of chunk j runs while chunk j+1 is on the wire.
+struct RingUnit {
+  int64_t send_begin = 0, send_end = 0;  // elements of the data
+  int64_t recv_begin = 0, recv_end = 0;  // elements of the data (target of the reduce or the copy)
+  bool reduce = false;                   // reduce-scatter unit: received into a slot, then reduced
+  bool last_step = false;                // the owner's last fold: applies an average's division
+  int slot = -1;                         // scratch slot (reduce units)
+  int event_slot = -1;                   // event recorded after this unit's reduce
+  int64_t send_waits_for = -1;
+  int64_t slot_waits_for = -1;
+};
+
+class GpuRingPlan {
+ public:
+  // `chunk_elems`: preferred chunk; the chunk count per segment is capped at
+  // `max_chunks` (bigger chunks for huge tensors, so the event pool stays small).
+  GpuRingPlan(int size, int rank, int64_t numel, int64_t chunk_elems, int max_chunks, int slots);
+
+  int64_t units() const { return size_ > 1 ? 2 * rs_units_ : 0; }
+  int64_t chunks() const { return chunks_; }
+  int slots() const { return slots_; }
+  int64_t slot_elems() const { return slot_elems_; }
+  int event_slots() const { return event_slots_; }  // events the side stream cycles through
+  RingUnit unit(int64_t u) const;
+
+ private:
+  int64_t seg_begin(int s) const { return numel_ / size_ * s + numel_ % size_ * s / size_; }
+  std::pair<int64_t, int64_t> chunk(int s, int64_t j) const;
+  int wrap(int64_t v) const { return static_cast<int>(((v % size_) + size_) % size_); }
+
+  int size_, rank_;
+  int64_t numel_;
+  int64_t chunks_ = 1;
+  int64_t rs_units_ = 0;
+  int slots_;
+  int64_t slot_elems_ = 0;
+  int event_slots_ = 1;
+};
+
+// ---- staging chunks ---------------------------------------------------------------------
+
+// [begin, end) element ranges of the staged dense allreduce: consecutive, covering
+// [0, numel), each at most max(1, chunk_bytes / elem_bytes) elements. Chunk c uses
+// pinned slot c % kStagingSlots: while chunk c crosses the network, chunk c+1 is
+// being copied down and chunk c-1 up.
+constexpr int kStagingSlots = 3;
+std::vector<std::pair<int64_t, int64_t>> staging_chunks(int64_t numel, int64_t elem_bytes, int64_t chunk_bytes);
+
+}  // namespace gradcomm::detail
