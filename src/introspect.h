@@ -1,0 +1,31 @@
+// INTERNAL, not part of the public API: read-only looks into a communicator's
+// compression state, for the reference trainer's DGC momentum-factor masking
+// (trainer/optimizer.cc). Nothing here is promised to downstream users: names and
+// behaviour may change with the compression engine.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "gradcomm/communicator.h"
+
+namespace gradcomm::detail {
+
+// The error-feedback residual of `key` as float32, read-only. Empty when the key
+// has no residual (never allreduced yet, or its spec has ef=0). The view stays
+// valid until the next allreduce, load_state or destruction of `comm`.
+// InvalidArgument when the key holds state of another dtype.
+std::span<const float> residual_view(Communicator& comm, const std::string& key);
+
+// How the next allreduce of `numel` elements under `spec` and `key` will run.
+struct NextAllreduce {
+  bool dense = true;             // goes through the dense ring: compressor none,
+                                 // numel < min_numel, or the key is still in warm-up
+  bool sparsifier_with_ef = false;  // topk / randomk / sketch with error feedback:
+                                    // transmitted coordinates are where the residual becomes 0
+};
+// Parses `spec` (InvalidArgument as allreduce would) and looks at the key's step.
+NextAllreduce next_allreduce(Communicator& comm, const std::string& spec, const std::string& key, int64_t numel);
+
+}  // namespace gradcomm::detail

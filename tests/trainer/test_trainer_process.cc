@@ -1,0 +1,253 @@
+// gradcomm-train end to end: the real binary under gradcomm-run on a small slice
+// of Fashion-MNIST (2 ranks, a few hundred examples). Pins: a run killed with
+// SIGKILL mid-epoch and resumed ends with checkpoints byte-identical to an
+// uninterrupted run's; same seed -> same bytes; --nan skip/abort; clear errors for
+// missing data, corrupt checkpoints and (without a GPU) --device cuda.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trainer/checkpoint.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kData = "/usr/share/datasets/fashion-mnist";
+
+struct Result {
+  int status = -1;  // exit code
+  std::string output;
+};
+
+// Runs `command` through sh with stderr merged, returns exit code and output.
+Result sh(const std::string& command) {
+  Result r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+  const int status = pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string bytes_of(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> log_lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The raw text of "name":value in a flat JSON line (enough for comparisons).
+std::string field(const std::string& line, const std::string& name) {
+  const size_t at = line.find("\"" + name + "\":");
+  if (at == std::string::npos) return "<missing " + name + ">";
+  const size_t start = at + name.size() + 3;
+  return line.substr(start, line.find_first_of(",}", start) - start);
+}
+
+class TrainerProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = fs::temp_directory_path() /
+            fmt::format("gradcomm_trainer_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(root_);
+  }
+
+  // 2 ranks, 640 examples: 20 steps of 16 per epoch.
+  Result train(const std::string& args, int epochs = 3, int ranks = 2) {
+    return sh(fmt::format("OPENBLAS_NUM_THREADS=1 {} -n {} --grace 5 -- {} --limit-train 640 --limit-test 200 "
+                          "--epochs {} --batch-size 16 --hidden 32,16 --lr 0.05 {}",
+                          GRADCOMM_RUN_PATH, ranks, TRAIN_PATH, epochs, args));
+  }
+  fs::path dir(const std::string& name) {
+    const fs::path d = root_ / name;
+    fs::create_directories(d);
+    return d;
+  }
+
+  fs::path root_;
+};
+
+// The main promise: kill mid-epoch (e.g. global step 27 = epoch 2, step 7;
+// the last checkpoint is at step 24), resume, and end bit-for-bit where an
+// uninterrupted run ends, for dense, top-k with error feedback, and top-k with
+// DGC momentum correction (whose masks come from the residual).
+// The kill at step 22 lands after epoch 1's log line but before the next
+// checkpoint (step 24): the resumed run repeats epoch 1's end and must not log it twice.
+struct KillCase {
+  const char* args;
+  int kill_step;
+};
+class KillAndResume : public TrainerProcess, public ::testing::WithParamInterface<KillCase> {};
+
+TEST_P(KillAndResume, FinalCheckpointsAreByteIdentical) {
+  const std::string common = fmt::format("--checkpoint-every 8 {}", GetParam().args);
+  const int kill = GetParam().kill_step, last_checkpoint = (kill - 1) / 8 * 8;
+  const fs::path a = dir("a"), b = dir("b");
+  const Result full = train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl", common, a.string(), a.string()));
+  ASSERT_EQ(full.status, 0) << full.output;
+
+  const Result killed = train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl --debug-kill-at-step {}", common,
+                                          b.string(), b.string(), kill));
+  ASSERT_NE(killed.status, 0) << killed.output;
+  ASSERT_TRUE(fs::exists(b / "rank0.ckpt"));
+  // What the kill left: the last checkpoint before the kill, not the final one.
+  const auto left = gradcomm::train::read_file_if_exists((b / "rank0.ckpt").string());
+  ASSERT_TRUE(left);
+  const auto state = gradcomm::train::parse_checkpoint(*left, "rank0.ckpt", 0, 2);
+  EXPECT_EQ(state.global_step, last_checkpoint);
+  EXPECT_EQ(state.epoch, last_checkpoint / 20);  // mid-epoch (20 steps per epoch)
+  EXPECT_EQ(state.step_in_epoch, last_checkpoint % 20);
+  EXPECT_NE(state.step_in_epoch, 0);
+
+  const Result resumed =
+      train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl --resume", common, b.string(), b.string()));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  for (const char* name : {"rank0.ckpt", "rank1.ckpt", "rank0.ckpt.prev", "rank1.ckpt.prev"}) {
+    const std::string x = bytes_of(a / name), y = bytes_of(b / name);
+    ASSERT_FALSE(x.empty()) << name;
+    EXPECT_TRUE(x == y) << name << " differs between the uninterrupted and the resumed run";
+  }
+  // The log: each epoch once, with the same accuracy and byte counts (the
+  // interrupted epoch's counters came back from the checkpoint).
+  std::vector<std::string> la = log_lines(a / "log.jsonl"), lb = log_lines(b / "log.jsonl");
+  ASSERT_EQ(la.size(), 3u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (size_t e = 0; e < 3; ++e) {
+    EXPECT_EQ(field(lb[e], "epoch"), std::to_string(e + 1));
+    for (const char* f : {"test_accuracy", "train_loss", "wire_bytes", "dense_bytes"}) {
+      EXPECT_EQ(field(la[e], f), field(lb[e], f)) << f << " of epoch " << e + 1;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Compressors, KillAndResume,
+                         ::testing::Values(KillCase{"--compressor none", 27},
+                                           KillCase{"--compressor topk:ratio=0.05,min_numel=64", 27},
+                                           KillCase{"--compressor topk:ratio=0.05 --momentum-correction --nesterov", 27},
+                                           KillCase{"--compressor topk:ratio=0.05,min_numel=64", 22}),
+                         [](const auto& info) { return std::to_string(info.index); });
+
+TEST_F(TrainerProcess, SameSeedSameBytesOtherSeedOtherBytes) {
+  const fs::path a = dir("a"), b = dir("b"), c = dir("c");
+  const std::string args = "--compressor quant:bits=4 --checkpoint-dir ";
+  ASSERT_EQ(train(args + a.string(), 1).status, 0);
+  ASSERT_EQ(train(args + b.string(), 1).status, 0);
+  ASSERT_EQ(train(args + c.string() + " --seed 2", 1).status, 0);
+  for (const char* name : {"rank0.ckpt", "rank1.ckpt"}) {
+    EXPECT_TRUE(bytes_of(a / name) == bytes_of(b / name)) << name;
+    EXPECT_FALSE(bytes_of(a / name) == bytes_of(c / name)) << name;
+  }
+}
+
+TEST_F(TrainerProcess, CorruptCheckpointIsRefused) {
+  const fs::path d = dir("ckpt");
+  ASSERT_EQ(train("--checkpoint-dir " + d.string(), 1).status, 0);
+  {
+    std::fstream f(d / "rank1.ckpt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  const Result r = train("--resume --checkpoint-dir " + d.string(), 1);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank1.ckpt: corrupt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainerProcess, ResumeWithOtherSettingsIsRefused) {
+  const fs::path d = dir("ckpt");
+  ASSERT_EQ(train("--checkpoint-dir " + d.string(), 1).status, 0);
+  const Result r = train("--momentum 0.8 --resume --checkpoint-dir " + d.string(), 1);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("different settings"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainerProcess, NanSkipDropsTheStepOnEveryRank) {
+  const fs::path d = dir("nan");
+  const std::string log = (d / "log{rank}.jsonl").string();
+  const Result r = train(fmt::format("--nan skip --debug-nan-at-step 5 --debug-rank 1 --log {} --checkpoint-dir {}",
+                                     log, d.string()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("skipping global step 5: non-finite loss or gradient on rank(s) 1"), std::string::npos)
+      << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(d / fmt::format("log{}.jsonl", rank));
+    std::string first;
+    std::getline(in, first);
+    EXPECT_NE(first.find("\"skipped_steps\":1"), std::string::npos) << first;  // on both ranks
+    const auto bytes = gradcomm::train::read_file_if_exists((d / fmt::format("rank{}.ckpt", rank)).string());
+    ASSERT_TRUE(bytes);
+    const auto state = gradcomm::train::parse_checkpoint(*bytes, "ckpt", rank, 2);
+    EXPECT_EQ(state.skipped_steps, 1);
+    for (float w : state.params) ASSERT_TRUE(std::isfinite(w));  // the NaN never reached the weights
+  }
+}
+
+TEST_F(TrainerProcess, NanAbortNamesStepAndRank) {
+  const Result r = train("--nan abort --debug-nan-at-step 3 --debug-rank 1");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("non-finite loss or gradient at epoch 1 step 3 (global step 3) on rank(s) 1"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainerProcess, MissingDataNamesThePackage) {
+  const Result r = train("--data " + dir("empty").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("train-images-idx3-ubyte.gz: cannot open"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainerProcess, LogHasOneLinePerEpochWithTheRequiredFields) {
+  const fs::path log = dir("log") / "run.jsonl";
+  const Result r = train("--compressor topk:ratio=0.01 --log " + log.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(log);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    for (const char* field : {"\"epoch\":", "\"train_loss\":", "\"test_accuracy\":", "\"wire_bytes\":",
+                              "\"dense_bytes\":", "\"time_s\":", "\"compute_s\":", "\"compress_s\":", "\"comm_s\":"}) {
+      EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
+    }
+  }
+  EXPECT_EQ(lines, 3);
+}
+
+// Without a GPU, --device cuda must fail cleanly; with one, it must train.
+TEST_F(TrainerProcess, CudaDeviceRunsOrFailsCleanly) {
+  const Result r = train("--device cuda", 1, 1);
+  if (r.status == 0) {
+    EXPECT_NE(r.output.find("test_accuracy"), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("no CUDA device"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("Segmentation"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace

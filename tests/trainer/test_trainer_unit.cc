@@ -1,0 +1,328 @@
+// gradcomm-train's pieces in-process: the MLP's gradients against finite
+// differences, softmax cross-entropy and the optimizer against hand-computed
+// values, the dataset reader's errors, and the checkpoint format's validation.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "gradcomm/errors.h"
+#include "trainer/checkpoint.h"
+#include "trainer/dataset.h"
+#include "trainer/mlp.h"
+#include "trainer/optimizer.h"
+
+namespace gradcomm::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("gradcomm_trainer_unit_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// ---- model math ---------------------------------------------------------------
+
+TEST(Mlp, LayoutPlacesEveryParameterOnce) {
+  const MlpLayout m = MlpLayout::make(784, {512, 256}, 10);
+  EXPECT_EQ(m.num_params, 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+  ASSERT_EQ(m.ranges.size(), 6u);
+  int64_t at = 0;
+  for (const ParamRange& r : m.ranges) {  // contiguous, in order, covering the buffer
+    EXPECT_EQ(r.offset, at) << r.name;
+    at += r.numel;
+  }
+  EXPECT_EQ(at, m.num_params);
+  EXPECT_EQ(m.ranges[0].name, "fc1.weight");
+  EXPECT_EQ(m.ranges[5].name, "fc3.bias");
+  EXPECT_THROW(MlpLayout::make(784, {0}, 10), InvalidArgument);
+}
+
+TEST(Mlp, SoftmaxCrossEntropyOfEqualLogitsIsLogClasses) {
+  const int64_t batch = 3, classes = 4;
+  std::vector<float> logits(batch * classes, 2.5f), d(logits.size());
+  const uint8_t labels[] = {0, 3, 1};
+  int64_t correct = 0;
+  const double loss = softmax_cross_entropy(logits.data(), labels, batch, classes, d.data(), &correct);
+  EXPECT_NEAR(loss, batch * std::log(4.0), 1e-5);
+  for (int64_t r = 0; r < batch; ++r) {
+    for (int64_t c = 0; c < classes; ++c) {
+      const float expected = (0.25f - (c == labels[r] ? 1.0f : 0.0f)) / batch;
+      EXPECT_NEAR(d[r * classes + c], expected, 1e-6);
+    }
+  }
+}
+
+// The analytic gradient of the mean loss against central differences of the loss
+// computed by the forward pass alone (evaluate), for every parameter of a small
+// network. Double-checked in float: eps and tolerance sized for float rounding.
+TEST(Mlp, GradientsMatchFiniteDifferences) {
+  const MlpLayout m = MlpLayout::make(6, {5, 4}, 3);
+  const int64_t batch = 4;
+  std::vector<float> params(m.num_params), grads(m.num_params);
+  init_parameters(m, 7, params.data());
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(batch * 6);
+  for (float& v : x) v = normal(gen);
+  const uint8_t y[] = {0, 2, 1, 2};
+  CpuMlp model(m, batch);
+  model.forward_backward(params.data(), x.data(), y, batch, grads.data());
+  auto mean_loss = [&](const std::vector<float>& p) {
+    int64_t correct = 0;
+    double sum = 0;
+    model.evaluate(p.data(), x.data(), y, batch, &correct, &sum);
+    return sum / batch;
+  };
+  const float eps = 1e-3f;  // small enough that no ReLU input crosses 0 in this fixed setup
+  int checked = 0;
+  for (int64_t i = 0; i < m.num_params; ++i) {
+    std::vector<float> plus = params, minus = params;
+    plus[i] += eps;
+    minus[i] -= eps;
+    const double numeric = (mean_loss(plus) - mean_loss(minus)) / (2 * eps);
+    EXPECT_NEAR(grads[i], numeric, 1e-3 + 1e-2 * std::abs(numeric)) << "parameter " << i;
+    checked += std::abs(numeric) > 1e-3;
+  }
+  EXPECT_GT(checked, m.num_params / 2);  // the comparison was not between zeros
+}
+
+TEST(Mlp, InitializationIsSeededAndBounded) {
+  const MlpLayout m = MlpLayout::make(784, {32}, 10);
+  std::vector<float> a(m.num_params), b(m.num_params), c(m.num_params);
+  init_parameters(m, 1, a.data());
+  init_parameters(m, 1, b.data());
+  init_parameters(m, 2, c.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  const float bound = 1.0f / std::sqrt(784.0f);
+  for (int64_t i = 0; i < m.layers[0].in * m.layers[0].out; ++i) ASSERT_LE(std::abs(a[i]), bound);
+}
+
+// ---- optimizer ----------------------------------------------------------------
+
+TEST(Optimizer, SgdMomentumAndNesterovByHand) {
+  SgdConfig c;
+  c.momentum = 0.5f;
+  c.weight_decay = 0.1f;
+  float w = 1.0f, v = 0.0f;
+  const float g = 2.0f;
+  sgd_update(c, 0.1f, &w, &g, &v, 1);  // d = 2.1, v = 2.1, w = 1 - 0.21
+  EXPECT_FLOAT_EQ(v, 2.1f);
+  EXPECT_FLOAT_EQ(w, 0.79f);
+  sgd_update(c, 0.1f, &w, &g, &v, 1);  // d = 2.079, v = 1.05 + 2.079 = 3.129
+  EXPECT_FLOAT_EQ(v, 3.129f);
+  EXPECT_FLOAT_EQ(w, 0.79f - 0.3129f);
+  c.nesterov = true;
+  float wn = 1.0f, vn = 0.0f;
+  sgd_update(c, 0.1f, &wn, &g, &vn, 1);  // d = 2.1, v = 2.1, step = d + 0.5 v = 3.15
+  EXPECT_FLOAT_EQ(wn, 1.0f - 0.315f);
+}
+
+TEST(Optimizer, MomentumCorrectionAccumulatesAndMasksSentCoordinates) {
+  SgdConfig c;
+  c.momentum = 0.9f;
+  float w[2] = {1.0f, 1.0f}, g[2] = {1.0f, 2.0f}, u[2] = {0.5f, 0.5f};
+  dgc_accumulate(c, w, g, u, 2);  // u = 0.45 + g; what is sent is u
+  EXPECT_FLOAT_EQ(u[0], 1.45f);
+  EXPECT_FLOAT_EQ(g[1], 2.45f);
+  const float r[2] = {0.0f, 3.0f};        // coordinate 1 was sent (its residual is 0)
+  const float residual[2] = {1.45f, 0.0f};
+  dgc_update(0.1f, w, r, u, residual, 2);
+  EXPECT_FLOAT_EQ(w[1], 0.7f);
+  EXPECT_FLOAT_EQ(u[0], 1.45f);  // kept: not sent
+  EXPECT_FLOAT_EQ(u[1], 0.0f);   // masked
+}
+
+TEST(Optimizer, WarmupIsLinearThenCosineReachesZero) {
+  SgdConfig c;
+  c.lr = 0.4f;
+  c.warmup_steps = 4;
+  c.total_steps = 104;
+  EXPECT_FLOAT_EQ(learning_rate(c, 0), 0.1f);
+  EXPECT_FLOAT_EQ(learning_rate(c, 3), 0.4f);
+  EXPECT_FLOAT_EQ(learning_rate(c, 4), 0.4f);
+  EXPECT_NEAR(learning_rate(c, 54), 0.2f, 1e-6);  // half way: cos(pi/2)
+  EXPECT_NEAR(learning_rate(c, 104), 0.0f, 1e-7);
+  c.cosine = false;
+  EXPECT_FLOAT_EQ(learning_rate(c, 90), 0.4f);
+}
+
+// ---- dataset ------------------------------------------------------------------
+
+void write_gzip(const fs::path& path, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+std::vector<uint8_t> idx(uint32_t magic, std::vector<uint32_t> shape, size_t payload) {
+  std::vector<uint8_t> out;
+  for (uint32_t word : std::vector<uint32_t>{magic}) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(word >> s));
+  }
+  for (uint32_t d : shape) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));
+  }
+  out.resize(out.size() + payload, 1);
+  return out;
+}
+
+// A directory of four valid tiny files (n examples each split).
+fs::path tiny_dataset(const std::string& name, uint32_t n) {
+  const fs::path dir = fresh_dir(name);
+  for (const char* split : {"train", "t10k"}) {
+    write_gzip(dir / (std::string(split) + "-images-idx3-ubyte.gz"), idx(0x803, {n, 28, 28}, n * 784));
+    write_gzip(dir / (std::string(split) + "-labels-idx1-ubyte.gz"), idx(0x801, {n}, n));
+  }
+  return dir;
+}
+
+void expect_dataset_error(const fs::path& dir, const std::string& fragment) {
+  try {
+    load_fashion_mnist(dir.string());
+    FAIL() << "expected an error containing '" << fragment << "'";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fragment), std::string::npos) << what;
+    EXPECT_NE(what.find("dataset-fashion-mnist"), std::string::npos) << what;  // names the package
+  }
+}
+
+TEST(Dataset, TinyValidFilesLoad) {
+  const fs::path dir = tiny_dataset("valid", 3);
+  const FashionMnist d = load_fashion_mnist(dir.string());
+  EXPECT_EQ(d.train.count, 3);
+  EXPECT_EQ(d.test.images.size(), 3u * 784);
+  EXPECT_EQ(d.train.labels[2], 1);
+}
+
+TEST(Dataset, MissingFileNamesFileAndPackage) {
+  const fs::path dir = tiny_dataset("missing", 3);
+  fs::remove(dir / "t10k-labels-idx1-ubyte.gz");
+  expect_dataset_error(dir, "t10k-labels-idx1-ubyte.gz: cannot open");
+}
+
+TEST(Dataset, CorruptGzipIsAnError) {
+  const fs::path dir = tiny_dataset("corrupt", 3);
+  // A gzip header followed by garbage: zlib must report it, not return short data.
+  std::ofstream(dir / "train-images-idx3-ubyte.gz", std::ios::binary | std::ios::trunc)
+      << std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage-not-deflate-data", 34);
+  expect_dataset_error(dir, "train-images-idx3-ubyte.gz");
+}
+
+TEST(Dataset, TruncatedIdxIsAnError) {
+  const fs::path dir = tiny_dataset("truncated", 3);
+  auto bytes = idx(0x803, {3, 28, 28}, 3 * 784 - 5);
+  write_gzip(dir / "train-images-idx3-ubyte.gz", bytes);
+  expect_dataset_error(dir, "truncated or corrupt");
+}
+
+TEST(Dataset, BadMagicAndLabelsAreErrors) {
+  fs::path dir = tiny_dataset("magic", 3);
+  write_gzip(dir / "train-labels-idx1-ubyte.gz", idx(0x803, {3}, 3));
+  expect_dataset_error(dir, "idx magic");
+  dir = tiny_dataset("label", 3);
+  auto labels = idx(0x801, {3}, 3);
+  labels.back() = 10;  // not a class
+  write_gzip(dir / "train-labels-idx1-ubyte.gz", labels);
+  expect_dataset_error(dir, "label 10");
+  dir = tiny_dataset("count", 3);
+  write_gzip(dir / "t10k-labels-idx1-ubyte.gz", idx(0x801, {2}, 2));
+  expect_dataset_error(dir, "2 labels for 3 images");
+}
+
+TEST(Dataset, RealFashionMnistWhenInstalled) {
+  if (!fs::exists(fs::path(FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  const FashionMnist d = load_fashion_mnist(FASHION_MNIST_DIR);
+  EXPECT_EQ(d.train.count, 60000);
+  EXPECT_EQ(d.test.count, 10000);
+  std::vector<int> per_class(10);
+  for (uint8_t y : d.train.labels) per_class[y]++;
+  for (int c = 0; c < 10; ++c) EXPECT_EQ(per_class[c], 6000) << "class " << c;  // balanced, as published
+  double sum = 0;
+  for (float v : d.train.images) sum += v;
+  EXPECT_NEAR(sum / static_cast<double>(d.train.images.size()), 0.0, 1e-3);  // standardized
+}
+
+// ---- checkpoint format --------------------------------------------------------
+
+TrainState sample_state() {
+  TrainState s;
+  s.config = "hidden=4 seed=1";
+  s.epoch = 2;
+  s.step_in_epoch = 5;
+  s.global_step = 45;
+  s.epoch_rng = {1, 2, 3, 4};
+  s.loss_sum = 1.25;
+  s.wire_bytes = 1000;
+  s.params = {1.0f, -2.0f, 3.5f};
+  s.momentum = {0.0f, 0.5f, 0.25f};
+  s.comm_state = {9, 8, 7};
+  return s;
+}
+
+TEST(Checkpoint, RoundTripIsExactAndDeterministic) {
+  const TrainState s = sample_state();
+  const auto bytes = serialize_checkpoint(s, 1, 2);
+  EXPECT_EQ(bytes, serialize_checkpoint(s, 1, 2));
+  const TrainState t = parse_checkpoint(bytes, "x", 1, 2);
+  EXPECT_EQ(t.config, s.config);
+  EXPECT_EQ(t.global_step, 45);
+  EXPECT_EQ(t.epoch_rng, s.epoch_rng);
+  EXPECT_EQ(t.params, s.params);
+  EXPECT_EQ(t.momentum, s.momentum);
+  EXPECT_EQ(t.comm_state, s.comm_state);
+  EXPECT_EQ(serialize_checkpoint(t, 1, 2), bytes);
+}
+
+TEST(Checkpoint, EveryFlippedByteAndTruncationIsRefused) {
+  const auto bytes = serialize_checkpoint(sample_state(), 0, 1);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    auto bad = bytes;
+    bad[i] ^= 0x10;
+    EXPECT_THROW(parse_checkpoint(bad, "x", 0, 1), CorruptPayload) << "byte " << i;
+  }
+  for (size_t n : {size_t{0}, size_t{7}, bytes.size() / 2, bytes.size() - 1}) {
+    EXPECT_THROW(parse_checkpoint(std::span(bytes).first(n), "x", 0, 1), CorruptPayload) << n << " bytes";
+  }
+  try {
+    parse_checkpoint(std::span(bytes).first(bytes.size() - 1), "/d/rank0.ckpt", 0, 1);
+  } catch (const CorruptPayload& e) {
+    EXPECT_NE(std::string(e.what()).find("/d/rank0.ckpt"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, OtherRankOrWorldIsRefused) {
+  const auto bytes = serialize_checkpoint(sample_state(), 1, 2);
+  EXPECT_THROW(parse_checkpoint(bytes, "x", 0, 2), InvalidArgument);
+  EXPECT_THROW(parse_checkpoint(bytes, "x", 1, 4), InvalidArgument);
+}
+
+TEST(Checkpoint, WriteReplacesAtomicallyAndKeepsPrevious) {
+  const fs::path dir = fresh_dir("write");
+  TrainState s = sample_state();
+  write_checkpoint(dir.string(), 3, serialize_checkpoint(s, 3, 4));
+  s.global_step = 46;
+  write_checkpoint(dir.string(), 3, serialize_checkpoint(s, 3, 4));
+  const auto now = read_file_if_exists(checkpoint_path(dir.string(), 3));
+  const auto prev = read_file_if_exists(checkpoint_path(dir.string(), 3) + ".prev");
+  ASSERT_TRUE(now && prev);
+  EXPECT_EQ(parse_checkpoint(*now, "now", 3, 4).global_step, 46);
+  EXPECT_EQ(parse_checkpoint(*prev, "prev", 3, 4).global_step, 45);
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir.string(), 3) + ".tmp"));
+  EXPECT_FALSE(read_file_if_exists((dir / "absent").string()).has_value());
+}
+
+}  // namespace
+}  // namespace gradcomm::train

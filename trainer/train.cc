@@ -1,0 +1,446 @@
+// gradcomm-train's loop, top to bottom:
+//   setup:   data, model, optimizer, backend, (resume from checkpoints)
+//   epoch:   a permutation of the training set shared by all ranks; rank r takes
+//            every N-th example from r (disjoint shards), in steps of batch_size
+//   step:    forward/backward -> agree on finiteness (--nan) -> per-layer
+//            allreduce(kAvg, {compressor, key = "fc1.weight", ...}) -> update
+//   end:     sharded test evaluation, one JSON line, checkpoint
+// Every rank runs the same number of steps and the same collectives in the same
+// order, and the arithmetic depends only on the seed and the rank count: two runs
+// with the same settings write byte-identical checkpoints.
+#include "trainer/train.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "gradcomm/errors.h"
+#include "introspect.h"  // residual_view / next_allreduce: DGC masking (internal API)
+#include "trainer/backend.h"
+#include "trainer/checkpoint.h"
+#include "trainer/dataset.h"
+#include "trainer/rng.h"
+
+namespace gradcomm::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kEvalChunk = 1000;           // rows per evaluation forward pass
+constexpr uint64_t kShuffleStream = 0x73687566;  // "shuf"
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The shuffled order of one epoch: Fisher-Yates driven by the shared generator,
+// so every rank holds the same permutation and takes its own slice of it.
+std::vector<uint32_t> epoch_permutation(Rng& rng, int64_t count) {
+  std::vector<uint32_t> perm(static_cast<size_t>(count));
+  std::iota(perm.begin(), perm.end(), 0u);
+  for (int64_t i = count - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(static_cast<uint64_t>(i) + 1)]);
+  return perm;
+}
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return {DeviceType::kCpu, 0};
+  if (text == "cuda") return {DeviceType::kCuda, 0};
+  if (text.rfind("cuda:", 0) == 0) {
+    const std::string index = text.substr(5);
+    if (!index.empty() && index.size() < 4 && std::all_of(index.begin(), index.end(), ::isdigit)) {
+      return {DeviceType::kCuda, std::stoi(index)};
+    }
+  }
+  throw InvalidArgument(fmt::format("--device '{}': expected cpu, cuda or cuda:N", text));
+}
+
+// Whose turn it is to write the log, and where.
+std::string log_path_for(const std::string& pattern, int rank) {
+  const size_t at = pattern.find("{rank}");
+  if (at != std::string::npos) {
+    std::string p = pattern;
+    return p.replace(at, 6, std::to_string(rank));
+  }
+  return rank == 0 ? pattern : std::string();
+}
+
+// On resume: keeps only the log lines of epochs the checkpoint has completed, so
+// an epoch logged after the checkpoint (and then lost with the kill) is not
+// logged twice when it is run again.
+void trim_log(const std::string& path, int64_t completed_epochs) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("epoch") && j["epoch"].is_number_integer() &&
+        j["epoch"].get<int64_t>() <= completed_epochs) {
+      kept += line + '\n';
+    }
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+class Trainer {
+ public:
+  Trainer(const Config& config, Communicator& comm) : c_(config), comm_(comm) {}
+  void run();
+
+ private:
+  void setup();
+  bool resume();
+  void begin_epoch();
+  void step();
+  void end_epoch();
+  void save_checkpoint();
+  std::vector<uint8_t> agree_nonfinite(bool finite);
+
+  const Config& c_;
+  Communicator& comm_;
+  int rank_ = 0, size_ = 1;
+  FashionMnist data_;
+  MlpLayout layout_;
+  SgdConfig sgd_;
+  std::unique_ptr<Backend> backend_;
+  int64_t steps_per_epoch_ = 0;
+  Rng shuffle_{0, 0};
+  std::vector<uint32_t> perm_;
+  TrainState s_;  // counters, accumulators and (at checkpoint time) the buffers
+  std::vector<float> batch_x_;
+  std::vector<uint8_t> batch_y_;
+  std::vector<char> dgc_mode_;  // per range, decided before each allreduce
+  std::string log_path_;
+  // Time-dependent, never checkpointed: this epoch's split of wall time.
+  Clock::time_point epoch_start_;
+  double compute_s_ = 0, compress_s_ = 0, comm_s_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+};
+
+void Trainer::setup() {
+  rank_ = comm_.rank();
+  size_ = comm_.size();
+  const Device device = parse_device(c_.device);
+  openblas_set_num_threads(c_.threads);
+  data_ = load_fashion_mnist(c_.data_dir, c_.limit_train, c_.limit_test);
+  layout_ = MlpLayout::make(kImagePixels, c_.hidden, kClasses);
+  const int64_t per_rank = data_.train.count / size_;
+  steps_per_epoch_ = per_rank / c_.batch_size;
+  if (steps_per_epoch_ == 0) {
+    throw InvalidArgument(fmt::format("rank {}: {} training examples give {} per rank, fewer than one batch of {}",
+                                      rank_, data_.train.count, per_rank, c_.batch_size));
+  }
+  sgd_.lr = static_cast<float>(c_.lr);
+  sgd_.momentum = static_cast<float>(c_.momentum);
+  sgd_.weight_decay = static_cast<float>(c_.weight_decay);
+  sgd_.nesterov = c_.nesterov;
+  sgd_.total_steps = steps_per_epoch_ * c_.epochs;
+  sgd_.warmup_steps = c_.warmup_steps >= 0 ? c_.warmup_steps
+                                           : static_cast<int64_t>(c_.warmup_epochs * static_cast<double>(steps_per_epoch_));
+  sgd_.cosine = c_.lr_schedule == "cosine";
+
+  // Validate the compressor (and momentum correction's needs) before any step.
+  for (const ParamRange& r : layout_.ranges) {
+    const detail::NextAllreduce next = detail::next_allreduce(comm_, c_.compressor, r.name, r.numel);
+    if (c_.momentum_correction && !next.sparsifier_with_ef) {
+      throw InvalidArgument(fmt::format("--momentum-correction needs a sparsifier with error feedback (topk, randomk "
+                                        "or sketch, ef=1); --compressor is '{}'",
+                                        c_.compressor));
+    }
+  }
+  const int64_t max_batch = std::max(c_.batch_size, kEvalChunk);
+  backend_ = device.type == DeviceType::kCpu ? make_cpu_backend(layout_, max_batch)
+                                             : make_cuda_backend(layout_, max_batch, device.index);
+  batch_x_.resize(static_cast<size_t>(c_.batch_size * kImagePixels));
+  batch_y_.resize(static_cast<size_t>(c_.batch_size));
+  dgc_mode_.assign(layout_.ranges.size(), 0);
+  log_path_ = log_path_for(c_.log_path, rank_);
+
+  s_.config = c_.canonical();
+  if (!(c_.resume && resume())) {
+    std::vector<float> params(static_cast<size_t>(layout_.num_params));
+    std::vector<float> momentum(params.size(), 0.0f);
+    init_parameters(layout_, c_.seed, params.data());
+    backend_->upload(params.data(), momentum.data());
+    shuffle_ = Rng(c_.seed, kShuffleStream);
+    if (!log_path_.empty()) std::ofstream(log_path_, std::ios::trunc);  // a fresh run starts a fresh log
+    begin_epoch();
+  }
+  if (rank_ == 0) {
+    fmt::print("gradcomm-train: {} ranks, MLP {}, {} on {}, {} steps/epoch of {} x {} examples, lr {} (warm-up {} "
+               "steps, {}), compressor {}{}\n",
+               size_, layout_.describe(), backend_->name(), c_.device, steps_per_epoch_, size_, c_.batch_size, c_.lr,
+               sgd_.warmup_steps, c_.lr_schedule, c_.compressor, c_.momentum_correction ? " + momentum correction" : "");
+    std::fflush(stdout);
+  }
+}
+
+// Loads this rank's checkpoint; every rank must resume from the same step. Each
+// rank may hold two (rank<R>.ckpt and the one before, .prev): ranks killed at
+// different moments can be one checkpoint apart, and the newest step every rank
+// holds wins. Returns false (start fresh) only when no rank has any checkpoint.
+bool Trainer::resume() {
+  struct Candidate {
+    std::string path;
+    TrainState state;
+  };
+  std::vector<Candidate> mine;
+  const std::string path = checkpoint_path(c_.checkpoint_dir, rank_);
+  for (const std::string& p : {path, path + ".prev"}) {
+    if (auto bytes = read_file_if_exists(p)) mine.push_back({p, parse_checkpoint(*bytes, p, rank_, size_)});
+  }
+  // Steps on offer: [newest, older], -1 for none; every rank sees every rank's.
+  std::vector<int64_t> offer(2, -1), all(static_cast<size_t>(2 * size_));
+  for (size_t i = 0; i < mine.size(); ++i) offer[i] = mine[i].state.global_step;
+  comm_.allgather(TensorView::of(offer.data(), 2), TensorView::of(all.data(), 2 * size_));
+  if (std::all_of(all.begin(), all.end(), [](int64_t s) { return s < 0; })) {
+    if (rank_ == 0) fmt::print("gradcomm-train: --resume: no checkpoints in {}, starting fresh\n", c_.checkpoint_dir);
+    return false;
+  }
+  int64_t chosen = -1;
+  for (int64_t candidate : offer) {
+    bool everywhere = candidate >= 0;
+    for (int r = 0; r < size_ && everywhere; ++r) everywhere = all[2 * r] == candidate || all[2 * r + 1] == candidate;
+    if (everywhere) chosen = std::max(chosen, candidate);
+  }
+  // A step held by every rank is among every rank's own offers, so all ranks
+  // choose the same one without another exchange.
+  if (chosen < 0) {
+    std::string held;
+    for (int r = 0; r < size_; ++r) held += fmt::format("{}rank {}: {}/{}", r ? "; " : "", r, all[2 * r], all[2 * r + 1]);
+    throw InvalidArgument(fmt::format("rank {}: --resume: the ranks hold checkpoints of no common step in {} "
+                                      "(steps newest/previous, -1 = none: {})",
+                                      rank_, c_.checkpoint_dir, held));
+  }
+  auto it = std::find_if(mine.begin(), mine.end(), [&](const Candidate& k) { return k.state.global_step == chosen; });
+  TrainState& st = it->state;
+  if (st.config != s_.config) {
+    throw InvalidArgument(fmt::format("rank {}: --resume: checkpoint {} was written with different settings:\n  "
+                                      "checkpoint: {}\n  this run:   {}",
+                                      rank_, it->path, st.config, s_.config));
+  }
+  if (st.params.size() != static_cast<size_t>(layout_.num_params) || st.epoch > c_.epochs ||
+      st.step_in_epoch > steps_per_epoch_) {
+    throw CorruptPayload(fmt::format("rank {}: checkpoint {}: {} parameters at epoch {} step {}, expected {} "
+                                     "parameters and at most {} epochs of {} steps",
+                                     rank_, it->path, st.params.size(), st.epoch, st.step_in_epoch,
+                                     layout_.num_params, c_.epochs, steps_per_epoch_));
+  }
+  comm_.load_state(st.comm_state);
+  backend_->upload(st.params.data(), st.momentum.data());
+  s_ = std::move(st);
+  s_.params.clear();
+  s_.momentum.clear();
+  s_.comm_state.clear();
+  shuffle_ = Rng(s_.epoch_rng);
+  perm_ = epoch_permutation(shuffle_, data_.train.count);
+  epoch_start_ = Clock::now();
+  last_checkpoint_step_ = s_.global_step;
+  if (!log_path_.empty()) trim_log(log_path_, s_.epoch);
+  if (rank_ == 0) {
+    fmt::print("gradcomm-train: resumed from {} at epoch {} step {} (global step {})\n", it->path, s_.epoch + 1,
+               s_.step_in_epoch, s_.global_step);
+  }
+  return true;
+}
+
+void Trainer::begin_epoch() {
+  s_.epoch_rng = shuffle_.state();
+  perm_ = epoch_permutation(shuffle_, data_.train.count);
+  s_.step_in_epoch = 0;
+  s_.loss_sum = 0;
+  s_.loss_batches = 0;
+  s_.wire_bytes = s_.dense_bytes = 0;
+  s_.epoch_skipped = 0;
+  epoch_start_ = Clock::now();
+  compute_s_ = compress_s_ = comm_s_ = 0;
+}
+
+// Every rank learns which ranks saw a non-finite loss or gradient this step, so
+// all take the same decision (skip or abort) and the collectives stay matched.
+std::vector<uint8_t> Trainer::agree_nonfinite(bool finite) {
+  std::vector<uint8_t> flags(static_cast<size_t>(size_));
+  uint8_t mine = finite ? 0 : 1;
+  comm_.allgather(TensorView::of(&mine, 1), TensorView::of(flags.data(), size_));
+  return flags;
+}
+
+void Trainer::step() {
+  if (s_.global_step == c_.debug_kill_at_step && rank_ == c_.debug_rank) {
+    std::fflush(nullptr);
+    std::raise(SIGKILL);  // test hook: die as abruptly as a killed process does
+  }
+  // This rank's batch: examples perm[(step * B + j) * N + rank].
+  for (int64_t j = 0; j < c_.batch_size; ++j) {
+    const uint32_t example = perm_[static_cast<size_t>(((s_.step_in_epoch * c_.batch_size + j) * size_) + rank_)];
+    std::copy_n(data_.train.images.data() + static_cast<size_t>(example) * kImagePixels, kImagePixels,
+                batch_x_.data() + j * kImagePixels);
+    batch_y_[static_cast<size_t>(j)] = data_.train.labels[example];
+  }
+  auto t0 = Clock::now();
+  bool finite = true;
+  double loss = backend_->forward_backward(batch_x_.data(), batch_y_.data(), c_.batch_size, &finite);
+  if (s_.global_step == c_.debug_nan_at_step && rank_ == c_.debug_rank) {
+    backend_->poison_gradient();
+    loss = NAN;
+    finite = false;
+  }
+  compute_s_ += seconds_since(t0);
+
+  const std::vector<uint8_t> flags = agree_nonfinite(finite);
+  if (std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; })) {
+    std::string ranks;
+    for (int r = 0; r < size_; ++r) {
+      if (flags[static_cast<size_t>(r)]) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
+    }
+    if (c_.nan == "abort") {
+      throw InvalidArgument(fmt::format("rank {}: non-finite loss or gradient at epoch {} step {} (global step {}) "
+                                        "on rank(s) {}; aborting (--nan abort; --nan skip drops such steps)",
+                                        rank_, s_.epoch + 1, s_.step_in_epoch, s_.global_step, ranks));
+    }
+    if (rank_ == 0) {
+      fmt::print("gradcomm-train: skipping global step {}: non-finite loss or gradient on rank(s) {}\n",
+                 s_.global_step, ranks);
+    }
+    ++s_.skipped_steps;
+    ++s_.epoch_skipped;
+    return;  // no allreduce, no update: every rank skips the same step
+  }
+
+  const float lr = learning_rate(sgd_, s_.global_step);
+  t0 = Clock::now();
+  for (size_t i = 0; i < layout_.ranges.size(); ++i) {
+    const ParamRange& r = layout_.ranges[i];
+    // Momentum correction only where the allreduce really sparsifies; dense keys
+    // (min_numel, warm-up) use plain momentum on the averaged gradient.
+    dgc_mode_[i] = c_.momentum_correction && !detail::next_allreduce(comm_, c_.compressor, r.name, r.numel).dense;
+    if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
+  }
+  float* grads = backend_->gradients_to_host();
+  compute_s_ += seconds_since(t0);
+
+  const Stats before = comm_.stats();
+  for (const ParamRange& r : layout_.ranges) {
+    comm_.allreduce(TensorView::of(grads + r.offset, r.numel), ReduceOp::kAvg, {c_.compressor, r.name});
+    // What the dense ring sends for this tensor: 2(N-1)/N of its bytes.
+    s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
+  }
+  const Stats after = comm_.stats();
+  s_.wire_bytes += after.bytes_sent - before.bytes_sent;
+  const double coding = (after.encode_s - before.encode_s) + (after.decode_s - before.decode_s);
+  compress_s_ += coding;
+  comm_s_ += (after.total_s - before.total_s) - coding;
+
+  t0 = Clock::now();
+  backend_->gradients_from_host();
+  for (size_t i = 0; i < layout_.ranges.size(); ++i) {
+    const ParamRange& r = layout_.ranges[i];
+    if (dgc_mode_[i]) {
+      backend_->dgc_update(r, lr, detail::residual_view(comm_, r.name));
+    } else {
+      backend_->sgd_update(r, sgd_, lr);
+    }
+  }
+  compute_s_ += seconds_since(t0);
+  s_.loss_sum += loss;
+  s_.loss_batches += 1;
+}
+
+void Trainer::end_epoch() {
+  // Test set split by rank (contiguous), summed with the training loss.
+  const int64_t lo = data_.test.count * rank_ / size_, hi = data_.test.count * (rank_ + 1) / size_;
+  int64_t correct = 0;
+  double test_loss = 0;
+  auto t0 = Clock::now();
+  backend_->evaluate(data_.test.images.data() + lo * kImagePixels, data_.test.labels.data() + lo, hi - lo, &correct,
+                     &test_loss);
+  const double eval_s = seconds_since(t0);
+  std::vector<double> sums{s_.loss_sum, static_cast<double>(s_.loss_batches), static_cast<double>(correct),
+                           test_loss};
+  comm_.allreduce(TensorView::of(sums.data(), static_cast<int64_t>(sums.size())), ReduceOp::kSum);
+  const double train_loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+  const double accuracy = sums[2] / static_cast<double>(data_.test.count);
+  const double time_s = seconds_since(epoch_start_);
+  nlohmann::json line = {
+      {"epoch", s_.epoch + 1},
+      {"train_loss", train_loss},
+      {"test_accuracy", accuracy},
+      {"test_loss", sums[3] / static_cast<double>(data_.test.count)},
+      {"wire_bytes", s_.wire_bytes},
+      {"dense_bytes", s_.dense_bytes},
+      {"steps", s_.step_in_epoch},
+      {"skipped_steps", s_.epoch_skipped},
+      {"lr", learning_rate(sgd_, std::max<int64_t>(s_.global_step - 1, 0))},
+      {"time_s", time_s},
+      {"compute_s", compute_s_},
+      {"eval_s", eval_s},
+      {"compress_s", compress_s_},
+      {"comm_s", comm_s_},
+      {"rank", rank_},
+      {"world_size", size_},
+      {"compressor", c_.compressor},
+      {"momentum_correction", c_.momentum_correction},
+  };
+  if (std::isnan(train_loss)) line["train_loss"] = nullptr;  // every step of the epoch skipped
+  if (!log_path_.empty()) {
+    std::ofstream out(log_path_, std::ios::app);
+    out << line.dump() << '\n';
+    if (!out) throw InvalidArgument(fmt::format("rank {}: cannot append to --log {}", rank_, log_path_));
+  }
+  if (rank_ == 0) {
+    const double saved = s_.wire_bytes > 0 ? static_cast<double>(s_.dense_bytes) / static_cast<double>(s_.wire_bytes) : 0;
+    if (isatty(STDOUT_FILENO)) fmt::print("\r\033[K");
+    fmt::print("epoch {:>3}/{}: train_loss {:.4f}  test_accuracy {:.4f}  wire {:.1f} MB (dense {:.1f} MB, {:.1f}x "
+               "fewer)  {:.1f} s (compute {:.1f}, compress {:.1f}, comm {:.1f})\n",
+               s_.epoch + 1, c_.epochs, train_loss, accuracy, s_.wire_bytes / 1e6, s_.dense_bytes / 1e6, saved, time_s,
+               compute_s_, compress_s_, comm_s_);
+    std::fflush(stdout);
+  }
+  s_.epoch += 1;
+  if (s_.epoch < c_.epochs) begin_epoch();
+}
+
+void Trainer::save_checkpoint() {
+  s_.params.resize(static_cast<size_t>(layout_.num_params));
+  s_.momentum.resize(s_.params.size());
+  backend_->download(s_.params.data(), s_.momentum.data());
+  s_.comm_state = comm_.save_state();
+  write_checkpoint(c_.checkpoint_dir, rank_, serialize_checkpoint(s_, rank_, size_));
+  s_.params = {};
+  s_.momentum = {};
+  s_.comm_state = {};
+  last_checkpoint_step_ = s_.global_step;
+}
+
+void Trainer::run() {
+  setup();
+  const bool progress = rank_ == 0 && isatty(STDOUT_FILENO);
+  while (s_.epoch < c_.epochs) {
+    step();
+    s_.step_in_epoch += 1;
+    s_.global_step += 1;
+    if (progress && s_.step_in_epoch % 20 == 0) {
+      fmt::print("\repoch {}/{} step {}/{}  loss {:.4f}", s_.epoch + 1, c_.epochs, s_.step_in_epoch, steps_per_epoch_,
+                 s_.loss_batches ? s_.loss_sum / static_cast<double>(s_.loss_batches) : 0.0);
+      std::fflush(stdout);
+    }
+    // The epoch's end is handled before the checkpoint, so a checkpoint never
+    // sits between a finished epoch and its log line.
+    if (s_.step_in_epoch == steps_per_epoch_) end_epoch();
+    if (c_.checkpoint_every > 0 && s_.global_step % c_.checkpoint_every == 0) save_checkpoint();
+  }
+  if (!c_.checkpoint_dir.empty() && last_checkpoint_step_ != s_.global_step) save_checkpoint();
+}
+
+}  // namespace
+
+void run_training(const Config& config, Communicator& comm) { Trainer(config, comm).run(); }
+
+}  // namespace gradcomm::train
