@@ -399,7 +399,8 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
       const std::function<void(float*)> engine = [&](float* host) {
         compression_.allreduce(op, host, t.numel, reduce_op, *spec, key, key_hash);
       };
-      gpu_allreduce(op, t, reduce_op, options.stream, t.numel > 0 ? &engine : nullptr);
+      const GpuCompressed compressed{spec, key, key_hash, &engine};
+      gpu_allreduce(op, t, reduce_op, options.stream, t.numel > 0 ? &compressed : nullptr);
     });
     if (key != nullptr) key->step += 1;
     return;

@@ -143,8 +143,15 @@ class CommunicatorImpl {
   // CUDA call must be the same call) and checks the device later on; the others
   // run inside the call's Op and only enqueue on the NCCL path.
   void gpu_setup(int device, const char* op);
-  void gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream,
-                     const std::function<void(float* host)>* compressed);
+  // A compressed call: the NCCL path runs the GPU codecs with `spec` and the key's
+  // state; the staging path runs `host_engine` (the CPU engine) on a host copy.
+  struct GpuCompressed {
+    const CompressorSpec* spec;
+    KeyState* key;  // null for stateless specs without a key
+    uint64_t key_hash;
+    const std::function<void(float* host)>* host_engine;
+  };
+  void gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream, const GpuCompressed* compressed);
   void gpu_allgather(Op& op, TensorView in, TensorView out);
   void gpu_broadcast(Op& op, TensorView t, int root);
   void gpu_synchronize();

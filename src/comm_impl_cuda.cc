@@ -3,6 +3,9 @@
 // synchronize(). See gpu_context.h for the stream semantics and
 // collectives/gpu_collectives.h for the algorithms.
 //
+// Compressed allreduce: on the NCCL path the GPU codecs (collectives/nccl_compressed.h),
+// on the staging path the CPU engine on a pinned host copy.
+//
 // Streams: allreduce is ordered on CompressOptions::stream (null = the legacy
 // default stream); allgather and broadcast take no options and use the legacy
 // default stream.
@@ -10,6 +13,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/gpu_collectives.h"
+#include "collectives/nccl_compressed.h"
 #include "comm_impl.h"
 #include "cuda/device.h"
 #include "gpu_context.h"
@@ -17,20 +21,22 @@
 namespace gradcomm::detail {
 
 void CommunicatorImpl::gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream_ptr,
-                                     const std::function<void(float* host)>* compressed) {
+                                     const GpuCompressed* compressed) {
   GpuContext& gpu = *gpu_;
   DeviceGuard guard(gpu.device());
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   op.finish();  // every rank agrees on the call before anything is enqueued for it
   gpu.begin(stream, "allreduce");
-  if (compressed != nullptr) {
-    // ---- seam: GPU codecs (issue C1) ----------------------------------------------
-    // Compressed calls run the CPU compression engine (the reference codecs, the
-    // same payload bytes the GPU codecs produce, error feedback state on the host
-    // as for CPU tensors) on a pinned host copy of the whole tensor. When the GPU
-    // codecs land, the NCCL path replaces this block: encode on `stream`, the
-    // compressed ring / sparse allgather / sketch rounds as NCCL groups, decode
-    // on `stream`, with the residual in device memory.
+  if (compressed != nullptr && gpu.path() == GpuPath::kNccl) {
+    // The GPU codecs on NCCL, stream-ordered, state on the device
+    // (collectives/nccl_compressed.h).
+    nccl_compressed_allreduce(op, gpu, static_cast<float*>(t.data), t.numel, reduce_op, *compressed->spec,
+                              compressed->key, compressed->key_hash, stream);
+  } else if (compressed != nullptr) {
+    // Staging: the CPU compression engine (the reference codecs, the same payload
+    // bytes, error feedback state on the host as for CPU tensors) on a pinned host
+    // copy of the whole tensor. The host transport moves the payloads either way,
+    // so the GPU codecs would only add copies here.
     const int64_t bytes = t.nbytes();
     StagedCopy copy;
     copy.down_src = t.data;
@@ -38,7 +44,8 @@ void CommunicatorImpl::gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, v
     copy.up_dst = t.data;
     copy.up_bytes = bytes;
     copy.host_bytes = bytes;
-    staged_call(op, gpu, copy, stream, [&](uint8_t* host) { (*compressed)(reinterpret_cast<float*>(host)); });
+    staged_call(op, gpu, copy, stream,
+                [&](uint8_t* host) { (*compressed->host_engine)(reinterpret_cast<float*>(host)); });
   } else if (gpu.path() == GpuPath::kNccl) {
     nccl_ring_allreduce(op, gpu, t.data, t.numel, t.dtype, reduce_op, stream);
   } else {

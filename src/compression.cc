@@ -71,6 +71,10 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
                                   KeyState* key, uint64_t key_hash) {
   const int n = op.size();
   const uint64_t step = key != nullptr ? key->step : 0;
+  if (key != nullptr && key->device) {  // the key's state was on a GPU (NCCL path): take it back
+    key->residual = key->device->residual_to_host();
+    key->device.reset();
+  }
   float* residual = nullptr;
   if (spec.ef && key != nullptr) {
     key->residual.resize(static_cast<size_t>(numel) * sizeof(float));  // zero-filled the first time

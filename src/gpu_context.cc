@@ -29,6 +29,11 @@ GpuContext::~GpuContext() {
     DeviceGuard guard(device_);
     nccl_.reset();
     events_.clear();
+    pending_checks_.clear();
+    keyless_.reset();
+    payloads_.reset();
+    status_words_.reset();
+    status_slots_.reset();
     scratch_.reset();
     pinned_.reset();
   } catch (...) {
@@ -38,6 +43,7 @@ GpuContext::~GpuContext() {
 
 void GpuContext::begin(cudaStream_t stream, const char* what) {
   if (nccl_) nccl_->check_async(what);
+  check_payloads(/*wait=*/false, what);
   if (any_call_) last_done_.wait_on(stream);
 }
 
@@ -73,6 +79,7 @@ void GpuContext::synchronize(const char* what) {
   if (nccl_) nccl_->check_async(what);
   if (!any_call_) return;
   wait_event(last_done_.get(), Deadline::after(timeout_), what);
+  check_payloads(/*wait=*/true, what);
 }
 
 void GpuContext::abort() noexcept {
@@ -87,6 +94,65 @@ DeviceBuffer& GpuContext::scratch(size_t bytes) {
 PinnedBuffer& GpuContext::pinned(size_t bytes) {
   pinned_.reserve(bytes);
   return pinned_;
+}
+
+DeviceBuffer& GpuContext::payload_scratch(size_t bytes) {
+  payloads_.reserve(bytes);
+  return payloads_;
+}
+
+DeviceStatus* GpuContext::payload_status(int peers, cudaStream_t stream) {
+  if (peers != status_peers_) {
+    // Sized once (the world size does not change); a resize would free the words a
+    // pending check still reads, so settle those first.
+    check_payloads(/*wait=*/true, "payload check");
+    status_words_ = DeviceBuffer(sizeof(DeviceStatus) * static_cast<size_t>(peers));
+    status_slots_ = PinnedBuffer(sizeof(DeviceStatus) * static_cast<size_t>(peers) * kPendingChecks);
+    status_peers_ = peers;
+  }
+  if (pending_checks_.size() >= kPendingChecks) {
+    wait_event(pending_checks_.front().copied.get(), Deadline::after(timeout_), "payload check");
+    check_payloads(/*wait=*/false, "payload check");
+  }
+  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(status_words_.data(), 0, status_words_.size(), stream));
+  return status_words_.as<DeviceStatus>();
+}
+
+void GpuContext::queue_payload_check(cudaStream_t stream, std::string context) {
+  const size_t words = static_cast<size_t>(status_peers_);
+  const size_t slot = next_slot_++ % kPendingChecks;
+  GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(status_slots_.as<DeviceStatus>() + slot * words, status_words_.data(),
+                                      words * sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream));
+  if (spare_check_events_.empty()) spare_check_events_.emplace_back();
+  Event event = std::move(spare_check_events_.back());
+  spare_check_events_.pop_back();
+  event.record(stream);
+  pending_checks_.push_back(PendingCheck{std::move(context), slot, std::move(event)});
+}
+
+void GpuContext::check_payloads(bool wait, const char* what) {
+  const size_t words = static_cast<size_t>(status_peers_);
+  while (!pending_checks_.empty()) {
+    PendingCheck& check = pending_checks_.front();
+    if (wait) {
+      wait_event(check.copied.get(), Deadline::after(timeout_), what);
+    } else if (!check.copied.ready()) {
+      return;  // in order on the device: later calls are not done either (or not checked yet)
+    }
+    const DeviceStatus* record = status_slots_.as<DeviceStatus>() + check.slot * words;
+    std::string context = std::move(check.context);
+    spare_check_events_.push_back(std::move(check.copied));
+    pending_checks_.pop_front();
+    for (size_t peer = 0; peer < words; ++peer) {
+      const DeviceStatus& s = record[peer];
+      if (s.fault == 0) continue;
+      // Later calls decoded on top of a corrupt result: drop their checks too, the
+      // communicator is failed by this error.
+      pending_checks_.clear();
+      throw CorruptPayload(fmt::format("{}: payload from rank {}: {} (found {}, expected/position {})", context, peer,
+                                       payload_fault_name(static_cast<PayloadFault>(s.fault)), s.a, s.b));
+    }
+  }
 }
 
 std::vector<Event>& GpuContext::events(size_t n) {

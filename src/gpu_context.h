@@ -15,13 +15,16 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda/buffer.h"
+#include "cuda/device_status.h"
 #include "env.h"
 #include "gpu_plan.h"
+#include "state.h"
 #include "transport/nccl/nccl_comm.h"
 
 namespace gradcomm::detail {
@@ -64,6 +67,24 @@ class GpuContext {
   // At least `n` events (created once, reused: a wait captures an event's latest record).
   std::vector<Event>& events(size_t n);
   Event& entry_event() { return entry_; }
+  DeviceBuffer& payload_scratch(size_t bytes);  // payloads of the compressed collectives
+
+  // ---- payload validation of the compressed calls ----------------------------------------
+  // GPU decoders cannot throw: they record a fault in a DeviceStatus word. A compressed
+  // call takes `peers` words (word p: payloads received from rank p), cleared on
+  // `stream`; after its decodes, queue_payload_check copies them to a pinned slot
+  // on `stream` and records an event. check_payloads() raises CorruptPayload
+  // ("<context>: payload from rank p: <fault>") for the oldest finished call with a
+  // fault. begin() checks the calls that have already finished (no host wait);
+  // synchronize() all of them. At most kPendingChecks calls wait unchecked: the
+  // next one waits (with the deadline) for the oldest.
+  static constexpr size_t kPendingChecks = 32;
+  DeviceStatus* payload_status(int peers, cudaStream_t stream);
+  void queue_payload_check(cudaStream_t stream, std::string context);
+  void check_payloads(bool wait, const char* what);
+
+  // State for compressed calls without a key (stateless specs): workspaces only.
+  std::shared_ptr<DeviceKeyState>& keyless_state() { return keyless_; }
 
  private:
   int device_;
@@ -77,6 +98,20 @@ class GpuContext {
   DeviceBuffer scratch_;
   PinnedBuffer pinned_;
   std::vector<Event> events_;
+  DeviceBuffer payloads_;
+  // Payload checks: device words, pinned slots, and the calls not yet checked.
+  struct PendingCheck {
+    std::string context;
+    size_t slot;
+    Event copied;
+  };
+  int status_peers_ = 0;
+  DeviceBuffer status_words_;
+  PinnedBuffer status_slots_;
+  size_t next_slot_ = 0;
+  std::deque<PendingCheck> pending_checks_;
+  std::vector<Event> spare_check_events_;  // recycled: no event is created once warm
+  std::shared_ptr<DeviceKeyState> keyless_;
 };
 
 // Builds the GPU side at the first CUDA call, inside a numbered call `op` that

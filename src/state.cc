@@ -81,8 +81,10 @@ std::vector<uint8_t> serialize_state(const CompressionState& state, int rank, in
     w.put<uint64_t>(entry.step);
     w.put<uint8_t>(static_cast<uint8_t>(entry.dtype));
     w.put<int64_t>(entry.numel);
-    w.put<uint64_t>(entry.residual.size());
-    w.put_bytes(entry.residual.data(), entry.residual.size());
+    const std::vector<uint8_t> on_device = entry.device ? entry.device->residual_to_host() : std::vector<uint8_t>{};
+    const std::vector<uint8_t>& residual = entry.device ? on_device : entry.residual;
+    w.put<uint64_t>(residual.size());
+    w.put_bytes(residual.data(), residual.size());
   }
   w.put<uint64_t>(fnv1a64(w.bytes()));
   return std::move(w.bytes());

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,11 +22,25 @@
 
 namespace gradcomm::detail {
 
+// A key's state kept on a GPU (CUDA tensors on the NCCL path: the residual and the
+// codecs' workspaces live in device memory; collectives/nccl_compressed.h). While a
+// KeyState holds one, the device copy is the authoritative residual and `residual`
+// below is empty; serialize_state asks the device copy for its bytes, so the saved
+// format is the same whichever side holds the state.
+class DeviceKeyState {
+ public:
+  virtual ~DeviceKeyState() = default;
+  // The residual's bytes (numel * 4, or empty when the key has none), after the
+  // GPU work that writes it has completed (waits with the communicator's deadline).
+  virtual std::vector<uint8_t> residual_to_host() const = 0;
+};
+
 struct KeyState {
   uint64_t step = 0;
   DType dtype = DType::kFloat32;
   int64_t numel = 0;
   std::vector<uint8_t> residual;  // empty, or numel * dtype_size(dtype) bytes
+  std::shared_ptr<DeviceKeyState> device;  // set while the state lives on a GPU (then `residual` is empty)
 };
 
 struct CompressionState {

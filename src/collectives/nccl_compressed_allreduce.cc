@@ -1,0 +1,252 @@
+// The GPU compression engine on the NCCL path (see nccl_compressed.h): per-key
+// device state, warm-up and min_numel, error feedback, and the three sparse
+// families (top-k's sparse allgather, random-k and the sketch on the NCCL dense
+// ring). The dense codecs' ring is nccl_compressed_ring.cc.
+//
+// Each branch mirrors src/compression.cc step for step (same counts, same Philox
+// streams, same EF arithmetic), so the two can be read side by side.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "collectives/gpu_collectives.h"
+#include "collectives/nccl_compressed.h"
+#include "compressors/payload.h"
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/reduce.cuh"
+
+namespace gradcomm::detail {
+namespace {
+
+// As src/compression.cc (kept identical: the counts decide the selections).
+int64_t count_from(double ratio, int64_t k, int64_t numel) {
+  const int64_t c = k > 0 ? k : static_cast<int64_t>(std::llround(ratio * static_cast<double>(numel)));
+  return std::clamp<int64_t>(c, 1, std::max<int64_t>(numel, 1));
+}
+int sketch_cols(const CompressorSpec& spec, int64_t k) {
+  return spec.cols > 0 ? spec.cols : static_cast<int>(std::clamp<int64_t>(4 * k, 16, int64_t{1} << 26));
+}
+
+constexpr size_t kBlockAlign = 16;
+size_t round_up(size_t v) { return (v + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
+
+// The key's device state, created at its first GPU call. A residual already on
+// the host (load_state, or earlier CPU calls with this key) moves to the device
+// once; from then on the device copy is the key's residual (state.h).
+GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, cudaStream_t stream) {
+  std::shared_ptr<DeviceKeyState>& slot = key != nullptr ? key->device : gpu.keyless_state();
+  if (!slot) {
+    auto state = std::make_shared<GpuKeyState>(gpu);
+    if (key != nullptr && !key->residual.empty()) {
+      const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+      if (key->residual.size() != bytes) {
+        throw InvalidArgument(fmt::format("allreduce: the key's residual holds {} bytes, expected {} for {} floats",
+                                          key->residual.size(), bytes, numel));
+      }
+      state->residual = DeviceBuffer(bytes);
+      // Pageable source: synchronous, once per key (after a load_state).
+      GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(state->residual.data(), key->residual.data(), bytes,
+                                          cudaMemcpyHostToDevice, stream));
+      GRADCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      state->has_residual = true;
+      key->residual = {};
+    }
+    state->numel = numel;
+    slot = std::move(state);
+  }
+  auto& state = static_cast<GpuKeyState&>(*slot);
+  if (ef && key != nullptr && !state.has_residual) {  // zero-filled the first time, as on the CPU
+    state.residual = DeviceBuffer(static_cast<size_t>(numel) * sizeof(float));
+    GRADCOMM_CUDA_CHECK(cudaMemsetAsync(state.residual.data(), 0, state.residual.size(), stream));
+    state.has_residual = true;
+  }
+  return state;
+}
+
+// acc = data + residual into data; the residual is then zero, free to collect this
+// step's loss (compression.cc's fold_residual + fill).
+void fold_and_clear(float* data, float* residual, int64_t numel, cudaStream_t stream) {
+  if (residual == nullptr) return;
+  launch_reduce_inplace(data, residual, numel, DType::kFloat32, ReduceOp::kSum, 1, stream);
+  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(residual, 0, static_cast<size_t>(numel) * sizeof(float), stream));
+}
+
+const CompressorSpec& fp16_spec() {
+  static const CompressorSpec spec = parse_compressor_spec("fp16");
+  return spec;
+}
+
+// Sums values[0, count) across ranks in place: fp32 on the NCCL ring, or (values=fp16)
+// narrowed with the fp16 codec (src/half.h's rounding, as compression.cc's
+// allreduce_values), summed as fp16 in place inside the payload (fp32 per hop), and
+// widened back. The payload header stays untouched, so the decode validates it.
+void allreduce_values(Op& op, GpuContext& gpu, GpuKeyState& ks, float* values, int64_t count, ValueType type,
+                      DeviceStatus* own_status, cudaStream_t stream) {
+  if (type == ValueType::kFp32) {
+    nccl_ring_allreduce(op, gpu, values, count, DType::kFloat32, ReduceOp::kSum, stream);
+    return;
+  }
+  const GpuDenseCodec codec(fp16_spec());
+  const size_t bytes = codec.encoded_bytes(count);
+  if (bytes != PayloadHeader::kBytes + static_cast<size_t>(count) * 2) {
+    throw InvalidArgument(fmt::format("allreduce: fp16 payload of {} values is {} bytes, expected header + 2 per value",
+                                      count, bytes));
+  }
+  ks.payload.reserve(bytes);
+  auto* payload = ks.payload.as<uint8_t>();
+  codec.encode(values, count, payload, PhiloxStream{}, 0, nullptr, stream);
+  nccl_ring_allreduce(op, gpu, payload + PayloadHeader::kBytes, count, DType::kFloat16, ReduceOp::kSum, stream);
+  codec.decode(payload, bytes, count, values, /*add=*/false, own_status, stream);
+}
+
+// Top-k: select (EF fused), encode, allgather the payloads, decode all in rank order.
+void topk(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, float* residual, int64_t numel,
+          const CompressorSpec& spec, const PhiloxStream& mine, DeviceStatus* status, cudaStream_t stream) {
+  const int n = op.size();
+  const int r = op.rank();
+  const int64_t k = count_from(spec.ratio, spec.k, numel);
+  gpu_topk_select(data, residual, numel, k, spec.select, mine, ks.sparse, stream);
+  const int64_t capacity = ks.sparse.capacity();
+  const size_t block = round_up(sparse_payload_bytes(numel, capacity, spec.values));
+
+  // Sizes. Exact: min(k, n) entries on every rank, known here. Sample: the count is
+  // on the device; we read it (one stream sync) and agree on all counts over the
+  // host transport. Sending capacity-sized blocks instead would avoid the sync but
+  // put up to 2k entries on the wire, and the decoder needs the exact length anyway
+  // (its length check is part of validating an untrusted payload).
+  std::vector<uint64_t> counts(static_cast<size_t>(n), static_cast<uint64_t>(std::min(k, numel)));
+  if (spec.select == TopkSelect::kSample) {
+    counts[r] = static_cast<uint64_t>(ks.sparse.read_count(stream));
+    if (n > 1) {
+      ring_allgatherv(op, reinterpret_cast<uint8_t*>(counts.data()), std::vector<int64_t>(n, 1), sizeof(uint64_t),
+                      /*unit_base=*/0);
+    }
+  }
+  std::vector<size_t> offsets(n), sizes(n);
+  for (int p = 0; p < n; ++p) {
+    if (counts[p] > static_cast<uint64_t>(capacity)) {
+      op.fail(ErrorCode::kCorruptPayload,
+              fmt::format("top-k count {} from rank {} exceeds the bound {} (select=sample, numel {}, k {})", counts[p],
+                          p, capacity, numel, k));
+    }
+    offsets[p] = block * static_cast<size_t>(p);
+    sizes[p] = sparse_payload_bytes(numel, static_cast<int64_t>(counts[p]), spec.values);
+  }
+  uint8_t* base = gpu.payload_scratch(block * static_cast<size_t>(n)).as<uint8_t>();
+  gpu_encode_sparse(CompressorId::kTopk, numel, ks.sparse.indices(), ks.sparse.values(), ks.sparse.count(), capacity,
+                    spec.values, base + offsets[r], nullptr, status + r, stream);
+  nccl_allgatherv_blocks(op, gpu, base, offsets, sizes, stream);
+  // Every rank decodes every payload in rank order: bitwise identical sums.
+  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream));
+  for (int p = 0; p < n; ++p) {
+    gpu_decode_add_sparse(CompressorId::kTopk, base + offsets[p], sizes[p], numel, data, status + p, stream);
+  }
+}
+
+// Random-k and the sketch's second round: gather acc at the selection (zeroing it
+// in the residual), sum the values across ranks, scatter them into a zeroed output.
+void gather_sum_scatter(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, const float* acc, float* residual,
+                        int64_t numel, ValueType type, DeviceStatus* own_status, cudaStream_t stream) {
+  const int64_t capacity = ks.sparse.capacity();
+  ks.values.reserve(static_cast<size_t>(std::max<int64_t>(capacity, 1)) * sizeof(float));
+  float* values = ks.values.as<float>();
+  gpu_gather(acc, ks.sparse.indices(), ks.sparse.count(), capacity, values, residual, stream);
+  allreduce_values(op, gpu, ks, values, capacity, type, own_status, stream);
+  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream));
+  gpu_scatter(data, ks.sparse.indices(), values, ks.sparse.count(), capacity, stream);
+}
+
+}  // namespace
+
+std::vector<uint8_t> GpuKeyState::residual_to_host() const {
+  if (!has_residual) return {};
+  gpu_->synchronize("save_state");
+  DeviceGuard guard(gpu_->device());
+  std::vector<uint8_t> out(residual.size());
+  GRADCOMM_CUDA_CHECK(cudaMemcpy(out.data(), residual.data(), out.size(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t numel, ReduceOp reduce_op,
+                               const CompressorSpec& spec, KeyState* key, uint64_t key_hash, cudaStream_t stream) {
+  const int n = op.size();
+  const uint64_t step = key != nullptr ? key->step : 0;
+  GpuKeyState& ks = key_state(gpu, key, numel, spec.ef, stream);
+  float* residual = spec.ef && key != nullptr ? ks.residual.as<float>() : nullptr;
+  const PhiloxStream mine{spec.seed, philox_stream_id(key_hash, step, op.rank())};
+  const PhiloxStream shared{spec.seed, philox_stream_id(key_hash, step, -1)};
+
+  // Warm-up steps and small tensors go dense (with what the residual still holds).
+  if (step < static_cast<uint64_t>(spec.warmup) || numel < spec.min_numel) {
+    fold_and_clear(data, residual, numel, stream);
+    nccl_ring_allreduce(op, gpu, data, numel, DType::kFloat32, reduce_op, stream);
+    return;
+  }
+
+  DeviceStatus* status = gpu.payload_status(n, stream);
+  switch (spec.id) {
+    case CompressorId::kFp16:
+    case CompressorId::kBf16:
+    case CompressorId::kQuant:
+    case CompressorId::kQsgd:
+    case CompressorId::kSign: {
+      const GpuDenseCodec codec(spec);
+      if (n == 1) {
+        // Nothing to exchange, but the output is still what compression keeps:
+        // acc = data + residual, payload = encode(acc), residual = acc - decode,
+        // data = decode (compression.cc's N = 1 branch, fused into the encode).
+        uint8_t* payload = gpu.payload_scratch(codec.encoded_bytes(numel)).as<uint8_t>();
+        EncodeFeedback feedback;
+        feedback.residual = residual;
+        feedback.mode = ResidualMode::kFold;
+        feedback.decoded = data;
+        codec.encode(data, numel, payload, mine, 0, feedback, stream);
+      } else {
+        fold_and_clear(data, residual, numel, stream);
+        nccl_compressed_ring(op, gpu, data, numel, codec, mine, residual, status, stream);
+      }
+      break;
+    }
+    case CompressorId::kTopk:
+      topk(op, gpu, ks, data, residual, numel, spec, mine, status, stream);
+      break;
+    case CompressorId::kRandomk: {
+      gpu_randomk_indices(numel, count_from(spec.ratio, 0, numel), shared, ks.sparse, stream);
+      const float* acc = data;
+      if (residual != nullptr) {
+        gpu_fold_residual(data, residual, numel, stream);  // residual = acc
+        acc = residual;
+      }
+      gather_sum_scatter(op, gpu, ks, data, acc, residual, numel, spec.values, status + op.rank(), stream);
+      break;
+    }
+    case CompressorId::kSketch: {
+      const int64_t k = count_from(spec.ratio, spec.k, numel);
+      const GpuCountSketch sketch(spec.rows, sketch_cols(spec, k), shared);
+      const int64_t cells = int64_t{sketch.rows()} * sketch.cols();
+      ks.table.reserve(static_cast<size_t>(cells) * sizeof(float));
+      float* table = ks.table.as<float>();
+      GRADCOMM_CUDA_CHECK(cudaMemsetAsync(table, 0, static_cast<size_t>(cells) * sizeof(float), stream));
+      sketch.accumulate(data, residual, numel, table, stream);  // with EF: residual = acc
+      nccl_ring_allreduce(op, gpu, table, cells, DType::kFloat32, ReduceOp::kSum, stream);
+      // Same summed table on every rank (the ring's allgather carries the owners'
+      // bytes), so the same heavy hitters everywhere.
+      sketch.recover(table, numel, k, ks.sparse, stream);
+      gather_sum_scatter(op, gpu, ks, data, residual != nullptr ? residual : data, residual, numel, spec.values,
+                         status + op.rank(), stream);
+      break;
+    }
+    case CompressorId::kNone:
+      nccl_ring_allreduce(op, gpu, data, numel, DType::kFloat32, reduce_op, stream);
+      return;
+  }
+  gpu.queue_payload_check(stream, fmt::format("rank {}: allreduce #{} ({}, numel {})", op.rank(), op.header().seq,
+                                              op.header().compressor, numel));
+  if (reduce_op == ReduceOp::kAvg) launch_divide_inplace(data, numel, DType::kFloat32, n, stream);
+}
+
+}  // namespace gradcomm::detail
