@@ -3,7 +3,7 @@
 # size x compressor, each cell from bench/cluster/run.sh (one namespace per rank).
 #   bench/cluster/sweep.sh [OUT_DIR]          (default bench/results/cluster-$(date +%F))
 # Environment: RANKS="2 4 8" RATES="1gbit 10gbit 25gbit" SIZES=1M,16M,100M,256M
-#              DELAY=50us ITERS=5 BUILD=build
+#              DELAY=50us ITERS=5 BUILD=build COMPRESSORS="none;topk:ratio=0.01;..." (";"-separated)
 # Then: /usr/bin/python3 bench/cluster/report.py OUT_DIR  (table, plots, model check).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ sizes=${SIZES:-1M,16M,100M,256M}
 delay=${DELAY:-50us}
 iters=${ITERS:-5}
 build=${BUILD:-build}
-compressors="none;topk:ratio=0.01;topk:ratio=0.001;quant:bits=4;sign;fp16;sketch:ratio=0.01,cols=16384,rows=3;randomk:ratio=0.01"
+compressors=${COMPRESSORS:-"none;topk:ratio=0.01;topk:ratio=0.001;quant:bits=4;sign;fp16;sketch:rows=3,cols=65536,ratio=0.01;randomk:ratio=0.01"}
 {
   echo "date: $(date -Is)"
   echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r)"
