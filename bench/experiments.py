@@ -28,7 +28,7 @@ import sys
 import time
 
 # Shared by every run. Per-rank batch 32 on 4 ranks = effective batch 128.
-COMMON = ["--epochs", "{epochs}", "--batch-size", "32", "--lr", "0.1", "--momentum", "0.9",
+COMMON = ["--epochs", "{epochs}", "--batch-size", "32", "--lr", "{lr}", "--momentum", "0.9",
           "--warmup-epochs", "0.5", "--lr-schedule", "cosine", "--hidden", "512,256", "--seed", "1"]
 
 # min_numel=1024 keeps the biases (512, 256, 10 elements) dense for every compressor.
@@ -42,22 +42,21 @@ RUNS = [
     ("quant-2bit", "quant:bits=2,min_numel=1024", False),
     ("qsgd", "qsgd:levels=16,bucket=512,min_numel=1024", False),
     ("sign", "sign:bucket=512,min_numel=1024", False),
-    # Smaller buckets (finer scales) for the two that diverge with the defaults at lr 0.1.
-    ("sign-bucket64", "sign:bucket=64,min_numel=1024", False),
-    ("quant-2bit-bucket64", "quant:bits=2,bucket=64,min_numel=1024", False),
     ("topk-1%", "topk:ratio=0.01,min_numel=1024", False),
     ("topk-1%+mc", "topk:ratio=0.01,min_numel=1024", True),
     ("topk-0.1%", "topk:ratio=0.001,min_numel=1024", False),
     ("topk-0.1%+mc", "topk:ratio=0.001,min_numel=1024", True),
     ("randomk-1%", "randomk:ratio=0.01,min_numel=1024", False),
+    ("randomk-1%+mc", "randomk:ratio=0.01,min_numel=1024", True),
     ("sketch", "sketch:rows=3,cols=4096,ratio=0.01,min_numel=16384", False),
+    ("sketch+mc", "sketch:rows=3,cols=4096,ratio=0.01,min_numel=16384", True),
 ]
 
 
 def command_for(args, spec, mc, log):
     cmd = [os.path.join(args.build, "tools", "gradcomm-run"), "-n", str(args.ranks), "--",
            os.path.join(args.build, "trainer", "gradcomm-train")]
-    cmd += [a.format(epochs=args.epochs) for a in COMMON]
+    cmd += [a.format(epochs=args.epochs, lr=args.lr) for a in COMMON]
     cmd += ["--compressor", spec, "--log", log]
     if mc:
         cmd.append("--momentum-correction")
@@ -163,7 +162,7 @@ def write_markdown(args, rows, commands, path, stem):
     dense = next((r for r in rows if r["name"] == "none"), None)
     out = [f"# Compression vs accuracy: gradcomm-train, Fashion-MNIST, {args.ranks} ranks, CPU ({args.date})", "",
            f"MLP 784-512-256-10, {args.epochs} epochs, per-rank batch 32 (effective {32 * args.ranks}), SGD momentum "
-           "0.9, lr 0.1 with 0.5-epoch linear warm-up then cosine to 0, no weight decay, seed 1. Every rank trains "
+           f"0.9, lr {args.lr} with 0.5-epoch linear warm-up then cosine to 0, no weight decay, seed 1. Every rank trains "
            "on a disjoint shard; gradients are averaged per layer (keys fc1.weight, fc1.bias, ...). Bytes are what "
            "rank 0 sent for gradients (Communicator::stats deltas, headers included); dense = 2(N-1)/N x tensor "
            "bytes per allreduce. One run per row (seed 1): differences of a few tenths of a point are within "
@@ -179,7 +178,8 @@ def write_markdown(args, rows, commands, path, stem):
                    f"{r['time_s']:.0f} | {r['compress_s']:.1f} | {r['comm_s']:.1f} | {r['status']} |")
     out += ["", f"Plots: `{stem}.png`. Per-run logs: `{stem}/`. CSV: `{stem}.csv`.", "",
             "## Commands", "", "```bash",
-            f"/usr/bin/python3 bench/experiments.py --build {args.build} --epochs {args.epochs} --ranks {args.ranks}",
+            f"/usr/bin/python3 bench/experiments.py --build {args.build} --epochs {args.epochs} --ranks {args.ranks} "
+            f"--lr {args.lr}" + (f" --tag {args.tag}" if args.tag else ""),
             "# which runs, one after the other (OPENBLAS_NUM_THREADS=1):"]
     out += [shlex.join(c) for c in commands]
     out += ["```", ""]
@@ -195,7 +195,9 @@ def main():
     p.add_argument("--build", default="build", help="build directory with tools/gradcomm-run and trainer/gradcomm-train")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.03, help="peak learning rate, the same for every run")
     p.add_argument("--date", default="2026-11-22")
+    p.add_argument("--tag", default="", help="suffix of the output names (training-cpu-DATE-TAG)")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--only", default="", help="comma-separated run names (default: all)")
     p.add_argument("--force", action="store_true", help="rerun even when a finished log exists")
@@ -204,7 +206,7 @@ def main():
         if not os.access(os.path.join(args.build, tool), os.X_OK):
             sys.exit(f"experiments.py: {os.path.join(args.build, tool)} not found; build it first "
                      f"(cmake --build {args.build} --target gradcomm-run gradcomm-train)")
-    stem = f"training-cpu-{args.date}"
+    stem = f"training-cpu-{args.date}" + (f"-{args.tag}" if args.tag else "")
     logdir = os.path.join(args.out, stem)
     os.makedirs(logdir, exist_ok=True)
     wanted = [n for n in args.only.split(",") if n]
