@@ -97,9 +97,10 @@ def write_table(cells, directory):
                         continue
                     t = c["time_us"] / 1e3
                     cell = f"{t:.1f}"
-                    if dense and s != "gradcomm ring":
-                        sp = dense["time_us"] / c["time_us"]
-                        cell += f" ({sp:.2f}x)" if s in ("mpi", "gloo") else f" (**{sp:.1f}x**)"
+                    if dense and s in ("mpi", "gloo"):
+                        cell += f" ({c['time_us'] / dense['time_us']:.2f}x)"  # peer time / gradcomm time
+                    elif dense and s != "gradcomm ring":
+                        cell += f" (**{dense['time_us'] / c['time_us']:.1f}x**)"
                     row.append(cell)
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")

@@ -146,7 +146,10 @@ run_id=0
 run_bench() {
   local compressor=$1 baseline=$2 size=$3
   run_id=$((run_id + 1))
-  local port=$((20000 + (tag * 7 + run_id * 13) % 40000))
+  # A port free in rank 0's namespace right now (the kernel picks it; a fixed
+  # formula could land on a port a previous run's socket still holds).
+  local port
+  port=$(ip netns exec "$(ns 0)" $py -c 'import socket; s = socket.socket(); s.bind(("'"$subnet.1"'", 0)); print(s.getsockname()[1])')
   local token; token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local out="$workdir/run$run_id.json" pids=() r
   for r in $(seq 0 $((ranks - 1))); do
@@ -157,15 +160,24 @@ run_bench() {
       GRADCOMM_BENCH_GLOO_HOST="$subnet.$((r + 1))" \
       OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 \
+      GRADCOMM_TIMEOUT_S="${GRADCOMM_TIMEOUT_S:-120}" \
       timeout --signal=KILL "$timeout_s" "$bench" -b "$size" -e "$size" -n "$iters" -w "$warmup" \
         --compressor "$compressor" --baseline "$baseline" --phases --json "$out" \
       >"$workdir/run$run_id.rank$r.log" 2>&1 &
     pids+=($!)
   done
-  local failed=0
-  for r in "${!pids[@]}"; do
-    if ! wait "${pids[$r]}"; then failed=1; fi
+  # The first rank to fail ends the run: the others get a few seconds to report
+  # their own errors, then are killed, instead of waiting out their deadline.
+  local failed=0 left=${#pids[@]}
+  while ((left > 0)); do
+    if ! wait -n "${pids[@]}"; then failed=1; break; fi
+    left=$((left - 1))
   done
+  if ((failed)); then
+    sleep 5
+    kill -9 "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+  fi
   if [[ $failed -ne 0 || ! -s $out ]]; then
     echo "run.sh: bench failed (compressor=$compressor baseline=$baseline size=$size); rank logs:" >&2
     tail -n 5 "$workdir"/run$run_id.rank*.log >&2
@@ -182,8 +194,16 @@ EOF
 }
 
 IFS=',' read -r -a size_list <<<"$sizes"
-if [[ $compressors == *";"* ]]; then IFS=';' read -r -a comp_list <<<"$compressors"
-else IFS=',' read -r -a comp_list <<<"$compressors"; fi
+# ';' always separates specs. Without one, ',' does, unless a piece is a bare
+# key=value (then the ',' belonged to a spec: "topk:ratio=0.01,select=sample").
+if [[ $compressors == *";"* ]]; then
+  IFS=';' read -r -a comp_list <<<"$compressors"
+else
+  IFS=',' read -r -a comp_list <<<"$compressors"
+  for piece in "${comp_list[@]}"; do
+    if [[ $piece == *=* && $piece != *:* ]]; then comp_list=("$compressors"); break; fi
+  done
+fi
 IFS=',' read -r -a base_list <<<"$baselines"
 : >"$workdir/records.jsonl"
 status=0
