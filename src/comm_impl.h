@@ -70,6 +70,11 @@ class Op {
   // header first, and the communicator calls finish() after the algorithm.
   void finish();
 
+  // Checks the left neighbour's header now, before any data of this call leaves:
+  // for algorithms where a rank sends without first waiting on a receive (a
+  // broadcast's root), so a mismatch it can see stops its data going out.
+  void confirm_header() { check_header(); }
+
   // Throws `code` with the call's context after telling the other ranks.
   [[noreturn]] void fail(ErrorCode code, const std::string& what);
 

@@ -2,6 +2,15 @@
 // following the ring (root, root+1, ..., root-1); each rank receives chunk j from
 // its predecessor and passes it on to its successor right away, so the time is
 // about (N-1 + C) chunk transfers for C chunks instead of (N-1)·C.
+//
+// Mismatches: the call headers are checked pairwise around the ring, so all
+// ranks agree once every rank's check passed. In a chain a rank's data depends
+// only on its predecessors, so without more a rank before a disagreeing pair
+// could return while the ranks after it raise MismatchError. Hence the root checks
+// its header before its data leaves, and the end of the chain, having received
+// everything (so every rank before it passed its check), tells every other rank
+// it is done; each rank returns only after that word (or raises the abort that
+// the rank that found a mismatch sent instead). Cost: one small message latency.
 #include <algorithm>
 #include <vector>
 
@@ -35,6 +44,11 @@ void chain_broadcast(Op& op, void* data, int64_t bytes, int root) {
     }
   };
 
+  if (!receives) op.confirm_header();  // the root: nothing leaves before its check
+  constexpr uint32_t kDoneUnit = 0x7FFFFFFF;  // below the pipeline units' range
+  uint8_t done_word = 1;
+  RequestPtr done = position < n - 1 ? op.recv((root + n - 1) % n, kDoneUnit, &done_word, 1) : nullptr;
+
   for (int64_t j = 0; j < C; ++j) {
     if (receives) {
       post_until(j + kPipelineDepth);
@@ -47,6 +61,15 @@ void chain_broadcast(Op& op, void* data, int64_t bytes, int root) {
     }
   }
   op.wait_all(sends, "broadcast send");
+  if (done) {
+    op.wait(*done, "broadcast completion from the end of the chain");
+  } else {
+    std::vector<RequestPtr> dones;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer != r) dones.push_back(op.send(peer, kDoneUnit, &done_word, 1));
+    }
+    op.wait_all(dones, "broadcast completion");
+  }
 }
 
 }  // namespace gradcomm::detail
