@@ -3,6 +3,8 @@
 // agree on a compressor iff their canonical() strings are equal.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -65,6 +67,20 @@ struct CompressorSpec {
   // "topk:ratio=0.01,select=exact,ef=1,min_numel=0,warmup=0,seed=0,values=fp32".
   std::string canonical() const;
 };
+
+// Elements a sparsifier selects from `numel`: `k` when given, else round(ratio *
+// numel), within [1, max(numel, 1)]. The CPU and GPU engines both use this: the
+// counts decide the selections, so they must agree to the element.
+inline int64_t selection_count(double ratio, int64_t k, int64_t numel) {
+  const int64_t c = k > 0 ? k : static_cast<int64_t>(std::llround(ratio * static_cast<double>(numel)));
+  return std::clamp<int64_t>(c, 1, std::max<int64_t>(numel, 1));
+}
+
+// Count-sketch width: spec.cols, or when the spec leaves it to us a few columns per
+// heavy hitter (4k, within [16, 2^26]).
+inline int sketch_columns(const CompressorSpec& spec, int64_t k) {
+  return spec.cols > 0 ? spec.cols : static_cast<int>(std::clamp<int64_t>(4 * k, 16, int64_t{1} << 26));
+}
 
 // Parses a spec string. InvalidArgument naming the problem and listing what is
 // accepted: unknown compressor, unknown key, bad value, missing required key,

@@ -14,16 +14,6 @@
 namespace gradcomm::detail {
 namespace {
 
-int64_t count_from(double ratio, int64_t k, int64_t numel) {
-  const int64_t c = k > 0 ? k : static_cast<int64_t>(std::llround(ratio * static_cast<double>(numel)));
-  return std::clamp<int64_t>(c, 1, std::max<int64_t>(numel, 1));
-}
-
-// Sketch width when the spec leaves it to us: a few columns per heavy hitter.
-int sketch_cols(const CompressorSpec& spec, int64_t k) {
-  return spec.cols > 0 ? spec.cols : static_cast<int>(std::clamp<int64_t>(4 * k, 16, int64_t{1} << 26));
-}
-
 // acc = data + residual, in data; the residual is then free to collect this step's loss.
 void fold_residual(float* data, int64_t numel, float* residual) {
   if (residual == nullptr) return;
@@ -125,7 +115,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       {
         Op::PhaseTimer timer(op, &Stats::encode_s);
         const SparseVector selected =
-            topk_select(data, numel, count_from(spec.ratio, spec.k, numel), spec.select, mine);
+            topk_select(data, numel, selection_count(spec.ratio, spec.k, numel), spec.select, mine);
         if (residual != nullptr) {
           std::memcpy(residual, data, static_cast<size_t>(numel) * sizeof(float));
           for (uint64_t i : selected.indices) residual[i] = 0.0f;
@@ -149,7 +139,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       std::vector<float> values;
       {
         Op::PhaseTimer timer(op, &Stats::encode_s);
-        indices = randomk_indices(numel, count_from(spec.ratio, 0, numel), shared);
+        indices = randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared);
         values.resize(indices.size());
         for (size_t j = 0; j < indices.size(); ++j) values[j] = data[indices[j]];
         if (residual != nullptr) {
@@ -162,8 +152,8 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       break;
     }
     case CompressorId::kSketch: {
-      const int64_t k = count_from(spec.ratio, spec.k, numel);
-      const CountSketch sketch(spec.rows, sketch_cols(spec, k), shared);
+      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      const CountSketch sketch(spec.rows, sketch_columns(spec, k), shared);
       std::vector<float> table(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
       std::vector<float> estimate(static_cast<size_t>(numel));
       {

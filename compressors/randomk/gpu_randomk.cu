@@ -26,6 +26,7 @@
 #include "compressors/randomk/randomk_logic.h"
 #include "compressors/topk/gpu_sparse.h"
 #include "cuda/check.h"
+#include "cuda/grid.cuh"
 #include "cuda/device.h"
 #include "cuda/radix_select.cuh"  // SelectState: the workspace's count lives in it
 #include "gradcomm/errors.h"
@@ -37,21 +38,6 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;
 constexpr uint64_t kRejected = ~uint64_t{0};  // never a value of t (t < n <= 2^63)
 constexpr int64_t kRejectList = 4096;
-
-template <class... Args>
-[[noreturn]] void throw_invalid(const Args&... parts) {
-  std::ostringstream text;
-  (text << ... << parts);
-  throw InvalidArgument(text.str());
-}
-
-unsigned grid_for(int64_t items) {
-  const int64_t fill = static_cast<int64_t>(cuda_sm_count(cuda_current_device())) * kBlocksPerSm;
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, fill));
-}
-
-__device__ __forceinline__ int64_t first_thread() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // rejected[0] is the list length (atomic), rejected[1 ..] the listed draws.
 __global__ void draw_kernel(uint64_t base, int64_t k, PhiloxStream rng, uint64_t* t, uint32_t* order,
@@ -131,7 +117,7 @@ void gpu_randomk_indices(int64_t n, int64_t k, const PhiloxStream& rng, GpuSpars
   GRADCOMM_CUDA_CHECK_LAUNCH();
   if (count == 0) return;
   if (k >= n) {
-    iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, ws.indices_.as<uint64_t>());
+    iota_kernel<<<grid_for(n, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(n, ws.indices_.as<uint64_t>());
     GRADCOMM_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -162,7 +148,7 @@ void gpu_randomk_indices(int64_t n, int64_t k, const PhiloxStream& rng, GpuSpars
   ws.cub_temp_.reserve(std::max<size_t>({pair_bytes, key_bytes, 1}));
 
   GRADCOMM_CUDA_CHECK(cudaMemsetAsync(rejected, 0, sizeof(unsigned long long), stream));
-  const unsigned grid = grid_for(k);
+  const unsigned grid = grid_for(k, kThreads, kBlocksPerSm);
   draw_kernel<<<grid, kThreads, 0, stream>>>(base, k, rng, t, order, rejected);
   GRADCOMM_CUDA_CHECK_LAUNCH();
   fixup_kernel<<<1, 1, 0, stream>>>(base, k, rng, t, rejected);

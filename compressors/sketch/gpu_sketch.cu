@@ -24,6 +24,7 @@
 #include "compressors/sketch/sketch_hash.h"
 #include "compressors/topk/gpu_sparse.h"
 #include "cuda/check.h"
+#include "cuda/grid.cuh"
 #include "cuda/device.h"
 #include "gradcomm/errors.h"
 
@@ -34,16 +35,6 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;
 constexpr int kSharedThreads = 1024;
 constexpr size_t kSharedTableBytes = 96 * 1024;  // two blocks per SM on sm_90 (228 KiB)
-
-template <class... Args>
-[[noreturn]] void throw_invalid(const Args&... parts) {
-  std::ostringstream text;
-  (text << ... << parts);
-  throw InvalidArgument(text.str());
-}
-
-__device__ __forceinline__ int64_t first_thread() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 __device__ __forceinline__ void load_salts(uint64_t* salts, int rows, const PhiloxStream& rng) {
   for (int r = threadIdx.x; r < rows; r += blockDim.x) salts[r] = sketch::row_salt(rng, r);
@@ -107,11 +98,6 @@ __global__ void __launch_bounds__(kThreads) estimate_kernel(const float* table, 
     sketch::sort_small(v, rows);
     estimate[i] = sketch::median_of_sorted(v, rows);
   }
-}
-
-unsigned grid_for(int64_t items, int threads, int per_sm) {
-  const int64_t fill = static_cast<int64_t>(cuda_sm_count(cuda_current_device())) * per_sm;
-  return static_cast<unsigned>(std::clamp<int64_t>((items + threads - 1) / threads, 1, fill));
 }
 
 }  // namespace

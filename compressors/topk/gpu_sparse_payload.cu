@@ -18,6 +18,7 @@
 #include "compressors/payload.h"
 #include "compressors/topk/gpu_sparse.h"
 #include "cuda/check.h"
+#include "cuda/grid.cuh"
 #include "cuda/device.h"
 #include "cuda/device_status.h"
 #include "gradcomm/errors.h"
@@ -32,21 +33,6 @@ constexpr uint16_t kFlagU64Indices = 1u << 0;
 constexpr uint16_t kFlagFp16Values = 1u << 1;
 constexpr uint16_t kKnownFlags = kFlagU64Indices | kFlagFp16Values;
 constexpr uint64_t kU32Limit = uint64_t{1} << 32;
-
-template <class... Args>
-[[noreturn]] void throw_invalid(const Args&... parts) {
-  std::ostringstream text;
-  (text << ... << parts);
-  throw InvalidArgument(text.str());
-}
-
-unsigned grid_for(int64_t items) {
-  const int64_t fill = static_cast<int64_t>(cuda_sm_count(cuda_current_device())) * kBlocksPerSm;
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, fill));
-}
-
-__device__ __forceinline__ int64_t first_thread() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // Little-endian load of a T at p: one typed load when the payload is aligned
 // (Aligned: payload 8-byte aligned, and every field sits at a multiple of its
@@ -155,7 +141,7 @@ void launch_decode(CompressorId id, const uint8_t* payload, size_t bytes, int64_
                                 ? static_cast<int64_t>((bytes - PayloadHeader::kBytes) / ((un >= kU32Limit ? 8 : 4) + 2))
                                 : 0;
   if (max_count == 0) return;  // nothing to check or apply (an empty payload has count 0)
-  const unsigned grid = grid_for(max_count);
+  const unsigned grid = grid_for(max_count, kThreads, kBlocksPerSm);
   check_indices_kernel<Aligned><<<grid, kThreads, 0, stream>>>(payload, un, status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
   apply_kernel<Aligned><<<grid, kThreads, 0, stream>>>(payload, un, out, status);
@@ -261,7 +247,7 @@ void gpu_encode_sparse(CompressorId id, int64_t n, const uint64_t* indices, cons
   if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
     throw_invalid("gpu_encode_sparse: out = ", static_cast<const void*>(out), " is not 8-byte aligned");
   }
-  const unsigned grid = grid_for(std::max<int64_t>(capacity, 1));
+  const unsigned grid = grid_for(std::max<int64_t>(capacity, 1), kThreads, kBlocksPerSm);
   check_selection_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint64_t>(n), indices, count, capacity, status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
   encode_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint8_t>(id), static_cast<uint64_t>(n), indices, values,
@@ -286,20 +272,20 @@ void gpu_decode_add_sparse(CompressorId id, const uint8_t* payload, size_t paylo
 void gpu_gather(const float* acc, const uint64_t* indices, const uint64_t* count, int64_t capacity, float* values,
                 float* zero_in, cudaStream_t stream) {
   if (capacity <= 0) return;
-  gather_kernel<<<grid_for(capacity), kThreads, 0, stream>>>(acc, indices, count, capacity, values, zero_in);
+  gather_kernel<<<grid_for(capacity, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(acc, indices, count, capacity, values, zero_in);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 
 void gpu_scatter(float* out, const uint64_t* indices, const float* values, const uint64_t* count, int64_t capacity,
                  cudaStream_t stream) {
   if (capacity <= 0) return;
-  scatter_kernel<<<grid_for(capacity), kThreads, 0, stream>>>(out, indices, values, count, capacity);
+  scatter_kernel<<<grid_for(capacity, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(out, indices, values, count, capacity);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 
 void gpu_fold_residual(const float* grad, float* residual, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  fold_kernel<<<grid_for(n), kThreads, 0, stream>>>(grad, residual, n);
+  fold_kernel<<<grid_for(n, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(grad, residual, n);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 

@@ -20,6 +20,7 @@
 #include "compressors/topk/gpu_sparse.h"
 #include "compressors/topk/topk_logic.h"
 #include "cuda/check.h"
+#include "cuda/grid.cuh"
 #include "cuda/device.h"
 #include "cuda/radix_select.cuh"
 #include "gradcomm/errors.h"
@@ -29,13 +30,6 @@ namespace {
 
 constexpr int kHistBlocksPerSm = 8;  // 8 x 256 threads and 8 x 8 KiB shared per SM
 constexpr int kThreads = 256;
-
-template <class... Args>
-[[noreturn]] void throw_invalid(const Args&... parts) {
-  std::ostringstream text;
-  (text << ... << parts);
-  throw InvalidArgument(text.str());
-}
 
 // Enough blocks to fill the GPU, and enough that no block counts 2^31 keys (u32
 // shared counters).
@@ -159,11 +153,6 @@ __global__ void take_all_kernel(const float* grad, float* residual, int64_t n, u
   }
 }
 
-unsigned elementwise_grid(int64_t n) {
-  const int64_t fill = static_cast<int64_t>(cuda_sm_count(cuda_current_device())) * kHistBlocksPerSm;
-  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, fill));
-}
-
 }  // namespace
 
 const uint64_t* GpuSparseWorkspace::count() const {
@@ -195,7 +184,7 @@ void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, T
   if (k >= n) {
     reserve(ws, 0, n, 0);
     init_state(states(ws), 0, static_cast<uint64_t>(n), 0, stream);
-    take_all_kernel<<<elementwise_grid(n), kThreads, 0, stream>>>(grad, residual, n, ws.indices_.as<uint64_t>(),
+    take_all_kernel<<<grid_for(n, kThreads, kHistBlocksPerSm), kThreads, 0, stream>>>(grad, residual, n, ws.indices_.as<uint64_t>(),
                                                                   ws.values_.as<float>());
     GRADCOMM_CUDA_CHECK_LAUNCH();
     return;
@@ -218,7 +207,7 @@ void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, T
   GRADCOMM_CUDA_CHECK(cudaMemsetAsync(ws.hist_.data(), 0, ws.hist_.size(), stream));
   init_state(s, k, static_cast<uint64_t>(k), 0, stream);
   init_state(sampled, plan.ks, 0, topk::kTakeAllEqual, stream);
-  sample_kernel<<<elementwise_grid(plan.m), kThreads, 0, stream>>>(grad, residual, n, plan.m, rng,
+  sample_kernel<<<grid_for(plan.m, kThreads, kHistBlocksPerSm), kThreads, 0, stream>>>(grad, residual, n, plan.m, rng,
                                                                    ws.sample_keys_.as<uint32_t>());
   GRADCOMM_CUDA_CHECK_LAUNCH();
   const radix::RawKeys sample_keys{ws.sample_keys_.as<uint32_t>()};

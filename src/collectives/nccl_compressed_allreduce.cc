@@ -22,15 +22,6 @@
 namespace gradcomm::detail {
 namespace {
 
-// As src/compression.cc (kept identical: the counts decide the selections).
-int64_t count_from(double ratio, int64_t k, int64_t numel) {
-  const int64_t c = k > 0 ? k : static_cast<int64_t>(std::llround(ratio * static_cast<double>(numel)));
-  return std::clamp<int64_t>(c, 1, std::max<int64_t>(numel, 1));
-}
-int sketch_cols(const CompressorSpec& spec, int64_t k) {
-  return spec.cols > 0 ? spec.cols : static_cast<int>(std::clamp<int64_t>(4 * k, 16, int64_t{1} << 26));
-}
-
 constexpr size_t kBlockAlign = 16;
 size_t round_up(size_t v) { return (v + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
 
@@ -108,7 +99,7 @@ void topk(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, float* residual
           const CompressorSpec& spec, const PhiloxStream& mine, DeviceStatus* status, cudaStream_t stream) {
   const int n = op.size();
   const int r = op.rank();
-  const int64_t k = count_from(spec.ratio, spec.k, numel);
+  const int64_t k = selection_count(spec.ratio, spec.k, numel);
   gpu_topk_select(data, residual, numel, k, spec.select, mine, ks.sparse, stream);
   const int64_t capacity = ks.sparse.capacity();
   const size_t block = round_up(sparse_payload_bytes(numel, capacity, spec.values));
@@ -215,7 +206,7 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
       topk(op, gpu, ks, data, residual, numel, spec, mine, status, stream);
       break;
     case CompressorId::kRandomk: {
-      gpu_randomk_indices(numel, count_from(spec.ratio, 0, numel), shared, ks.sparse, stream);
+      gpu_randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared, ks.sparse, stream);
       const float* acc = data;
       if (residual != nullptr) {
         gpu_fold_residual(data, residual, numel, stream);  // residual = acc
@@ -225,8 +216,8 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
       break;
     }
     case CompressorId::kSketch: {
-      const int64_t k = count_from(spec.ratio, spec.k, numel);
-      const GpuCountSketch sketch(spec.rows, sketch_cols(spec, k), shared);
+      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      const GpuCountSketch sketch(spec.rows, sketch_columns(spec, k), shared);
       const int64_t cells = int64_t{sketch.rows()} * sketch.cols();
       ks.table.reserve(static_cast<size_t>(cells) * sizeof(float));
       float* table = ks.table.as<float>();

@@ -109,6 +109,18 @@ void NcclComm::fail(ncclResult_t result, const char* what) {
   throw TransportError(message);
 }
 
+// The caller's watchdog (aborts arriving over UCX); anything it raises aborts the
+// communicator first, so NCCL's kernels cannot outlive the error.
+void NcclComm::run_watchdog() {
+  if (!watchdog_) return;
+  try {
+    watchdog_();
+  } catch (...) {
+    abort();
+    throw;
+  }
+}
+
 void NcclComm::check_usable(const char* what) const {
   if (aborted_) {
     throw TransportError(fmt::format("nccl: rank {}: {}: the communicator was aborted after an earlier failure",
@@ -125,15 +137,7 @@ void NcclComm::settle(const Deadline& deadline, const char* what) {
         if (state != ncclSuccess && state != ncclInProgress) fail(state, what);
         return state == ncclSuccess;
       },
-      [&] {
-        if (!watchdog_) return;
-        try {
-          watchdog_();
-        } catch (...) {
-          abort();
-          throw;
-        }
-      },
+      [&] { run_watchdog(); },
       deadline,
       [&] {
         abort();
@@ -201,13 +205,7 @@ void NcclComm::wait(cudaEvent_t event, const Deadline& deadline, const char* wha
       },
       [&] {
         check_async(what);
-        if (!watchdog_) return;
-        try {
-          watchdog_();
-        } catch (...) {
-          abort();
-          throw;
-        }
+        run_watchdog();
       },
       deadline,
       [&] {

@@ -90,6 +90,7 @@ class NcclComm {
   void abort() noexcept;
 
  private:
+  void run_watchdog();
   // Polls ncclCommGetAsyncError while it says ncclInProgress; throws (after
   // aborting) on an error or when `deadline` passes.
   void settle(const Deadline& deadline, const char* what);
