@@ -3,7 +3,9 @@
 // up to 8 ranks are exact in every dtype, and the expected bytes of each result.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "gradcomm/types.h"
 #include "half.h"
@@ -42,6 +44,29 @@ inline void store_average(DType dtype, void* base, int64_t i, double sum, int n)
     case DType::kInt64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(sum) / n; break;
     case DType::kUInt8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(static_cast<int64_t>(sum) / n); break;
   }
+}
+
+// The expected bytes of allreduce(op) over n ranks where rank r contributes
+// value(r, i), computed independently of any collective.
+template <class Value>
+std::vector<uint8_t> expected_allreduce(DType dtype, ReduceOp op, int n, int64_t numel, Value value) {
+  std::vector<uint8_t> out(numel * dtype_size(dtype));
+  for (int64_t i = 0; i < numel; ++i) {
+    double sum = 0, lo = value(0, i), hi = lo;
+    for (int r = 0; r < n; ++r) {
+      const double v = value(r, i);
+      sum += v;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    switch (op) {
+      case ReduceOp::kSum: store_value(dtype, out.data(), i, sum); break;
+      case ReduceOp::kAvg: store_average(dtype, out.data(), i, sum, n); break;
+      case ReduceOp::kMin: store_value(dtype, out.data(), i, lo); break;
+      case ReduceOp::kMax: store_value(dtype, out.data(), i, hi); break;
+    }
+  }
+  return out;
 }
 
 }  // namespace gradcomm::testing

@@ -21,23 +21,7 @@ using testing::contribution;
 
 // The expected bytes of allreduce(op) over n ranks, computed independently of the ring.
 std::vector<uint8_t> expected_result(DType dtype, ReduceOp op, int n, int64_t numel) {
-  std::vector<uint8_t> out(numel * dtype_size(dtype));
-  for (int64_t i = 0; i < numel; ++i) {
-    double sum = 0, lo = contribution(0, i), hi = lo;
-    for (int r = 0; r < n; ++r) {
-      const double v = contribution(r, i);
-      sum += v;
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-    switch (op) {
-      case ReduceOp::kSum: testing::store_value(dtype, out.data(), i, sum); break;
-      case ReduceOp::kAvg: testing::store_average(dtype, out.data(), i, sum, n); break;
-      case ReduceOp::kMin: testing::store_value(dtype, out.data(), i, lo); break;
-      case ReduceOp::kMax: testing::store_value(dtype, out.data(), i, hi); break;
-    }
-  }
-  return out;
+  return testing::expected_allreduce(dtype, op, n, numel, contribution);
 }
 
 // Allreduces v(r, i) on n threads; every rank must hold the closed-form bytes and
