@@ -7,9 +7,11 @@
 // result, and nothing outside the tensor may change.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <tuple>
 
+#include "common/closed_form.h"
 #include "test_util.h"
 
 namespace gradcomm {
@@ -159,21 +161,48 @@ TEST(RingAllreduce, OtherIntegerTypesWrapAndAverage) {
   }
 }
 
+// IEEE arithmetic, not silence (DESIGN.md section 7): a NaN anywhere gives NaN for
+// every op (min/max included, unlike std::min); +Inf meeting -Inf sums to NaN; a lone
+// +Inf survives sum, avg and max. Small tensors (recursive doubling) and large ones
+// (the chunked ring), every floating dtype, N = 2..4; every rank holds the same bits.
 TEST(RingAllreduce, NanAndInfPropagate) {
-  const int n = 3;
-  std::vector<std::vector<float>> data(n, std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f});
-  data[1][0] = std::numeric_limits<float>::quiet_NaN();
-  data[2][1] = std::numeric_limits<float>::infinity();
-  std::vector<std::vector<float>> mins = data;
-  testing::run_ranks(n, [&](Communicator& comm) {
-    comm.allreduce(TensorView::of(data[comm.rank()].data(), 4));
-    comm.allreduce(TensorView::of(mins[comm.rank()].data(), 4), ReduceOp::kMin);
-  });
-  for (int r = 0; r < n; ++r) {
-    EXPECT_TRUE(std::isnan(data[r][0]));
-    EXPECT_TRUE(std::isinf(data[r][1]));
-    EXPECT_EQ(data[r][2], 9.0f);
-    EXPECT_TRUE(std::isnan(mins[r][0])) << "min must not drop a NaN";
+  enum Class { kFinite, kNan, kPosInf, kNegInf };
+  const auto load = [](DType dtype, const std::vector<uint8_t>& bytes, int64_t i) -> double {
+    switch (dtype) {
+      case DType::kFloat32: return reinterpret_cast<const float*>(bytes.data())[i];
+      case DType::kFloat64: return reinterpret_cast<const double*>(bytes.data())[i];
+      case DType::kFloat16: return detail::half_to_float(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
+      default: return detail::bf16_to_float(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
+    }
+  };
+  const auto classify = [](double v) { return std::isnan(v) ? kNan : v == INFINITY ? kPosInf : v == -INFINITY ? kNegInf : kFinite; };
+  for (int n : {2, 3, 4}) {
+    for (int64_t numel : {int64_t{4}, int64_t{300007}}) {
+      for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+          SCOPED_TRACE(fmt::format("N={} numel={} {} {}", n, numel, dtype_name(dtype), reduce_op_name(op)));
+          const size_t bytes = numel * dtype_size(dtype);
+          std::vector<std::vector<uint8_t>> data(n, std::vector<uint8_t>(bytes));
+          const int64_t last = numel - 1;
+          for (int r = 0; r < n; ++r) {
+            for (int64_t i = 0; i < numel; ++i) testing::store_value(dtype, data[r].data(), i, testing::contribution(r, i));
+          }
+          testing::store_value(dtype, data[n - 1].data(), 0, NAN);       // NaN on one rank
+          testing::store_value(dtype, data[0].data(), 1, INFINITY);      // +Inf meets -Inf
+          testing::store_value(dtype, data[n - 1].data(), 1, -INFINITY);
+          testing::store_value(dtype, data[1].data(), last, INFINITY);   // a lone +Inf, in the last chunk
+          testing::run_ranks(n, [&](Communicator& comm) {
+            comm.allreduce(TensorView{data[comm.rank()].data(), numel, dtype, {}}, op);
+          });
+          for (int r = 1; r < n; ++r) ASSERT_TRUE(testing::same_bytes(data[r].data(), data[0].data(), bytes));
+          const bool adds = op == ReduceOp::kSum || op == ReduceOp::kAvg;
+          EXPECT_EQ(classify(load(dtype, data[0], 0)), kNan);
+          EXPECT_EQ(classify(load(dtype, data[0], 1)), adds ? kNan : op == ReduceOp::kMin ? kNegInf : kPosInf);
+          EXPECT_EQ(classify(load(dtype, data[0], last)), op == ReduceOp::kMin ? kFinite : kPosInf);
+          for (int64_t i = 2; i < last; ++i) ASSERT_EQ(classify(load(dtype, data[0], i)), kFinite) << "element " << i;
+        }
+      }
+    }
   }
 }
 

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
 #include "compressors/spec.h"
+#include "introspect.h"
 #include "test_util.h"
 
 namespace gradcomm {
@@ -259,6 +261,50 @@ TEST(CompressedAllreduce, SaveAndLoadStateResumeExactly) {
       resumed[comm.rank()] = g;
     });
     for (int r = 0; r < n; ++r) EXPECT_EQ(resumed[r], uninterrupted[r]) << spec << " rank " << r;
+  }
+}
+
+// NaN and Inf are never dropped and never an error (DESIGN.md section 7). Casts, top-k
+// and the sketch carry them through at their position (NaN ranks as the largest
+// magnitude, so top-k always selects it). The bucketed quantizers cannot encode a
+// non-finite value: its bucket's scale turns non-finite and the whole bucket decodes
+// to NaN on every rank. Random-k sends only the drawn coordinates; a NaN elsewhere
+// stays in this rank's residual until its index is drawn, so it is delayed, not lost.
+TEST(CompressedAllreduce, NanAndInfPropagateOnEveryRank) {
+  const int n = 3;
+  const int64_t numel = 1000, p = 123, q = 456;
+  const float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  for (const char* spec : kSpecs) {
+    SCOPED_TRACE(spec);
+    const std::string name = std::string(spec).substr(0, std::string(spec).find(':'));
+    std::vector<std::vector<float>> out(n);
+    bool nan_in_residual = false;
+    testing::run_ranks(n, [&](Communicator& comm) {
+      auto g = gradient(comm.rank(), numel);
+      if (comm.rank() == 1) g[p] = kNan;
+      if (comm.rank() == 2) g[q] = kInf;
+      comm.allreduce(TensorView::of(g.data(), numel), ReduceOp::kSum, CompressOptions{spec, "grad", nullptr});
+      out[comm.rank()] = g;
+      if (comm.rank() == 1) {
+        const auto residual = detail::residual_view(comm, "grad");
+        nan_in_residual = !residual.empty() && std::isnan(residual[p]);
+      }
+    });
+    for (int r = 1; r < n; ++r) {
+      ASSERT_TRUE(testing::same_bytes(out[r].data(), out[0].data(), numel * sizeof(float))) << "rank " << r;
+    }
+    const auto& y = out[0];
+    if (name == "randomk") {
+      EXPECT_TRUE(std::isnan(y[p]) || nan_in_residual) << "the NaN was neither sent nor kept";
+    } else if (name == "qsgd" || name == "quant" || name == "sign") {
+      EXPECT_TRUE(std::isnan(y[p]));
+      EXPECT_FALSE(std::isfinite(y[q]));
+    } else {
+      EXPECT_TRUE(std::isnan(y[p]));
+      EXPECT_EQ(y[q], kInf);
+      const auto finite = std::count_if(y.begin(), y.end(), [](float v) { return std::isfinite(v); });
+      EXPECT_EQ(finite, numel - 2) << "a non-finite value leaked into other coordinates";
+    }
   }
 }
 
