@@ -208,6 +208,9 @@ class Supervisor {
     stop_sent_ = true;
     grace_deadline_.reset();
     signal_all(sig);
+    // A stopped rank (SIGSTOP, a debugger's Ctrl-Z) would hold its signal pending until
+    // SIGKILL: continue it, so it acts on the stop request now, as a shell's kill does.
+    signal_all(SIGCONT);
     if (!kill_deadline_) kill_deadline_ = Clock::now() + kKillAfter;
   }
 

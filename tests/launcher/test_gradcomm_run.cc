@@ -312,6 +312,18 @@ TEST(GradcommRunFailure, SurvivorsGetSigtermBeforeSigkill) {
   EXPECT_LT(r.seconds, 3.5);  // TERM was enough: no wait for the SIGKILL escalation
 }
 
+// A stopped rank cannot act on SIGTERM; the launcher continues it, so it ends on the
+// stop request instead of waiting out the SIGKILL escalation.
+TEST(GradcommRunFailure, StoppedRankIsContinuedAndEndsOnSigterm) {
+  Result r = run_launcher({"--grace", "0.5", "-n", "2", "sh", "-c",
+                           "if [ \"$RANK\" = 0 ]; then sleep 0.5; exit 3; fi; "
+                           "trap 'echo rank $RANK got TERM; exit 9' TERM; kill -STOP $$; while :; do sleep 0.1; done"});
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.out, "[1] rank 1 got TERM\n")) << r.out;
+  EXPECT_FALSE(contains(r.err, "SIGKILL")) << r.err;
+  EXPECT_LT(r.seconds, 3.5);
+}
+
 TEST(GradcommRunFailure, OthersReportTheirOwnErrorsDuringGrace) {
   Result r = run_launcher({"--grace", "20", "-n", "2", "sh", "-c",
                            "if [ \"$RANK\" = 0 ]; then exit 3; fi; "

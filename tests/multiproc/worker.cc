@@ -4,9 +4,11 @@
 //   collectives              allreduce (sizes 0, 1, 1000003 x sum/avg/min/max x 5 dtypes),
 //                            allgather, broadcast, barrier; results checked against closed
 //                            form and, through a hash allgather, bitwise across ranks
-//   kill VICTIM              VICTIM SIGKILLs itself in the middle of an allreduce
-//   stop VICTIM TIMEOUT_MS   VICTIM SIGSTOPs itself; the others use a TIMEOUT_MS timeout
+//   fault KIND VICTIM TIMEOUT_MS SPEC SEED
+//                            VICTIM fails (KIND: sigkill sigterm sigstop exit0 exit1 throw)
+//                            a random moment into a loop of allreduces under SPEC
 //   mismatch numel|dtype|op|kind   rank 1 calls something different
+//   sequence skip|skip_last|barrier|compressor   rank 1 skips or changes one call
 //   compressed               every compressor spec, 3 steps each: finite, bitwise identical
 //                            across ranks, topk = sum of each rank's own top-k, fp16 within rounding
 //   abuse                    ranks >= 1 first attack the job's store (garbage, HTTP,
@@ -134,39 +136,69 @@ int run_collectives(Communicator& comm) {
   return check.wrong == 0 ? 0 : 1;
 }
 
-// Allreduces a 16 MB tensor in a loop; the victim kills or stops itself from a
-// second thread a random moment into the third call, so it dies mid-collective.
-int run_fault(Communicator& comm, bool kill, int victim) {
+// The fault matrix: every rank allreduces 4M floats (dense, or under SPEC) in a
+// loop; the victim fails a random moment in, so it dies while the others are inside
+// a collective waiting for it:
+//   sigkill, sigterm, sigstop   raised from a second thread after a random delay
+//                               (mid-call: the loop spends nearly all its time in calls)
+//   exit0, exit1                std::exit from a second thread after a random delay
+//   throw                       an exception out of a random iteration; main catches
+//                               it, so the communicator is destroyed while the others
+//                               are inside the call the victim never made
+// Survivors report the error, check that the communicator now refuses every call
+// with the original error, and time its destruction.
+int run_fault(Communicator& comm, const std::string& kind, int victim, const std::string& spec, uint32_t seed) {
   const int r = comm.rank();
-  std::vector<float> x(4 << 20, 1.0f);
-  if (r == victim) {
-    std::thread([kill] {
-      std::mt19937 rng(static_cast<unsigned>(getpid()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 300));
-      fmt::print("RESULT rank_dying at_ms={}\n", epoch_ms());
+  std::mt19937 rng(seed);
+  const int delay_ms = 150 + static_cast<int>(rng() % 450);
+  const int throw_at = 1 + static_cast<int>(rng() % 4);
+  std::vector<float> x(4 << 20);
+  if (r == victim && kind != "throw") {
+    std::thread([kind, delay_ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      fmt::print("RESULT rank_dying kind={} at_ms={}\n", kind, epoch_ms());
       std::fflush(stdout);
-      raise(kill ? SIGKILL : SIGSTOP);
+      if (kind == "sigkill") raise(SIGKILL);
+      if (kind == "sigterm") raise(SIGTERM);
+      if (kind == "sigstop") raise(SIGSTOP);
+      std::exit(kind == "exit0" ? 0 : 1);
     }).detach();
   }
+  const CompressOptions compress{spec, "grad", nullptr};
   auto start = Clock::now();
+  int64_t call = 0;
   try {
-    for (int it = 0; it < 1000000; ++it) {
+    for (;; ++call) {
+      if (r == victim && kind == "throw" && call == throw_at) {
+        fmt::print("RESULT rank_dying kind=throw at_ms={}\n", epoch_ms());
+        throw std::runtime_error(fmt::format("rank {}: injected failure before call {}", r, call));
+      }
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7 + call + r) % 101) - 50.0f;
       start = Clock::now();
-      comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), ReduceOp::kAvg);
+      comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), ReduceOp::kAvg, compress);
     }
   } catch (const Error& e) {
     const double in_call = std::chrono::duration<double>(Clock::now() - start).count();
-    fmt::print("RESULT rank={} error={} at_ms={} in_call_s={:.3f} message={}\n", r, error_code_name(e.code()),
-               epoch_ms(), in_call, e.what());
-    // The communicator stays failed: a further call raises the same class at once.
-    try {
-      comm.barrier();
-    } catch (const Error& again) {
-      if (again.code() != e.code()) return 1;
+    const int64_t at_ms = epoch_ms();
+    // Refused from now on, with the original error: an allreduce and a barrier.
+    bool refused = true;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        if (attempt == 0) {
+          comm.allreduce(TensorView::of(x.data(), 16), ReduceOp::kSum);
+        } else {
+          comm.barrier();
+        }
+        refused = false;
+      } catch (const Error& again) {
+        refused &= again.code() == e.code() && std::string(again.what()).find(e.what()) != std::string::npos;
+      }
     }
-    return (kill ? e.code() == ErrorCode::kPeerFailure : e.code() == ErrorCode::kTimeout) ? kExpectedError : 1;
+    fmt::print("RESULT rank={} error={} at_ms={} in_call_s={:.3f} calls={} refused={} message={}\n", r,
+               error_code_name(e.code()), at_ms, in_call, call, refused ? 1 : 0, e.what());
+    const bool expected = kind == "sigstop" ? e.code() == ErrorCode::kTimeout : e.code() == ErrorCode::kPeerFailure;
+    return expected && refused ? kExpectedError : 1;
   }
-  return 1;
 }
 
 int run_mismatch(Communicator& comm, const std::string& kind) {
@@ -183,6 +215,39 @@ int run_mismatch(Communicator& comm, const std::string& kind) {
   } catch (const Error& e) {
     fmt::print("RESULT rank={} error={} message={}\n", comm.rank(), error_code_name(e.code()), e.what());
     return e.code() == ErrorCode::kMismatch ? kExpectedError : 1;
+  }
+  fmt::print("RESULT rank={} error=none\n", comm.rank());
+  return 1;
+}
+
+// A rank out of step in a sequence of four allreduces that alternate between two
+// tensors, numel 1000 and 10 (as a model's layers do); calls are numbered from #1:
+//   skip        rank 1 skips call #2 and goes on: its #2 is the others' #3
+//   skip_last   rank 1 skips call #4 and waits (the others time out)
+//   barrier     rank 1 calls barrier() as its #3, where the others allreduce
+//   compressor  rank 1 uses topk for #3 where the others use qsgd (same key)
+int run_sequence_mismatch(Communicator& comm, const std::string& kind) {
+  const bool odd = comm.rank() == 1;
+  std::vector<float> x(1000, 1.0f);
+  try {
+    for (int call = 1; call <= 4; ++call) {
+      const auto t = TensorView::of(x.data(), call % 2 == 1 ? 1000 : 10);
+      if (odd && kind == "skip" && call == 2) continue;
+      if (odd && kind == "skip_last" && call == 4) {
+        std::this_thread::sleep_for(std::chrono::seconds(4));  // past the others' 2 s deadline
+        fmt::print("RESULT rank={} error=none skipped={}\n", comm.rank(), call);
+        return kExpectedError;
+      }
+      if (odd && kind == "barrier" && call == 3) {
+        comm.barrier();
+        continue;
+      }
+      const char* spec = kind == "compressor" && call == 3 ? (odd ? "topk:ratio=0.1" : "qsgd") : "none";
+      comm.allreduce(t, ReduceOp::kSum, CompressOptions{spec, "layer" + std::to_string(call % 2), nullptr});
+    }
+  } catch (const Error& e) {
+    fmt::print("RESULT rank={} error={} message={}\n", comm.rank(), error_code_name(e.code()), e.what());
+    return kExpectedError;
   }
   fmt::print("RESULT rank={} error=none\n", comm.rank());
   return 1;
@@ -275,22 +340,41 @@ int run_abuse() {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2) {
-    fmt::print(stderr, "usage: gradcomm-test-worker collectives | kill V | stop V TIMEOUT_MS | mismatch KIND\n");
+    fmt::print(stderr, "usage: gradcomm-test-worker collectives | compressed | fault KIND V TIMEOUT_MS SPEC SEED | mismatch KIND | sequence KIND | abuse\n");
     return 2;
   }
   const std::string mode = argv[1];
   try {
     if (mode == "abuse") return run_abuse();
     InitOptions options;
-    if (mode == "stop" && argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
+    if (mode == "fault" && argc > 4) options.timeout = std::chrono::milliseconds(std::stoll(argv[4]));
+    if (mode == "sequence") options.timeout = std::chrono::seconds(2);
     auto comm = Communicator::create(options);
     if (mode == "collectives") return run_collectives(*comm);
     if (mode == "compressed") return run_compressed(*comm);
-    if ((mode == "kill" || mode == "stop") && argc > 2) return run_fault(*comm, mode == "kill", std::stoi(argv[2]));
+    if (mode == "fault" && argc > 6) {
+      const int code = run_fault(*comm, argv[2], std::stoi(argv[3]), argv[5], static_cast<uint32_t>(std::stoul(argv[6])));
+      // A failed communicator must be destroyed without hanging.
+      const auto t0 = Clock::now();
+      const int rank = comm->rank();
+      comm.reset();
+      fmt::print("RESULT destroyed rank={} destroy_ms={}\n", rank,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+      // gradcomm-run reports the first failure it reaps. Survivors end milliseconds
+      // after the victim, possibly within one reaping sweep; lingering makes the
+      // victim's exit unambiguously first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      return code;
+    }
+    if (mode == "sequence" && argc > 2) return run_sequence_mismatch(*comm, argv[2]);
     if (mode == "mismatch" && argc > 2) return run_mismatch(*comm, argv[2]);
   } catch (const Error& e) {
     fmt::print(stderr, "worker: {}: {}\n", error_code_name(e.code()), e.what());
     return 1;
+  } catch (const std::runtime_error& e) {
+    // The fault matrix's injected exception, after the communicator was destroyed.
+    fmt::print(stderr, "worker: {}\n", e.what());
+    return 3;
   }
   fmt::print(stderr, "worker: unknown mode '{}'\n", mode);
   return 2;
