@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -97,21 +99,34 @@ class TrainerProcess : public ::testing::Test {
 // DGC momentum correction (whose masks come from the residual).
 // The kill at step 22 lands after epoch 1's log line but before the next
 // checkpoint (step 24): the resumed run repeats epoch 1's end and must not log it twice.
+//
+// The crash-resume matrix adds a random kill: for none, topk, qsgd and sketch, a
+// step in [9, 59] (after the first checkpoint, anywhere in the 3 epochs, epoch
+// boundaries included) on a random rank. The draw is printed; GRADCOMM_KILL_SEED=S
+// replays one.
 struct KillCase {
   const char* args;
-  int kill_step;
+  int kill_step;  // 0: random
 };
 class KillAndResume : public TrainerProcess, public ::testing::WithParamInterface<KillCase> {};
 
 TEST_P(KillAndResume, FinalCheckpointsAreByteIdentical) {
   const std::string common = fmt::format("--checkpoint-every 8 {}", GetParam().args);
-  const int kill = GetParam().kill_step, last_checkpoint = (kill - 1) / 8 * 8;
+  const char* fixed_seed = std::getenv("GRADCOMM_KILL_SEED");
+  const uint32_t seed = fixed_seed != nullptr ? static_cast<uint32_t>(std::stoul(fixed_seed)) : std::random_device{}();
+  const bool random = GetParam().kill_step == 0;
+  const int kill = random ? 9 + static_cast<int>(seed % 51) : GetParam().kill_step;
+  const int victim = random ? static_cast<int>((seed / 51) % 2) : 0;
+  const int last_checkpoint = kill / 8 * 8;  // checkpoints after steps 8, 16, ...; the hook fires before step `kill`
+  RecordProperty("kill_step", std::to_string(kill));
+  SCOPED_TRACE(fmt::format("SIGKILL at step {} on rank {} (replay: GRADCOMM_KILL_SEED={})", kill, victim, seed));
   const fs::path a = dir("a"), b = dir("b");
   const Result full = train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl", common, a.string(), a.string()));
   ASSERT_EQ(full.status, 0) << full.output;
 
-  const Result killed = train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl --debug-kill-at-step {}", common,
-                                          b.string(), b.string(), kill));
+  const Result killed = train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl --debug-kill-at-step {} "
+                                          "--debug-rank {}",
+                                          common, b.string(), b.string(), kill, victim));
   ASSERT_NE(killed.status, 0) << killed.output;
   ASSERT_TRUE(fs::exists(b / "rank0.ckpt"));
   // What the kill left: the last checkpoint before the kill, not the final one.
@@ -121,7 +136,7 @@ TEST_P(KillAndResume, FinalCheckpointsAreByteIdentical) {
   EXPECT_EQ(state.global_step, last_checkpoint);
   EXPECT_EQ(state.epoch, last_checkpoint / 20);  // mid-epoch (20 steps per epoch)
   EXPECT_EQ(state.step_in_epoch, last_checkpoint % 20);
-  EXPECT_NE(state.step_in_epoch, 0);
+  if (!random) EXPECT_NE(state.step_in_epoch, 0);
 
   const Result resumed =
       train(fmt::format("{} --checkpoint-dir {} --log {}/log.jsonl --resume", common, b.string(), b.string()));
@@ -149,7 +164,11 @@ INSTANTIATE_TEST_SUITE_P(Compressors, KillAndResume,
                          ::testing::Values(KillCase{"--compressor none", 27},
                                            KillCase{"--compressor topk:ratio=0.05,min_numel=64", 27},
                                            KillCase{"--compressor topk:ratio=0.05 --momentum-correction --nesterov", 27},
-                                           KillCase{"--compressor topk:ratio=0.05,min_numel=64", 22}),
+                                           KillCase{"--compressor topk:ratio=0.05,min_numel=64", 22},
+                                           KillCase{"--compressor none", 0},
+                                           KillCase{"--compressor topk:ratio=0.05,min_numel=64", 0},
+                                           KillCase{"--compressor qsgd:levels=16,min_numel=64", 0},
+                                           KillCase{"--compressor sketch:rows=3,cols=256,ratio=0.05,min_numel=64", 0}),
                          [](const auto& info) { return std::to_string(info.index); });
 
 TEST_F(TrainerProcess, SameSeedSameBytesOtherSeedOtherBytes) {
