@@ -99,6 +99,8 @@ struct FaultCase {
   std::string spec;
 };
 
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.kind << " N=" << c.n << " " << c.spec; }
+
 class MultiprocFaultMatrix : public ::testing::TestWithParam<FaultCase> {};
 
 TEST_P(MultiprocFaultMatrix, SurvivorsRaiseRefuseFurtherCallsAndTheLauncherReportsTheFailure) {
