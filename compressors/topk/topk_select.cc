@@ -10,8 +10,11 @@
 // exact  — radix select (as in CUB's / PyTorch's topk): three histogram passes over
 //          the digits [31:21], [20:10], [9:0] of the key narrow down the key T of the
 //          k-th largest element and how many elements equal to T are needed; one
-//          compaction pass then takes every key > T and the lowest-index elements with
+//          compaction then takes every key > T and the lowest-index elements with
 //          key == T until k are taken. Output indices are increasing by construction.
+//          When T's top-digit bucket is small, pass 2 also records the indices above
+//          that bucket and inside it, and the compaction merges those two lists
+//          instead of rereading the input (two full passes in all, not three).
 //          No sort, no per-element allocation; the second pass collects the indices
 //          of the surviving bucket when it is small, so the third pass reads only
 //          those.
@@ -48,9 +51,14 @@ constexpr int kBuckets = 2048;
 
 // Where the k-th largest key lies: every element with key > key is selected, plus
 // the first `take_equal` elements (by index) with key == key.
+// When `collected`, the selection is also known without another pass over the
+// input: `above` (every element whose top digit exceeds the threshold's) and
+// `candidates` (every element sharing its top digit), both in increasing index order.
 struct Threshold {
   uint32_t key = 0;
   int64_t take_equal = 0;
+  bool collected = false;
+  std::vector<int64_t> above, candidates;
 };
 
 // Within a histogram of the current digit, finds the bucket holding the `need`-th
@@ -70,28 +78,66 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
   std::array<int64_t, kBuckets> hist;
   int64_t need = k;  // rank of the target among elements matching the prefix so far
 
-  // Pass 1: top digit over everything.
+  // Pass 1: top digit over everything. Gradients crowd into a few top-digit
+  // buckets, so one histogram would make nearly every increment wait on the last
+  // one to the same counter; four interleaved counters per bucket break that chain.
+  // They are 32-bit, flushed into `hist` every block of kBlock elements.
   hist.fill(0);
-  for (int64_t i = 0; i < n; ++i) ++hist[key_at(i) >> kDigits[0].shift];
+  {
+    constexpr int64_t kBlock = int64_t{1} << 28;  // each lane counts at most kBlock / 4
+    std::vector<uint32_t> lanes(4 * kBuckets);
+    for (int64_t begin = 0; begin < n; begin += kBlock) {
+      const int64_t end = std::min(n, begin + kBlock);
+      std::fill(lanes.begin(), lanes.end(), 0u);
+      int64_t i = begin;
+      for (; i + 4 <= end; i += 4) {
+        ++lanes[0 * kBuckets + (key_at(i) >> kDigits[0].shift)];
+        ++lanes[1 * kBuckets + (key_at(i + 1) >> kDigits[0].shift)];
+        ++lanes[2 * kBuckets + (key_at(i + 2) >> kDigits[0].shift)];
+        ++lanes[3 * kBuckets + (key_at(i + 3) >> kDigits[0].shift)];
+      }
+      for (; i < end; ++i) ++lanes[key_at(i) >> kDigits[0].shift];
+      for (int d = 0; d < kBuckets; ++d) {
+        hist[d] += int64_t{lanes[d]} + lanes[kBuckets + d] + lanes[2 * kBuckets + d] + lanes[3 * kBuckets + d];
+      }
+    }
+  }
   uint32_t prefix = pick_bucket(hist, kDigits[0].mask, need) << kDigits[0].shift;
   uint32_t prefix_mask = kDigits[0].mask << kDigits[0].shift;
 
   // Pass 2: middle digit over the elements in the chosen top bucket. When that
   // bucket holds at most n/16 elements, remember their indices (one allocation of a
-  // size known from the histogram) so pass 3 need not rescan the input.
-  const int64_t in_bucket = hist[prefix >> kDigits[0].shift];
+  // size known from the histogram) so pass 3 need not rescan the input, and the
+  // indices of every element above the bucket (fewer than k, all selected), so the
+  // caller can assemble the selection without another pass (Threshold::above).
+  const uint32_t top = prefix >> kDigits[0].shift;
+  const int64_t in_bucket = hist[top];
   const bool collect = in_bucket <= n / 16;
-  std::vector<int64_t> candidates;
-  if (collect) candidates.resize(static_cast<size_t>(in_bucket));
+  Threshold result;
+  std::vector<int64_t>& candidates = result.candidates;
+  if (collect) {
+    int64_t above = 0;
+    for (uint32_t d = top + 1; d <= kDigits[0].mask; ++d) above += hist[d];
+    candidates.resize(static_cast<size_t>(in_bucket));
+    result.above.resize(static_cast<size_t>(above));
+    result.collected = true;
+  }
   hist.fill(0);
-  {
-    int64_t c = 0;
+  if (collect) {
+    int64_t c = 0, a = 0;
     for (int64_t i = 0; i < n; ++i) {
       const uint32_t key = key_at(i);
       if ((key & prefix_mask) == prefix) {
         ++hist[(key >> kDigits[1].shift) & kDigits[1].mask];
-        if (collect) candidates[static_cast<size_t>(c++)] = i;
+        candidates[static_cast<size_t>(c++)] = i;
+      } else if (key > prefix) {
+        result.above[static_cast<size_t>(a++)] = i;
       }
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t key = key_at(i);
+      if ((key & prefix_mask) == prefix) ++hist[(key >> kDigits[1].shift) & kDigits[1].mask];
     }
   }
   prefix |= pick_bucket(hist, kDigits[1].mask, need) << kDigits[1].shift;
@@ -108,7 +154,9 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
     for (int64_t i = 0; i < n; ++i) count_low(key_at(i));
   }
   prefix |= pick_bucket(hist, kDigits[2].mask, need);
-  return Threshold{prefix, need};
+  result.key = prefix;
+  result.take_equal = need;
+  return result;
 }
 
 // Takes every key > t.key and the first t.take_equal keys == t.key, in index order;
@@ -142,9 +190,38 @@ SparseVector take_all(const float* acc, int64_t n) {
   return out;
 }
 
+// The same selection as compact(), from the collected index lists: merges `above`
+// (all selected) with the candidates whose key passes, in index order. Reads about
+// k + |candidates| elements instead of n.
+SparseVector merge_collected(const float* acc, const Threshold& t, int64_t count) {
+  SparseVector out;
+  out.indices.resize(static_cast<size_t>(count));
+  out.values.resize(static_cast<size_t>(count));
+  int64_t taken = 0;
+  int64_t equal_left = t.take_equal;
+  auto take = [&](int64_t i) {
+    out.indices[static_cast<size_t>(taken)] = static_cast<uint64_t>(i);
+    out.values[static_cast<size_t>(taken)] = acc[i];
+    ++taken;
+  };
+  size_t a = 0;
+  for (int64_t i : t.candidates) {
+    const uint32_t key = magnitude_key(acc[i]);
+    if (key < t.key) continue;
+    if (key == t.key) {
+      if (equal_left == 0) continue;
+      --equal_left;
+    }
+    while (a < t.above.size() && t.above[a] < i) take(t.above[a++]);
+    take(i);
+  }
+  while (a < t.above.size()) take(t.above[a++]);
+  return out;
+}
+
 SparseVector select_exact(const float* acc, int64_t n, int64_t k) {
   const Threshold t = radix_threshold(n, k, [acc](int64_t i) { return magnitude_key(acc[i]); });
-  return compact(acc, n, t, k);
+  return t.collected ? merge_collected(acc, t, k) : compact(acc, n, t, k);
 }
 
 // ---- sample (DGC) -------------------------------------------------------------------
