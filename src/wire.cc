@@ -108,6 +108,32 @@ std::string WireHeader::describe() const {
   return fmt::format("unknown op #{}", seq);
 }
 
+std::optional<std::string> check_block_sizes(std::span<const int64_t> sizes, int64_t& total) {
+  total = 0;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    if (sizes[s] < 0 || sizes[s] > kMaxGatherBytes) {
+      return fmt::format("rank {} announced a block of {} bytes (expected 0 to {})", s, sizes[s], kMaxGatherBytes);
+    }
+    total += sizes[s];  // both terms <= 2^40 here: no overflow
+    if (total > kMaxGatherBytes) {
+      return fmt::format("ranks 0 to {} announced {} bytes in all, more than the {} one gather may hold", s, total,
+                         kMaxGatherBytes);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> check_sample_counts(std::span<const uint64_t> counts, uint64_t capacity, int64_t numel,
+                                               int64_t k) {
+  for (size_t p = 0; p < counts.size(); ++p) {
+    if (counts[p] > capacity) {
+      return fmt::format("top-k count {} from rank {} exceeds the bound {} (select=sample, numel {}, k {})", counts[p],
+                         p, capacity, numel, k);
+    }
+  }
+  return std::nullopt;
+}
+
 bool WireHeader::agrees_with(const WireHeader& o) const {
   return op == o.op && dtype == o.dtype && reduce_op == o.reduce_op && seq == o.seq && numel == o.numel &&
          root == o.root && compressor_hash == o.compressor_hash && step == o.step && payload_bytes == o.payload_bytes;

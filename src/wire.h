@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "gradcomm/types.h"
@@ -48,6 +49,21 @@ struct WireHeader {
   // True when both describe the same call (every field that must agree across ranks).
   bool agrees_with(const WireHeader& other) const;
 };
+
+// ---- counts peers announce inside a call ------------------------------------------
+// Checked before anything is sized from them; each returns the problem (naming the
+// rank that sent the bad value) or nullopt. Pure, so tests/fuzz feeds them garbage.
+
+// The most bytes one rank's block, and all blocks together, may hold in
+// ring_allgatherv_bytes (allgatherv, the top-k payload allgather).
+inline constexpr int64_t kMaxGatherBytes = int64_t{1} << 40;
+// Block sizes announced by every rank, in rank order: each in [0, kMaxGatherBytes]
+// and their sum too. On success `total` is the sum.
+std::optional<std::string> check_block_sizes(std::span<const int64_t> sizes, int64_t& total);
+// Entry counts of a select=sample top-k, one per rank: each at most `capacity`
+// (the selection's bound for this numel and k, named in the message).
+std::optional<std::string> check_sample_counts(std::span<const uint64_t> counts, uint64_t capacity, int64_t numel,
+                                               int64_t k);
 
 // 32-bit FNV-1a, stable across builds and machines (compressor spec fingerprint).
 uint32_t fnv1a32(const std::string& text);

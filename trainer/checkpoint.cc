@@ -56,7 +56,9 @@ class Reader {
       fail(fmt::format("{} claims {} floats, only {} bytes left", what, count, bytes_.size() - offset_));
     }
     std::vector<float> out(count);
-    std::memcpy(out.data(), take(count * sizeof(float), what), count * sizeof(float));
+    const uint8_t* p = take(count * sizeof(float), what);
+    // memcpy with the null data() of an empty vector is undefined, even for 0 bytes.
+    if (count > 0) std::memcpy(out.data(), p, count * sizeof(float));
     return out;
   }
   [[noreturn]] void fail(const std::string& what) const {

@@ -117,13 +117,11 @@ void topk(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, float* residual
                       /*unit_base=*/0);
     }
   }
+  if (auto problem = check_sample_counts(counts, static_cast<uint64_t>(capacity), numel, k)) {
+    op.fail(ErrorCode::kCorruptPayload, *problem);
+  }
   std::vector<size_t> offsets(n), sizes(n);
   for (int p = 0; p < n; ++p) {
-    if (counts[p] > static_cast<uint64_t>(capacity)) {
-      op.fail(ErrorCode::kCorruptPayload,
-              fmt::format("top-k count {} from rank {} exceeds the bound {} (select=sample, numel {}, k {})", counts[p],
-                          p, capacity, numel, k));
-    }
     offsets[p] = block * static_cast<size_t>(p);
     sizes[p] = sparse_payload_bytes(numel, static_cast<int64_t>(counts[p]), spec.values);
   }

@@ -82,15 +82,11 @@ std::vector<uint8_t> ring_allgatherv_bytes(Op& op, std::span<const uint8_t> mine
     ring_allgatherv(op, reinterpret_cast<uint8_t*>(sizes.data()), std::vector<int64_t>(n, 1), sizeof(int64_t),
                     /*unit_base=*/0);
   }
-  int64_t total = 0, offset = 0;
-  for (int s = 0; s < n; ++s) {
-    // Sizes come from other processes: refuse what cannot be a real payload.
-    if (sizes[s] < 0 || sizes[s] > (int64_t{1} << 40)) {
-      op.fail(ErrorCode::kCorruptPayload, fmt::format("rank {} announced a block of {} bytes", s, sizes[s]));
-    }
-    if (s == r) offset = total;
-    total += sizes[s];
-  }
+  // Sizes come from other processes: refuse what cannot be a real payload.
+  int64_t total = 0;
+  if (auto problem = check_block_sizes(sizes, total)) op.fail(ErrorCode::kCorruptPayload, *problem);
+  int64_t offset = 0;
+  for (int s = 0; s < r; ++s) offset += sizes[s];
   std::vector<uint8_t> out(static_cast<size_t>(total));
   if (!mine.empty()) std::memcpy(out.data() + offset, mine.data(), mine.size());
   if (n > 1 && total > 0) ring_allgatherv(op, out.data(), sizes, 1, kSecondPhaseUnits);

@@ -32,6 +32,7 @@ class TcpStoreServer {
     uint64_t accepted = 0;           // connections accepted so far
     uint64_t dropped = 0;            // closed by the server for a reason (bad input, timeout, auth, capacity)
     uint64_t refused_over_capacity = 0;
+    uint64_t evicted_unauthenticated = 0;  // closed before their proof to make room (table full)
     uint64_t failed_auth = 0;
     size_t keys = 0;
     size_t stored_bytes = 0;         // keys + values held

@@ -174,16 +174,11 @@ Reply TcpStore::call(wire::Op op, const std::string& key, std::span<const uint8_
                                     address_, what, preview(key),
                                     got.status == IoStatus::kClosed ? "closed" : errno_text(got.error)));
     }
-    auto status = static_cast<wire::Status>(header[0]);
-    uint64_t length = wire::get_u64(header + 8);
-    uint64_t limit = status == wire::Status::kOk      ? std::max<uint64_t>(c.max_value_bytes, 8)
-                     : status == wire::Status::kError ? wire::kMaxErrorBytes
-                                                      : 0;
-    if (header[0] > 2 || length > limit) {
-      throw TransportError(fmt::format("store {}: {}('{}'): malformed reply (status {}, {} bytes; expected status "
-                                       "0..2 and at most {} bytes)",
-                                       address_, what, preview(key), header[0], length, limit));
-    }
+    std::string error;
+    const auto response = wire::parse_response_header(header, c.max_value_bytes, error);
+    if (!response) throw TransportError(fmt::format("store {}: {}('{}'): {}", address_, what, preview(key), error));
+    const wire::Status status = response->status;
+    const uint64_t length = response->value_len;
     Reply reply{status, std::vector<uint8_t>(length)};
     got = read_full(c.fd.get(), reply.value.data(), length, deadline);
     if (got.status != IoStatus::kOk) {
@@ -294,20 +289,21 @@ bool TcpStore::handshake(ClientConnection& c, const Deadline& deadline, std::str
                      : fmt::format("reading the greeting: {}", errno_text(r.error));
     return false;
   }
-  if (wire::get_u32(greeting) != wire::kMagic || greeting[4] != wire::kVersion) {
+  const auto parsed = wire::parse_greeting(greeting);
+  if (!parsed) {
     throw TransportError(fmt::format("store {}: the server is not a gradcomm store of protocol version {} "
                                      "(greeting bytes {:02x}; expected magic 'GCST' then version {})",
                                      address_, wire::kVersion, fmt::join(greeting, greeting + 5, " "),
                                      wire::kVersion));
   }
-  bool auth = (greeting[5] & wire::kFlagAuthRequired) != 0;
+  bool auth = parsed->auth_required;
   if (auth) {
     if (token_.empty()) {
       throw InvalidArgument(fmt::format("store {} requires a job token, but this rank has none: set "
                                         "GRADCOMM_JOB_TOKEN (or InitOptions::job_token) to the token of rank 0",
                                         address_));
     }
-    AuthProof proof = make_auth_proof(token_, std::span<const uint8_t>(greeting + 8, wire::kNonceBytes));
+    AuthProof proof = make_auth_proof(token_, parsed->nonce);
     r = write_full(c.fd.get(), proof.data(), proof.size(), deadline);
     if (r.status != IoStatus::kOk) {
       last_error = "connection lost while sending the token proof";
@@ -329,11 +325,12 @@ bool TcpStore::handshake(ClientConnection& c, const Deadline& deadline, std::str
     last_error = "no welcome from the server";
     return false;
   }
-  if (wire::get_u32(welcome) != wire::kMagic || welcome[4] != static_cast<uint8_t>(wire::Verdict::kAccepted)) {
+  const auto accepted = wire::parse_welcome(welcome);
+  if (!accepted || accepted->verdict != wire::Verdict::kAccepted) {
     throw TransportError(fmt::format("store {}: malformed welcome (verdict {}; expected 0)", address_, welcome[4]));
   }
-  c.max_key_bytes = wire::get_u64(welcome + 8);
-  c.max_value_bytes = wire::get_u64(welcome + 16);
+  c.max_key_bytes = accepted->max_key_bytes;
+  c.max_value_bytes = accepted->max_value_bytes;
   return true;
 }
 

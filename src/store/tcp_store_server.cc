@@ -42,7 +42,18 @@
 //    parked) the connection is not read, so a client that never reads its answers
 //    cannot grow server memory.
 //  - Stored data is bounded by max_keys and max_total_bytes; connections by
-//    max_connections (an excess connection is accepted and closed at once).
+//    max_connections.
+//  - Garbage cannot lock the job out of a full table. When max_connections are
+//    open and another arrives, the server evicts an unauthenticated connection
+//    to make room: first one already refused (flushing its refusal), else the
+//    oldest still owing its proof, provided it has owed it for kEvictableAfter
+//    (a real client proves within one round trip, so it is not the one cut off
+//    mid-handshake, which its client would read as a refused token). Only
+//    when no connection qualifies is the newcomer accepted and closed at once;
+//    a real client retries that with backoff and gets in once the garbage has
+//    aged. Authenticated connections are never evicted, and without a job token
+//    there is no unauthenticated phase, so nothing is evicted (that mode trusts
+//    its network; see the trust model).
 //  - Every connection has a deadline: auth_timeout before the proof, idle_timeout
 //    since its last progress otherwise; a parked GET answers TIMEOUT at its own
 //    deadline instead. Anything unexpected from one client closes that client only.
@@ -57,7 +68,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -79,6 +89,9 @@ constexpr int kMaxAcceptsPerWake = 64;
 constexpr auto kMaxPollWait = std::chrono::milliseconds(1000);
 constexpr auto kCloseFlushGrace = std::chrono::milliseconds(1000);  // to send a refusal before closing
 constexpr auto kAcceptPauseOnFdExhaustion = std::chrono::milliseconds(100);
+// An unauthenticated connection may be evicted for a newcomer once it has owed its
+// proof this long (see "Garbage cannot lock the job out" above).
+constexpr auto kEvictableAfter = std::chrono::milliseconds(500);
 constexpr uint64_t kMaxWaitMs = uint64_t{30} * 24 * 3600 * 1000;  // clamp: no time_point overflow
 constexpr size_t kReadChunk = 64 * 1024;
 
@@ -89,6 +102,7 @@ struct Connection {
   UniqueFd fd;
   std::string peer;
   Phase phase = Phase::kReady;
+  Clock::time_point accepted_at;
   AuthNonce nonce{};
   std::vector<uint8_t> in;   // bytes of the current frame only (see read_input)
   size_t frame_bytes = 0;    // size of the current request once its header is validated, else 0
@@ -99,15 +113,6 @@ struct Connection {
   std::string parked_key;
 };
 
-std::string_view op_name(uint8_t op) {
-  switch (static_cast<wire::Op>(op)) {
-    case wire::Op::kSet: return "SET";
-    case wire::Op::kGet: return "GET";
-    case wire::Op::kAdd: return "ADD";
-  }
-  return "unknown";
-}
-
 }  // namespace
 
 struct TcpStoreServer::Impl {
@@ -117,6 +122,7 @@ struct TcpStoreServer::Impl {
   void run();
   void loop_once();
   void accept_all();
+  bool evict_unauthenticated(Clock::time_point now);
   void handle_events(uint64_t id, short revents);
   bool read_input(Connection& c);
   bool process(Connection& c);
@@ -291,7 +297,7 @@ void TcpStoreServer::Impl::accept_all() {
     UniqueFd fd(raw);
     peer.family = reinterpret_cast<sockaddr*>(&peer.storage)->sa_family;
     ++counters_.accepted;
-    if (conns_.size() >= limits_.max_connections) {
+    if (conns_.size() >= limits_.max_connections && !evict_unauthenticated(Clock::now())) {
       ++counters_.refused_over_capacity;
       ++counters_.dropped;
       log(LogLevel::kInfo, "store server {}: closing {}: already {} connections (max_connections)", address_,
@@ -305,6 +311,7 @@ void TcpStoreServer::Impl::accept_all() {
     c.id = id;
     c.fd = std::move(fd);
     c.peer = format_address(peer);
+    c.accepted_at = Clock::now();
     c.out.assign(wire::kGreetingBytes, 0);
     wire::put_u32(c.out.data(), wire::kMagic);
     c.out[4] = wire::kVersion;
@@ -321,6 +328,29 @@ void TcpStoreServer::Impl::accept_all() {
     }
     flush(c);
   }
+}
+
+bool TcpStoreServer::Impl::evict_unauthenticated(Clock::time_point now) {
+  // A linear scan, only while the table is full: at most max_connections entries
+  // per accepted newcomer, and the accepts per loop turn are capped.
+  Connection* victim = nullptr;
+  for (auto& [id, c] : conns_) {
+    if (c.phase == Phase::kClosing) {
+      victim = &c;  // already refused: nothing is lost by closing it now
+      break;
+    }
+    if (c.phase == Phase::kAwaitProof && now - c.accepted_at >= kEvictableAfter &&
+        (victim == nullptr || c.accepted_at < victim->accepted_at)) {
+      victim = &c;
+    }
+  }
+  if (victim == nullptr) return false;
+  ++counters_.evicted_unauthenticated;
+  drop(*victim, fmt::format("evicted to make room (max_connections={} reached); it had not proved the job token "
+                            "after {} ms",
+                            limits_.max_connections,
+                            std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->accepted_at).count()));
+  return true;
 }
 
 void TcpStoreServer::Impl::queue_welcome(Connection& c, wire::Verdict verdict) {
@@ -400,28 +430,13 @@ bool TcpStoreServer::Impl::process(Connection& c) {
   }
   if (c.frame_bytes == 0) {
     if (c.in.size() < wire::kRequestHeaderBytes) return true;
-    const uint8_t* h = c.in.data();
-    uint8_t op = h[0];
-    uint64_t key_len = wire::get_u32(h + 4);
-    uint64_t value_len = wire::get_u64(h + 8);
-    if (h[1] != 0 || h[2] != 0 || h[3] != 0 || op < 1 || op > 3) {
-      drop(c, fmt::format("bad request header (opcode {}, reserved {:02x}{:02x}{:02x}; expected opcode 1..3, "
-                          "reserved 0)",
-                          op, h[1], h[2], h[3]));
+    std::string error;
+    const auto header = wire::parse_request_header(c.in, limits_.max_key_bytes, limits_.max_value_bytes, error);
+    if (!header) {
+      drop(c, error);
       return false;
     }
-    if (key_len > limits_.max_key_bytes) {
-      drop(c, fmt::format("{} key of {} bytes exceeds max_key_bytes={}", op_name(op), key_len,
-                          limits_.max_key_bytes));
-      return false;
-    }
-    bool fixed = op != static_cast<uint8_t>(wire::Op::kSet);
-    if (fixed ? value_len != 8 : value_len > limits_.max_value_bytes) {
-      drop(c, fmt::format("{} value of {} bytes (expected {})", op_name(op), value_len,
-                          fixed ? std::string("8") : fmt::format("<= max_value_bytes={}", limits_.max_value_bytes)));
-      return false;
-    }
-    c.frame_bytes = wire::kRequestHeaderBytes + key_len + value_len;
+    c.frame_bytes = header->frame_bytes();
   }
   if (c.in.size() < c.frame_bytes) return true;
   return execute(c);
@@ -469,14 +484,13 @@ bool TcpStoreServer::Impl::execute(Connection& c) {
       int64_t current = 0;
       auto it = data_.find(key);
       if (it != data_.end()) {
-        const char* first = reinterpret_cast<const char*>(it->second.data());
-        const char* last = first + it->second.size();
-        auto [end, ec] = std::from_chars(first, last, current);
-        if (ec != std::errc() || end != last || it->second.empty()) {
+        const auto parsed = wire::parse_counter(it->second);
+        if (!parsed) {
           respond_error(c, fmt::format("ADD on key '{}': it holds {} bytes that are not a decimal integer", key,
                                        it->second.size()));
           break;
         }
+        current = *parsed;
       }
       int64_t updated = 0;
       if (__builtin_add_overflow(current, delta, &updated)) {
