@@ -96,17 +96,8 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t flags = data[0];
-  std::vector<uint8_t> bytes(data + 1, data + size);
-  if (flags & 1) gradcomm::fuzz::put(bytes, gradcomm::detail::fnv1a64(bytes));
-  int rank = 0, world = 1;
-  if ((flags & 2) && bytes.size() >= 20) {
-    uint32_t saved_rank, saved_world;
-    std::memcpy(&saved_rank, bytes.data() + 12, 4);
-    std::memcpy(&saved_world, bytes.data() + 16, 4);
-    rank = static_cast<int>(saved_rank);
-    world = static_cast<int>(saved_world);
-  }
+  auto [bytes, rank, world] = gradcomm::fuzz::checksummed_file(data, size, /*rank_at=*/12, /*world_at=*/16,
+                                                                [](const auto& b) { return gradcomm::detail::fnv1a64(b); });
   const std::string path = "/fuzz/rank0.ckpt";
   TrainState state;
   try {
@@ -133,7 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   GRADCOMM_FUZZ_CHECK(same(state, reparsed), "write -> parse changed the checkpoint");
 
-  if (flags & 4) {
+  if (data[0] & 4) {  // flags bit2
     try {
       gradcomm::detail::parse_state(state.comm_state, rank, world);
     } catch (const gradcomm::Error& e) {

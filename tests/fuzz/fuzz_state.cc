@@ -57,17 +57,8 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t flags = data[0];
-  std::vector<uint8_t> bytes(data + 1, data + size);
-  if (flags & 1) gradcomm::fuzz::put(bytes, gradcomm::detail::fnv1a64(bytes));
-  int rank = 0, world = 1;
-  if ((flags & 2) && bytes.size() >= 16) {
-    uint32_t saved_world, saved_rank;
-    std::memcpy(&saved_world, bytes.data() + 8, 4);
-    std::memcpy(&saved_rank, bytes.data() + 12, 4);
-    world = static_cast<int>(saved_world);
-    rank = static_cast<int>(saved_rank);
-  }
+  auto [bytes, rank, world] = gradcomm::fuzz::checksummed_file(data, size, /*rank_at=*/12, /*world_at=*/8,
+                                                                [](const auto& b) { return gradcomm::detail::fnv1a64(b); });
   CompressionState state;
   try {
     state = gradcomm::detail::parse_state(bytes, rank, world);

@@ -125,6 +125,32 @@ void put(std::vector<uint8_t>& out, T value) {
   out.insert(out.end(), raw, raw + sizeof value);
 }
 
+// The framing of the checksummed-file targets (state, checkpoint): the first input
+// byte holds flags, the rest is the file. Flag 1 appends the file's correct FNV-1a
+// checksum, so mutations reach the fields behind it; flag 2 takes the rank and world
+// size the loader expects from the file's own u32 fields at `rank_at` / `world_at`,
+// so they match it.
+struct ChecksummedFile {
+  std::vector<uint8_t> bytes;
+  int rank = 0, world = 1;
+};
+template <class Checksum>
+ChecksummedFile checksummed_file(const uint8_t* data, size_t size, size_t rank_at, size_t world_at,
+                                 Checksum checksum) {
+  ChecksummedFile f;
+  const uint8_t flags = data[0];
+  f.bytes.assign(data + 1, data + size);
+  if (flags & 1) put(f.bytes, checksum(f.bytes));
+  if ((flags & 2) && f.bytes.size() >= std::max(rank_at, world_at) + 4) {
+    uint32_t rank, world;
+    std::memcpy(&rank, f.bytes.data() + rank_at, 4);
+    std::memcpy(&world, f.bytes.data() + world_at, 4);
+    f.rank = static_cast<int>(rank);
+    f.world = static_cast<int>(world);
+  }
+  return f;
+}
+
 }  // namespace gradcomm::fuzz
 
 // Each target defines this; it writes the target's seed corpus.
