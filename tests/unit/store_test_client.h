@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -105,11 +106,20 @@ class RawClient {
   int connect_errno_ = 0;
 };
 
+// How much slower than a plain build this one runs: GRADCOMM_TEST_TIME_SCALE (default
+// 1; scripts/test-sanitizers.sh sets it for TSan). Stretches waits and deadlines that
+// only bound how long the machine takes, never ones a test is about.
+inline int time_scale() {
+  const char* text = std::getenv("GRADCOMM_TEST_TIME_SCALE");
+  const int scale = text != nullptr ? std::atoi(text) : 1;
+  return scale >= 1 ? scale : 1;
+}
+
 // The server publishes its stats at the end of each loop turn, a moment after the
 // effect a client sees: wait a little (or `limit`) for them.
 template <class Predicate>
 bool eventually(Predicate predicate, std::chrono::milliseconds limit = std::chrono::seconds(2)) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
+  auto deadline = std::chrono::steady_clock::now() + limit * time_scale();
   while (!predicate()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

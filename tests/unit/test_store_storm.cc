@@ -38,6 +38,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using store_test::client;
 using store_test::eventually;
+using store_test::time_scale;
 using store_test::RawClient;
 using store_test::request_header;
 namespace wire = store_wire;
@@ -553,6 +554,9 @@ TEST(StoreStorm, ThousandGarbageConnectionsWhileSixteenRanksRendezvous) {
 TEST(StoreStorm, GarbageFillingTheConnectionTableDoesNotLockOutRanks) {
   StoreLimits limits;
   limits.max_connections = 64;
+  // The garbage must outlive the storm's setup: under TSan opening 1,000 connections
+  // alone can take longer than the default 5 s, and expired garbage frees the table.
+  limits.auth_timeout *= time_scale();
   run_storm(limits, /*fill_table_first=*/true);
 }
 
