@@ -195,8 +195,18 @@ struct Garbage {
 // cost one thread here. Runs until every connection has ended or `give_up` passes.
 class Storm {
  public:
-  Storm(uint16_t port, Clock::duration give_up) : port_(port), give_up_(give_up), conns_(kGarbage) {
+  // persistent_last: the same garbage, but the kinds that hold a slot until
+  // auth_timeout (silent, slowloris) open last. Otherwise, on a loaded machine whose
+  // storm takes longer than a handshake to open, late short-lived garbage evicts the
+  // early silent ones and is then dropped itself, and the table drains below full.
+  Storm(uint16_t port, Clock::duration give_up, bool persistent_last = false)
+      : port_(port), give_up_(give_up), conns_(kGarbage) {
     for (int i = 0; i < kGarbage; ++i) conns_[i].kind = static_cast<Kind>(i % kKinds);
+    if (persistent_last) {
+      std::stable_partition(conns_.begin(), conns_.end(), [](const Garbage& g) {
+        return g.kind != Kind::kSilent && g.kind != Kind::kSlowloris;
+      });
+    }
     thread_ = std::thread([this] { run(); });
   }
   ~Storm() {
@@ -414,7 +424,7 @@ void run_storm(const StoreLimits& limits, bool fill_table_first) {
   const size_t fds_before = server.open_fds();
 
   const auto storm_start = Clock::now();
-  Storm storm(server.port(), limits.auth_timeout + 5s);
+  Storm storm(server.port(), limits.auth_timeout + 5s, /*persistent_last=*/fill_table_first);
   if (fill_table_first) {
     // The silent, slowloris and unfinished-proof connections alone outnumber the
     // table. Wait until all garbage is out and the table has stayed full for a
