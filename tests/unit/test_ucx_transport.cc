@@ -595,7 +595,10 @@ TEST(UcxTransport, DestroyWithPendingRequestsReturnsPromptly) {
       const auto start = Clock::now();
       abandoned.reset();  // a pending receive's destructor cancels it
       t.reset();          // the transport goes before `never`
-      EXPECT_EQ(never->state(), RequestState::kFailed);
+      // Failed by this teardown, or already by the peer's (the two ranks tear down
+      // concurrently; under TSan's timing the peer's often comes first): never left pending.
+      EXPECT_TRUE(never->state() == RequestState::kFailed || never->state() == RequestState::kPeerFailed)
+          << static_cast<int>(never->state());
       never.reset();
       took[r] = seconds_since(start);
     });
