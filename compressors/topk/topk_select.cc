@@ -25,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -72,9 +73,10 @@ uint32_t pick_bucket(const std::array<int64_t, kBuckets>& hist, uint32_t top, in
   return 0;  // unreachable while need <= total
 }
 
-// Radix select over n keys given by key_at(i), 1 <= k <= n.
+// Radix select over n keys given by key_at(i), 1 <= k <= n. collect_indices: also
+// record Threshold::above/candidates when pass 2 can (select_exact uses them).
 template <class KeyAt>
-Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
+Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at, bool collect_indices) {
   std::array<int64_t, kBuckets> hist;
   int64_t need = k;  // rank of the target among elements matching the prefix so far
 
@@ -112,7 +114,7 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
   // caller can assemble the selection without another pass (Threshold::above).
   const uint32_t top = prefix >> kDigits[0].shift;
   const int64_t in_bucket = hist[top];
-  const bool collect = in_bucket <= n / 16;
+  const bool collect = collect_indices && in_bucket <= n / 16;
   Threshold result;
   std::vector<int64_t>& candidates = result.candidates;
   if (collect) {
@@ -123,7 +125,7 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
     result.collected = true;
   }
   hist.fill(0);
-  if (collect) {
+  if (collect) {  // the same histogram as below, and the two index lists
     int64_t c = 0, a = 0;
     for (int64_t i = 0; i < n; ++i) {
       const uint32_t key = key_at(i);
@@ -159,27 +161,46 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at) {
   return result;
 }
 
-// Takes every key > t.key and the first t.take_equal keys == t.key, in index order;
-// `count` is how many that is (known from the select), so the output is sized once.
+// Builds a selection of `count` entries (known from the select, so sized once):
+// every key > t.key and the first t.take_equal keys == t.key, offered in index order.
+class Selection {
+ public:
+  Selection(const float* acc, const Threshold& t, int64_t count) : acc_(acc), key_(t.key), equal_left_(t.take_equal) {
+    out_.indices.resize(static_cast<size_t>(count));
+    out_.values.resize(static_cast<size_t>(count));
+  }
+  // Whether an element with this key is selected (consumes one tie when it equals T).
+  bool passes(uint32_t key) {
+    if (key != key_) return key > key_;
+    if (equal_left_ == 0) return false;
+    --equal_left_;
+    return true;
+  }
+  void take(int64_t i) {
+    out_.indices[static_cast<size_t>(taken_)] = static_cast<uint64_t>(i);
+    out_.values[static_cast<size_t>(taken_)] = acc_[i];
+    ++taken_;
+  }
+  SparseVector release() { return std::move(out_); }
+
+ private:
+  const float* acc_;
+  uint32_t key_;
+  int64_t equal_left_;
+  int64_t taken_ = 0;
+  SparseVector out_;
+};
+
+// One pass over the input.
 SparseVector compact(const float* acc, int64_t n, const Threshold& t, int64_t count) {
-  SparseVector out;
-  out.indices.resize(static_cast<size_t>(count));
-  out.values.resize(static_cast<size_t>(count));
-  int64_t taken = 0;
-  int64_t equal_left = t.take_equal;
+  Selection sel(acc, t, count);
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t key = magnitude_key(acc[i]);
     if (key >= t.key) [[unlikely]] {
-      if (key == t.key) {
-        if (equal_left == 0) continue;
-        --equal_left;
-      }
-      out.indices[static_cast<size_t>(taken)] = static_cast<uint64_t>(i);
-      out.values[static_cast<size_t>(taken)] = acc[i];
-      ++taken;
+      if (sel.passes(key)) sel.take(i);
     }
   }
-  return out;
+  return sel.release();
 }
 
 SparseVector take_all(const float* acc, int64_t n) {
@@ -194,33 +215,19 @@ SparseVector take_all(const float* acc, int64_t n) {
 // (all selected) with the candidates whose key passes, in index order. Reads about
 // k + |candidates| elements instead of n.
 SparseVector merge_collected(const float* acc, const Threshold& t, int64_t count) {
-  SparseVector out;
-  out.indices.resize(static_cast<size_t>(count));
-  out.values.resize(static_cast<size_t>(count));
-  int64_t taken = 0;
-  int64_t equal_left = t.take_equal;
-  auto take = [&](int64_t i) {
-    out.indices[static_cast<size_t>(taken)] = static_cast<uint64_t>(i);
-    out.values[static_cast<size_t>(taken)] = acc[i];
-    ++taken;
-  };
+  Selection sel(acc, t, count);
   size_t a = 0;
   for (int64_t i : t.candidates) {
-    const uint32_t key = magnitude_key(acc[i]);
-    if (key < t.key) continue;
-    if (key == t.key) {
-      if (equal_left == 0) continue;
-      --equal_left;
-    }
-    while (a < t.above.size() && t.above[a] < i) take(t.above[a++]);
-    take(i);
+    if (!sel.passes(magnitude_key(acc[i]))) continue;
+    while (a < t.above.size() && t.above[a] < i) sel.take(t.above[a++]);
+    sel.take(i);
   }
-  while (a < t.above.size()) take(t.above[a++]);
-  return out;
+  while (a < t.above.size()) sel.take(t.above[a++]);
+  return sel.release();
 }
 
 SparseVector select_exact(const float* acc, int64_t n, int64_t k) {
-  const Threshold t = radix_threshold(n, k, [acc](int64_t i) { return magnitude_key(acc[i]); });
+  const Threshold t = radix_threshold(n, k, [acc](int64_t i) { return magnitude_key(acc[i]); }, /*collect_indices=*/true);
   return t.collected ? merge_collected(acc, t, k) : compact(acc, n, t, k);
 }
 
@@ -262,7 +269,8 @@ SparseVector select_sample(const float* acc, int64_t n, int64_t k, const PhiloxS
   // so about k elements of the whole input are expected at or above it.
   const double ks_real = std::round(static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n));
   const int64_t ks = std::clamp<int64_t>(static_cast<int64_t>(ks_real), 1, m);
-  const uint32_t threshold = radix_threshold(m, ks, [&sample](int64_t j) { return sample[static_cast<size_t>(j)]; }).key;
+  const uint32_t threshold = radix_threshold(
+      m, ks, [&sample](int64_t j) { return sample[static_cast<size_t>(j)]; }, /*collect_indices=*/false).key;
 
   const int64_t lower = std::max<int64_t>(1, k / 2);
   const int64_t upper = std::min<int64_t>(2 * k, n);
