@@ -33,6 +33,48 @@ void cuda_check(cudaError_t rc, const char* what) {
 
 int64_t pattern(int rank, int64_t i) { return (rank + 1) * (i % 7 + 1); }
 
+// normal(0, 1) draws for the gradient-like timing input: splitmix64 feeding
+// Box-Muller, two draws per pair of 64-bit words (fast enough for 256 MB per rank).
+class NormalDraws {
+ public:
+  explicit NormalDraws(uint64_t seed) : state_(seed) {}
+  double next() {
+    if (have_spare_) {
+      have_spare_ = false;
+      return spare_;
+    }
+    // u1 in (0, 1] so that log(u1) is finite; u2 in [0, 1).
+    const double u1 = (static_cast<double>(word() >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(word() >> 11) * 0x1.0p-53;
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    const double angle = 2.0 * M_PI * u2;
+    spare_ = radius * std::sin(angle);
+    have_spare_ = true;
+    return radius * std::cos(angle);
+  }
+
+ private:
+  uint64_t word() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t state_;
+  double spare_ = 0;
+  bool have_spare_ = false;
+};
+
+void store_real(void* base, DType dtype, int64_t i, double v) {
+  switch (dtype) {
+    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
+    case DType::kFloat64: static_cast<double*>(base)[i] = v; break;
+    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_half(static_cast<float>(v)); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(static_cast<float>(v)); break;
+    default: break;  // integer types never take real values (fill_timing_input)
+  }
+}
+
 // Every value the bench writes or expects is an integer well inside each type's
 // exact range, so going through int64 loses nothing.
 void store_value(void* base, DType dtype, int64_t i, int64_t v) {
@@ -92,19 +134,26 @@ class HostView {
 };
 
 // Fills through a host staging copy when the buffer lives on the GPU.
-template <class Fill>
-void fill(const BenchBuffer& buf, DType dtype, int64_t count, Device device, Fill&& value_of) {
+// store(base, i) writes element i.
+template <class Store>
+void fill_with(const BenchBuffer& buf, DType dtype, int64_t count, Device device, Store&& store) {
   if (device.type == DeviceType::kCpu) {
-    for (int64_t i = 0; i < count; ++i) store_value(buf.data(), dtype, i, value_of(i));
+    for (int64_t i = 0; i < count; ++i) store(buf.data(), i);
     return;
   }
 #if GRADCOMM_WITH_CUDA
   std::vector<std::byte> staging(static_cast<size_t>(count) * dtype_size(dtype));
-  for (int64_t i = 0; i < count; ++i) store_value(staging.data(), dtype, i, value_of(i));
+  for (int64_t i = 0; i < count; ++i) store(staging.data(), i);
   cuda_check(cudaMemcpy(buf.data(), staging.data(), staging.size(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 #else
   no_cuda();
 #endif
+}
+
+template <class Fill>
+void fill(const BenchBuffer& buf, DType dtype, int64_t count, Device device, Fill&& value_of) {
+  fill_with(buf, dtype, count, device,
+            [&](void* base, int64_t i) { store_value(base, dtype, i, value_of(i)); });
 }
 
 }  // namespace
@@ -162,12 +211,29 @@ void fill_check_input(const BenchBuffer& buf, DType dtype, int64_t count, int ra
   fill(buf, dtype, count, device, [rank](int64_t i) { return pattern(rank, i); });
 }
 
-void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device) {
+void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device,
+                       TimingInput input) {
   if (is_integer(dtype)) {
     fill(buf, dtype, count, device, [](int64_t) { return int64_t{0}; });
-  } else {
+  } else if (input == TimingInput::kPattern) {
     fill_check_input(buf, dtype, count, rank, device);
+  } else {
+    NormalDraws draws(0x6772616463ull + static_cast<uint64_t>(rank));  // fixed per rank: runs repeat
+    fill_with(buf, dtype, count, device, [&](void* base, int64_t i) { store_real(base, dtype, i, draws.next()); });
   }
+}
+
+void copy_buffer(const BenchBuffer& dst, const BenchBuffer& src, int64_t bytes, Device device) {
+  if (device.type == DeviceType::kCpu) {
+    std::memcpy(dst.data(), src.data(), static_cast<size_t>(bytes));
+    return;
+  }
+#if GRADCOMM_WITH_CUDA
+  cuda_check(cudaMemcpy(dst.data(), src.data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice),
+             "cudaMemcpy D2D");
+#else
+  no_cuda();
+#endif
 }
 
 void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device) {

@@ -40,9 +40,18 @@ int bench_cuda_device();
 
 // Writes rank `rank`'s closed-form input.
 void fill_check_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device);
-// Timing input: the same values for floating types; zeros for integer types, so
-// that the repeated in-place sums of the timed loop cannot overflow.
-void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device);
+// What the timed calls compress and sum (--input).
+//   gradient: floating types get normal(0, 1) draws from a generator seeded by the
+//             rank, the continuous, mostly distinct magnitudes of a real gradient
+//             (what a top-k selection or a quantizer's buckets see in training);
+//   pattern:  the closed-form check values, 7 distinct magnitudes per rank (every
+//             top-k threshold lands on a huge tie: a sparsifier's worst case).
+// Integer types get zeros either way.
+enum class TimingInput { kGradient, kPattern };
+void fill_timing_input(const BenchBuffer& buf, DType dtype, int64_t count, int rank, Device device,
+                       TimingInput input);
+// dst = src, `bytes` bytes on `device` (restores an in-place call's input).
+void copy_buffer(const BenchBuffer& dst, const BenchBuffer& src, int64_t bytes, Device device);
 // Zeroes `bytes` bytes: an allgather output starts blank, so an element the collective never
 // wrote reads as wrong (every expected value is at least 1).
 void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device);

@@ -58,6 +58,7 @@ struct Options {
   bool phases = false;
   std::string json;
   std::string baseline = "none";
+  std::string input = "gradient";
 };
 
 // What the options mean once validated.
@@ -66,6 +67,7 @@ struct Plan {
   int64_t min_bytes = 0, max_bytes = 0;
   DType dtype = DType::kFloat32;
   Device device{};
+  TimingInput input = TimingInput::kGradient;
 };
 
 DType parse_dtype(const std::string& name) {
@@ -94,6 +96,7 @@ Plan validate(const Options& o) {
   if (o.factor < 2) throw InvalidArgument(fmt::format("-f {}: the size factor must be at least 2", o.factor));
   if (o.iters < 1 || o.warmup < 0) throw InvalidArgument("-n must be at least 1 and -w at least 0");
   p.dtype = parse_dtype(o.dtype);
+  p.input = o.input == "pattern" ? TimingInput::kPattern : TimingInput::kGradient;
   p.device.type = o.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   if (p.device.type == DeviceType::kCuda) p.device.index = bench_cuda_device();
   if (p.op == BenchOp::kAllgather && o.compressor != "none") {
@@ -194,37 +197,71 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   const int rank = comm_.rank();
   RankSample s;
 
-  // gradcomm: warm-up, then the timed loop between two stats snapshots.
-  fill_timing_input(in, p_.dtype, in_count, rank, p_.device);
-  for (int i = 0; i < o_.warmup; ++i) gradcomm_op(in, out, count, per_rank, copts);
-  if (cuda) comm_.synchronize();
-  comm_.barrier();
-  Stats before = comm_.stats();
-  double t0 = now_us();
-  for (int i = 0; i < o_.iters; ++i) gradcomm_op(in, out, count, per_rank, copts);
-  if (cuda) comm_.synchronize();
-  double t1 = now_us();
-  Stats after = comm_.stats();
-  const double n = o_.iters;
-  s.gc_us = (t1 - t0) / n;
-  s.wire = static_cast<double>(after.bytes_sent - before.bytes_sent) / n;
-  s.reduce_us = (after.reduce_s - before.reduce_s) * 1e6 / n;
-  s.encode_us = (after.encode_s - before.encode_s) * 1e6 / n;
-  s.decode_us = (after.decode_s - before.decode_s) * 1e6 / n;
-  s.comm_us = (after.comm_s() - before.comm_s()) * 1e6 / n;
+  // Every call, warm-up or timed, starts from the same input (`pristine`): an
+  // in-place allreduce overwrites its input, and a compressor's cost depends on
+  // what it compresses (a top-k of the previous call's sparse output is not a
+  // top-k of a gradient). The restore and a barrier that releases the ranks
+  // together stay outside the timing; a timed call ends with its synchronize on a GPU.
+  BenchBuffer pristine(gather ? 0 : in_count * elt, p_.device);
+  fill_timing_input(gather ? in : pristine, p_.dtype, in_count, rank, p_.device, p_.input);
+  auto restore = [&] {
+    if (!gather) copy_buffer(in, pristine, in_count * elt, p_.device);
+  };
 
-  // The baseline on the same buffers, refilled: gradcomm's loop summed into them.
+  // gradcomm: warm-up, then the timed calls, each between two stats snapshots
+  // (the barriers between calls are not counted).
+  for (int i = 0; i < o_.warmup; ++i) {
+    restore();
+    gradcomm_op(in, out, count, per_rank, copts);
+  }
+  if (cuda) comm_.synchronize();
+  double spent_us = 0, wait_s = 0;
+  Stats spent;  // sums of the per-call differences
+  for (int i = 0; i < o_.iters; ++i) {
+    restore();
+    if (cuda) comm_.synchronize();
+    comm_.barrier();
+    const Stats before = comm_.stats();
+    const double t0 = now_us();
+    gradcomm_op(in, out, count, per_rank, copts);
+    if (cuda) comm_.synchronize();
+    spent_us += now_us() - t0;
+    const Stats after = comm_.stats();
+    spent.bytes_sent += after.bytes_sent - before.bytes_sent;
+    spent.reduce_s += after.reduce_s - before.reduce_s;
+    spent.encode_s += after.encode_s - before.encode_s;
+    spent.decode_s += after.decode_s - before.decode_s;
+    wait_s += after.comm_s() - before.comm_s();
+  }
+  const double n = o_.iters;
+  s.gc_us = spent_us / n;
+  s.wire = static_cast<double>(spent.bytes_sent) / n;
+  s.reduce_us = spent.reduce_s * 1e6 / n;
+  s.encode_us = spent.encode_s * 1e6 / n;
+  s.decode_us = spent.decode_s * 1e6 / n;
+  s.comm_us = wait_s * 1e6 / n;
+
+  // The baseline the same way, on the same buffers.
   if (baseline_ != nullptr) {
     comm_.barrier();
-    fill_timing_input(in, p_.dtype, in_count, rank, p_.device);
+    restore();
     baseline_->prepare(p_.op, p_.dtype, in.data(), out.data(), in_count);
-    for (int i = 0; i < o_.warmup; ++i) baseline_->run();
-    baseline_->synchronize();
-    comm_.barrier();
-    double b0 = now_us();
-    for (int i = 0; i < o_.iters; ++i) baseline_->run();
-    baseline_->synchronize();
-    s.base_us = (now_us() - b0) / n;
+    for (int i = 0; i < o_.warmup; ++i) {
+      restore();
+      baseline_->run();
+      baseline_->synchronize();
+    }
+    double base_us = 0;
+    for (int i = 0; i < o_.iters; ++i) {
+      restore();
+      baseline_->synchronize();
+      comm_.barrier();
+      const double b0 = now_us();
+      baseline_->run();
+      baseline_->synchronize();
+      base_us += now_us() - b0;
+    }
+    s.base_us = base_us / n;
   }
 
   // --check: one more call each on closed-form inputs, outside the timed loops.
@@ -417,6 +454,11 @@ int main(int argc, char** argv) {
   app.add_flag("--check", o.check, "Verify results on closed-form inputs (once per size, not timed)");
   app.add_flag("--phases", o.phases, "Print gradcomm's per-phase time split (reduce/encode/decode/comm)");
   app.add_option("--json", o.json, "Rank 0 writes the results here as a JSON list");
+  app.add_option("--input", o.input,
+                 "What the timed calls reduce: gradient = normal(0, 1) draws per rank (floating types), "
+                 "pattern = the --check values (7 magnitudes: heavy ties)")
+      ->check(CLI::IsMember({"gradient", "pattern"}))
+      ->capture_default_str();
   app.add_option("--baseline", o.baseline, "Peer measured in the same run")
       ->check(CLI::IsMember({"mpi", "gloo", "nccl", "none"}))
       ->capture_default_str();

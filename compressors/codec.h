@@ -55,12 +55,25 @@ std::vector<uint8_t> encode_sparse(CompressorId id, int64_t n, const SparseVecto
 // out[indices[j]] += values[j]. CorruptPayload on bad header, truncation, an index
 // >= n or indices not strictly increasing; nothing is written before validation.
 void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, float* out);
+// out = the sum of the payloads, added in the order given to a zeroed output: bit for
+// bit what zeroing out and calling decode_add_sparse on each payload in turn gives,
+// in one sequential write of out. Every payload is validated before out is written
+// (CorruptPayload, out untouched).
+void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out);
 
 // Top-k by magnitude of acc[0, n). exact: the k largest |acc|, ties to the lower
 // index (radix select on |x|, no full sort). sample: DGC-style threshold estimated
 // from a Philox-drawn sample, then every element with |acc| >= threshold; the count
 // is variable, bounded as FORMAT.md documents. Indices come out increasing.
 SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect select, const PhiloxStream& rng);
+// Error feedback's accumulation fused with the selection (as gpu_topk_select):
+// acc = grad + residual, written into `residual` (acc = grad when residual is null),
+// then topk_select(acc, n, k, select, rng). The same selection and residual, bit for
+// bit, as accumulating and selecting apart; the selected coordinates are not zeroed.
+// The exact select streams the input once when a sampled bound predicts the
+// threshold (falling back to the radix passes when it does not).
+SparseVector topk_select_accumulate(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
+                                    const PhiloxStream& rng);
 
 // k distinct indices of [0, n), increasing, the same for every caller with the same
 // stream (random-k draws one stream per (seed, key, step), shared by all ranks).

@@ -129,22 +129,22 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       std::vector<uint8_t> payload;
       {
         Op::PhaseTimer timer(op, &Stats::encode_s);
-        const float* acc = accumulate_in_residual(data, numel, residual);
-        const SparseVector selected =
-            topk_select(acc, numel, selection_count(spec.ratio, spec.k, numel), spec.select, mine);
+        const SparseVector selected = topk_select_accumulate(
+            data, residual, numel, selection_count(spec.ratio, spec.k, numel), spec.select, mine);
         zero_at(residual, selected.indices);
         payload = encode_sparse(CompressorId::kTopk, numel, selected, spec.values);
       }
       std::vector<int64_t> sizes;
       const std::vector<uint8_t> all = ring_allgatherv_bytes(op, payload, sizes);
       // Every rank decodes every payload in rank order: bitwise identical sums.
-      std::fill(data, data + numel, 0.0f);
-      size_t at = 0;
       Op::PhaseTimer timer(op, &Stats::decode_s);
+      std::vector<std::span<const uint8_t>> payloads;
+      size_t at = 0;
       for (int64_t size : sizes) {
-        decode_add_sparse(CompressorId::kTopk, std::span(all).subspan(at, static_cast<size_t>(size)), numel, data);
+        payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(size)));
         at += static_cast<size_t>(size);
       }
+      decode_sum_sparse(CompressorId::kTopk, payloads, numel, data);
       break;
     }
     case CompressorId::kRandomk: {

@@ -168,10 +168,14 @@ run_bench() {
   done
   # The first rank to fail ends the run: the others get a few seconds to report
   # their own errors, then are killed, instead of waiting out their deadline.
-  local failed=0 left=${#pids[@]}
-  while ((left > 0)); do
-    if ! wait -n "${pids[@]}"; then failed=1; break; fi
-    left=$((left - 1))
+  # (wait -n -p names the rank that ended, which then leaves the list: waiting on
+  # an already-reaped pid would only print "no such job".)
+  local failed=0 running=("${pids[@]}") ended p
+  while ((${#running[@]} > 0)); do
+    if ! wait -n -p ended "${running[@]}"; then failed=1; break; fi
+    local still=()
+    for p in "${running[@]}"; do [[ $p == "$ended" ]] || still+=("$p"); done
+    running=("${still[@]}")
   done
   if ((failed)); then
     sleep 5

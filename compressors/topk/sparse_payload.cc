@@ -10,7 +10,9 @@
 // The payload is exactly 24 + count * (index bytes + value bytes) long. Full
 // layout: FORMAT_sparse.md. decode_add_sparse validates the whole payload before
 // touching `out`, so a corrupt payload leaves the output as it was.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -97,8 +99,23 @@ std::vector<uint8_t> encode_sparse(CompressorId id, int64_t n, const SparseVecto
   return out;
 }
 
-void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, float* out) {
-  if (n < 0) throw InvalidArgument(fmt::format("decode_add_sparse: numel {} < 0", n));
+namespace {
+
+// A payload that passed validation: `count` entries, indices strictly increasing
+// and below n.
+struct SparseView {
+  uint64_t count = 0;
+  const uint8_t* idx = nullptr;
+  const uint8_t* val = nullptr;
+  size_t index_bytes = 4;
+  bool fp16 = false;
+
+  uint64_t index(uint64_t j) const { return load_index(idx + j * index_bytes, index_bytes); }
+  float value(uint64_t j) const { return fp16 ? half_to_float(load<uint16_t>(val + j * 2)) : load<float>(val + j * 4); }
+};
+
+SparseView validate_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, const char* who) {
+  if (n < 0) throw InvalidArgument(fmt::format("{}: numel {} < 0", who, n));
   const char* name = compressor_name(id);
   const uint64_t un = static_cast<uint64_t>(n);
   const PayloadHeader h = read_header(payload, id, un);
@@ -125,12 +142,16 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
                                      name, count, n, per, body));
   }
 
-  const uint8_t* idx = payload.data() + PayloadHeader::kBytes;
-  const uint8_t* val = idx + count * lay.index_bytes;
-  // Validation pass: every index < n and above its predecessor.
+  SparseView v;
+  v.count = count;
+  v.idx = payload.data() + PayloadHeader::kBytes;
+  v.val = v.idx + count * lay.index_bytes;
+  v.index_bytes = lay.index_bytes;
+  v.fp16 = lay.value_bytes == 2;
+  // Every index < n and above its predecessor.
   uint64_t prev = 0;
   for (uint64_t j = 0; j < count; ++j) {
-    const uint64_t i = load_index(idx + j * lay.index_bytes, lay.index_bytes);
+    const uint64_t i = v.index(j);
     if (i >= un || (j > 0 && i <= prev)) {
       throw CorruptPayload(fmt::format("{} sparse payload: index {} at position {} is out of range (numel {}) or "
                                        "not above its predecessor {}",
@@ -138,14 +159,50 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
     }
     prev = i;
   }
-  // Scatter-add pass: only now is `out` written.
-  if (lay.value_bytes == 2) {
-    for (uint64_t j = 0; j < count; ++j) {
-      out[load_index(idx + j * lay.index_bytes, lay.index_bytes)] += half_to_float(load<uint16_t>(val + j * 2));
+  return v;
+}
+
+}  // namespace
+
+void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, float* out) {
+  const SparseView v = validate_sparse(id, payload, n, "decode_add_sparse");
+  // Only now is `out` written.
+  if (v.fp16) {
+    // fp16 values are widened a chunk at a time into a small fp32 buffer first: in
+    // one loop, the conversion's branches stall the scatter's independent cache
+    // misses behind each other (3x slower at 1 % density over 100 MB).
+    constexpr uint64_t kChunk = 1024;
+    float wide[kChunk];
+    for (uint64_t base = 0; base < v.count; base += kChunk) {
+      const uint64_t len = std::min(kChunk, v.count - base);
+      for (uint64_t j = 0; j < len; ++j) wide[j] = v.value(base + j);
+      for (uint64_t j = 0; j < len; ++j) out[v.index(base + j)] += wide[j];
     }
   } else {
-    for (uint64_t j = 0; j < count; ++j) {
-      out[load_index(idx + j * lay.index_bytes, lay.index_bytes)] += load<float>(val + j * 4);
+    for (uint64_t j = 0; j < v.count; ++j) out[v.index(j)] += v.value(j);
+  }
+}
+
+void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out) {
+  std::vector<SparseView> views;
+  views.reserve(payloads.size());
+  for (const auto& p : payloads) views.push_back(validate_sparse(id, p, n, "decode_sum_sparse"));
+  // Tile by tile: zero the tile (it stays in cache), then each payload in order adds
+  // its entries that fall inside. Every element gets +0.0f, then its values in
+  // payload order: the arithmetic of zeroing `out` and calling decode_add_sparse
+  // per payload, with one write of the output instead of a fill plus a scattered
+  // read-modify-write of every line the payloads touch.
+  constexpr int64_t kTile = 16384;  // 64 KiB of fp32
+  std::vector<uint64_t> next(views.size(), 0);  // each payload's first entry not yet added
+  for (int64_t begin = 0; begin < n; begin += kTile) {
+    const int64_t end = std::min(n, begin + kTile);
+    std::fill(out + begin, out + end, 0.0f);
+    const auto tile_end = static_cast<uint64_t>(end);
+    for (size_t p = 0; p < views.size(); ++p) {
+      const SparseView& v = views[p];
+      uint64_t j = next[p];
+      for (uint64_t i; j < v.count && (i = v.index(j)) < tile_end; ++j) out[i] += v.value(j);
+      next[p] = j;
     }
   }
 }

@@ -17,18 +17,28 @@
 //          instead of rereading the input (two full passes in all, not three).
 //          No sort, no per-element allocation; the second pass collects the indices
 //          of the surviving bucket when it is small, so the third pass reads only
-//          those.
+//          those. Large inputs first go through a sampled filter (below,
+//          select_exact_filtered): one pass keeps the few elements that can be in
+//          the top k, and the radix select runs over those alone.
 // sample — DGC (Lin et al., ICLR 2018): estimate T from a Philox-drawn sample, then
 //          take every element with key >= T in one pass. Count bounds and the
 //          fallback to exact are documented at select_sample and in FORMAT_sparse.md.
+//
+// topk_select_accumulate folds error feedback's acc = grad + residual into that one
+// pass, so a step of top-k with error feedback reads its input once.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "compressors/codec.h"
 #include "compressors/topk/topk_logic.h"
@@ -37,8 +47,6 @@
 
 namespace gradcomm::detail {
 namespace {
-
-__extension__ typedef unsigned __int128 U128;  // 64x64 -> 128-bit products (CUDA: __umul64hi)
 
 using topk::magnitude_key;  // topk_logic.h: shared with the CUDA kernels
 
@@ -176,9 +184,10 @@ class Selection {
     --equal_left_;
     return true;
   }
-  void take(int64_t i) {
+  void take(int64_t i) { take(i, acc_[i]); }
+  void take(int64_t i, float value) {  // value == acc[i], already at hand
     out_.indices[static_cast<size_t>(taken_)] = static_cast<uint64_t>(i);
-    out_.values[static_cast<size_t>(taken_)] = acc_[i];
+    out_.values[static_cast<size_t>(taken_)] = value;
     ++taken_;
   }
   SparseVector release() { return std::move(out_); }
@@ -231,28 +240,33 @@ SparseVector select_exact(const float* acc, int64_t n, int64_t k) {
   return t.collected ? merge_collected(acc, t, k) : compact(acc, n, t, k);
 }
 
-// ---- sample (DGC) -------------------------------------------------------------------
+// ---- sample (DGC), and the fused accumulate + select ----------------------------------
 // Sample size m = clamp(ceil(kSampleHits * n / k), kMinSample, n): about kSampleHits
 // sampled elements land above the threshold, so the selected count has a relative
 // spread of roughly 1/sqrt(kSampleHits) (~9%) around k. Inputs with 2m >= n are
-// selected exactly instead: sampling would cost as much as a full select.
-constexpr double kSampleHits = 128.0;
-constexpr int64_t kMinSample = 1024;
-
-// Count bounds: the threshold pass accepts when floor(k/2) (at least 1) <= count
-// <= 2k. Outside them (heavy ties at the threshold, or an unlucky or adversarial
-// sample) the result is the exact top-k instead, so the count always lies in
-// [max(1, floor(k/2)), min(2k, n)] and every selected element has key >= the
+// selected exactly instead: sampling would cost as much as a full select
+// (topk_logic.h: sample_plan holds these numbers for the CPU and the GPU).
+//
+// select=sample count bounds: the threshold pass accepts when floor(k/2) (at least 1)
+// <= count <= 2k. Outside them (heavy ties at the threshold, or an unlucky or
+// adversarial sample) the result is the exact top-k instead, so the count always lies
+// in [max(1, floor(k/2)), min(2k, n)] and every selected element has key >= the
 // smallest selected key.
-SparseVector select_sample(const float* acc, int64_t n, int64_t k, const PhiloxStream& rng) {
-  const double want = std::ceil(kSampleHits * static_cast<double>(n) / static_cast<double>(k));
-  const int64_t m = std::max<int64_t>(kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));
-  if (m >= n / 2) return select_exact(acc, n, k);
+//
+// select=exact uses the same sample as a filter: the key of the rank-2ks largest
+// sample is a bound B that about 2k elements of the input reach. One pass keeps the
+// indices of the keys >= B; when there are at least k of them (and at most 4k), the
+// k-th largest key T is >= B, so every key >= T is among them, in index order, and
+// the radix select over those few keys finds the same T, the same tie count and the
+// same selection as over the whole input. Otherwise (a bound above T, or heavy ties
+// at B) the radix passes run over the whole input.
 
-  // Sample positions, drawn with replacement: position j = floor(u_j * n / 2^64),
-  // where u_j = (stream element 2j) | (element 2j+1) << 32. One Philox block gives
-  // two positions.
-  std::vector<uint32_t> sample(static_cast<size_t>(m));
+// The keys of acc at the m sample positions of `rng`: position j is
+// topk::sample_position(rng, j, n), computed here two at a time from their shared
+// Philox block.
+template <class AccAt>
+std::vector<uint32_t> sample_keys(int64_t n, int64_t m, const PhiloxStream& rng, AccAt acc_at) {
+  std::vector<uint32_t> keys(static_cast<size_t>(m));
   const auto un = static_cast<uint64_t>(n);
   for (int64_t j = 0; j < m; j += 2) {
     const auto block = static_cast<uint64_t>(j) >> 1;
@@ -261,48 +275,187 @@ SparseVector select_sample(const float* acc, int64_t n, int64_t k, const PhiloxS
                                     static_cast<uint32_t>(rng.seed), static_cast<uint32_t>(rng.seed >> 32));
     for (int64_t h = 0; h < 2 && j + h < m; ++h) {
       const uint64_t u = static_cast<uint64_t>(r.v[2 * h]) | (static_cast<uint64_t>(r.v[2 * h + 1]) << 32);
-      const auto pos = static_cast<size_t>((static_cast<U128>(u) * un) >> 64);
-      sample[static_cast<size_t>(j + h)] = magnitude_key(acc[pos]);
+      keys[static_cast<size_t>(j + h)] = magnitude_key(acc_at(static_cast<int64_t>(topk::mulhi64(u, un))));
     }
   }
+  return keys;
+}
+
+// The key of the rank-th largest of `keys` (1 <= rank <= keys.size()).
+uint32_t kth_largest_key(const std::vector<uint32_t>& keys, int64_t rank) {
+  return radix_threshold(
+             static_cast<int64_t>(keys.size()), rank, [&keys](int64_t j) { return keys[static_cast<size_t>(j)]; },
+             /*collect_indices=*/false)
+      .key;
+}
+
+// residual[i] += grad[i]: the two never overlap (a tensor and its key's residual).
+void add_into(float* __restrict residual, const float* __restrict grad, int64_t len) {
+  for (int64_t i = 0; i < len; ++i) residual[i] += grad[i];
+}
+
+// One pass over the input: acc = grad + residual into the residual (when there is
+// one), and the elements with key >= bound (index and acc value), in index order, as
+// long as there are at most `cap` of them (`overflow` past that; the accumulation
+// still completes). Works in blocks of kBlock so the overflow check is per block:
+// the lists need kBlock slots of room past `cap`.
+//
+// The key test skips magnitude_key's NaN clamp: bound is a key (<= kNanKey), so
+// |bits| >= bound exactly when min(|bits|, kNanKey) >= bound.
+// The lists are left uninitialized (new T[], not vectors): a pass touches only the
+// slots it fills, far fewer than the capacity.
+struct Collected {
+  std::unique_ptr<int64_t[]> indices;
+  std::unique_ptr<float[]> values;
+  int64_t count = 0;
+  bool overflow = false;
+};
+
+constexpr int64_t kCollectBlock = 4096;
+
+// Collects [begin, end) of acc into idx/val from slot `count`; returns the new count.
+int64_t collect_scalar(const float* acc, int64_t begin, int64_t end, uint32_t bound, int64_t* idx, float* val,
+                       int64_t count) {
+  for (int64_t i = begin; i < end; ++i) {  // branch-free: write every slot, advance on a pass
+    idx[count] = i;
+    val[count] = acc[i];
+    count += (float_bits(acc[i]) & 0x7FFFFFFFu) >= bound ? 1 : 0;
+  }
+  return count;
+}
+
+#if defined(__SSE2__)
+// The same block, 16 elements a step: the add, the 16 key tests folded into a bit
+// mask, and the (rare) passing lanes appended from the mask.
+template <bool kAccumulate>
+int64_t collect_block_sse2(const float* grad, float* residual, int64_t begin, int64_t end, uint32_t bound,
+                           int64_t* idx, float* val, int64_t count) {
+  const float* acc = kAccumulate ? residual : grad;
+  const __m128i magnitude = _mm_set1_epi32(0x7FFFFFFF);
+  // key >= bound as a signed compare: keys and bound - 1 (>= -1) fit in int32.
+  const __m128i below = _mm_set1_epi32(static_cast<int32_t>(bound) - 1);
+  auto lanes = [&](int64_t i) {
+    __m128 a;
+    if constexpr (kAccumulate) {
+      a = _mm_add_ps(_mm_loadu_ps(residual + i), _mm_loadu_ps(grad + i));
+      _mm_storeu_ps(residual + i, a);
+    } else {
+      a = _mm_loadu_ps(grad + i);
+    }
+    const __m128i key = _mm_and_si128(_mm_castps_si128(a), magnitude);
+    return static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(key, below))));
+  };
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    uint32_t mask = lanes(i) | lanes(i + 4) << 4 | lanes(i + 8) << 8 | lanes(i + 12) << 12;
+    while (mask != 0) {
+      const int j = __builtin_ctz(mask);
+      idx[count] = i + j;
+      val[count] = acc[i + j];
+      ++count;
+      mask &= mask - 1;
+    }
+  }
+  if (kAccumulate) add_into(residual + i, grad + i, end - i);
+  return collect_scalar(acc, i, end, bound, idx, val, count);
+}
+#endif
+
+Collected accumulate_and_collect(const float* grad, float* residual, int64_t n, uint32_t bound, int64_t cap) {
+  Collected out;
+  out.indices.reset(new int64_t[static_cast<size_t>(cap + kCollectBlock)]);
+  out.values.reset(new float[static_cast<size_t>(cap + kCollectBlock)]);
+  int64_t* idx = out.indices.get();
+  float* val = out.values.get();
+  int64_t count = 0;
+  for (int64_t begin = 0; begin < n; begin += kCollectBlock) {
+    const int64_t end = std::min(n, begin + kCollectBlock);
+    if (out.overflow) {  // only the accumulation is left to do
+      if (residual != nullptr) add_into(residual + begin, grad + begin, end - begin);
+      continue;
+    }
+#if defined(__SSE2__)
+    count = residual != nullptr ? collect_block_sse2<true>(grad, residual, begin, end, bound, idx, val, count)
+                                : collect_block_sse2<false>(grad, residual, begin, end, bound, idx, val, count);
+#else
+    if (residual != nullptr) add_into(residual + begin, grad + begin, end - begin);
+    count = collect_scalar(residual != nullptr ? residual : grad, begin, end, bound, idx, val, count);
+#endif
+    out.overflow = count > cap;
+  }
+  out.count = out.overflow ? 0 : count;
+  return out;
+}
+
+// The selection's acc after the whole input went through accumulate_and_collect.
+const float* acc_of(const float* grad, const float* residual) { return residual != nullptr ? residual : grad; }
+
+// acc at pos without the pass: the same fp32 sum the pass will store there.
+auto acc_reader(const float* grad, const float* residual) {
+  return [grad, residual](int64_t pos) { return residual != nullptr ? residual[pos] + grad[pos] : grad[pos]; };
+}
+
+SparseVector select_exact_all(const float* grad, float* residual, int64_t n, int64_t k) {
+  if (residual != nullptr) add_into(residual, grad, n);
+  return select_exact(acc_of(grad, residual), n, k);
+}
+
+SparseVector select_exact_filtered(const float* grad, float* residual, int64_t n, int64_t k,
+                                   const PhiloxStream& rng) {
+  const topk::SamplePlan plan = topk::sample_plan(n, k);
+  if (plan.exact) return select_exact_all(grad, residual, n, k);
+  const std::vector<uint32_t> sample = sample_keys(n, plan.m, rng, acc_reader(grad, residual));
+  const uint32_t bound = kth_largest_key(sample, std::min(plan.m, 2 * plan.ks));
+  const Collected c = accumulate_and_collect(grad, residual, n, bound, std::min(n, 4 * k));
+  const float* acc = acc_of(grad, residual);
+  if (c.overflow || c.count < k) return select_exact(acc, n, k);
+
+  std::vector<uint32_t> keys(static_cast<size_t>(c.count));
+  for (int64_t j = 0; j < c.count; ++j) keys[static_cast<size_t>(j)] = magnitude_key(c.values[j]);
+  const Threshold t = radix_threshold(
+      c.count, k, [&keys](int64_t j) { return keys[static_cast<size_t>(j)]; }, /*collect_indices=*/false);
+  Selection sel(acc, t, k);
+  for (int64_t j = 0; j < c.count; ++j) {
+    if (sel.passes(keys[static_cast<size_t>(j)])) sel.take(c.indices[j], c.values[j]);
+  }
+  return sel.release();
+}
+
+SparseVector select_sample(const float* grad, float* residual, int64_t n, int64_t k, const PhiloxStream& rng) {
+  const topk::SamplePlan plan = topk::sample_plan(n, k);
+  if (plan.exact) return select_exact_all(grad, residual, n, k);
   // Threshold: the key of the rank-ks largest sample, ks = round(k * m / n) >= 1,
   // so about k elements of the whole input are expected at or above it.
-  const double ks_real = std::round(static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n));
-  const int64_t ks = std::clamp<int64_t>(static_cast<int64_t>(ks_real), 1, m);
-  const uint32_t threshold = radix_threshold(
-      m, ks, [&sample](int64_t j) { return sample[static_cast<size_t>(j)]; }, /*collect_indices=*/false).key;
-
-  const int64_t lower = std::max<int64_t>(1, k / 2);
-  const int64_t upper = std::min<int64_t>(2 * k, n);
+  const std::vector<uint32_t> sample = sample_keys(n, plan.m, rng, acc_reader(grad, residual));
+  const uint32_t threshold = kth_largest_key(sample, plan.ks);
+  const Collected c = accumulate_and_collect(grad, residual, n, threshold, plan.upper);
+  const float* acc = acc_of(grad, residual);
+  if (c.overflow || c.count < plan.lower) return select_exact(acc, n, k);  // outside the bounds: exact
   SparseVector out;
-  out.indices.resize(static_cast<size_t>(upper));
-  out.values.resize(static_cast<size_t>(upper));
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (magnitude_key(acc[i]) >= threshold) [[unlikely]] {
-      if (count == upper) return select_exact(acc, n, k);  // too many: exact instead
-      out.indices[static_cast<size_t>(count)] = static_cast<uint64_t>(i);
-      out.values[static_cast<size_t>(count)] = acc[i];
-      ++count;
-    }
-  }
-  if (count < lower) return select_exact(acc, n, k);  // too few: exact instead
-  out.indices.resize(static_cast<size_t>(count));
-  out.values.resize(static_cast<size_t>(count));
+  out.indices.assign(c.indices.get(), c.indices.get() + c.count);
+  out.values.assign(c.values.get(), c.values.get() + c.count);
   return out;
 }
 
 }  // namespace
 
-SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect select, const PhiloxStream& rng) {
+SparseVector topk_select_accumulate(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
+                                    const PhiloxStream& rng) {
   if (n < 0 || k < 0) throw InvalidArgument(fmt::format("topk_select: n = {} and k = {} must be >= 0", n, k));
-  if (n == 0 || k == 0) return {};
-  if (k >= n) return take_all(acc, n);
+  if (n == 0 || k == 0 || k >= n) {  // nothing to choose: accumulate, then none or all
+    if (residual != nullptr) add_into(residual, grad, n);
+    const float* acc = acc_of(grad, residual);
+    return k == 0 || n == 0 ? SparseVector{} : take_all(acc, n);
+  }
   switch (select) {
-    case TopkSelect::kExact: return select_exact(acc, n, k);
-    case TopkSelect::kSample: return select_sample(acc, n, k, rng);
+    case TopkSelect::kExact: return select_exact_filtered(grad, residual, n, k, rng);
+    case TopkSelect::kSample: return select_sample(grad, residual, n, k, rng);
   }
   throw InvalidArgument(fmt::format("topk_select: unknown select mode {}", static_cast<int>(select)));
+}
+
+SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect select, const PhiloxStream& rng) {
+  return topk_select_accumulate(acc, nullptr, n, k, select, rng);
 }
 
 }  // namespace gradcomm::detail

@@ -1,4 +1,4 @@
-// decode_add_sparse (codec.h) on arbitrary payloads and sizes.
+// decode_add_sparse and decode_sum_sparse (codec.h) on arbitrary payloads and sizes.
 //
 // Input: id u8 (any byte, so foreign ids are probed too) | mode u8 | numel | rest.
 //   mode bits 0-1 pick how numel is read: 0: u16, 1: u8, 2: u32, 3: 2^32 + u16
@@ -11,9 +11,12 @@
 //   otherwise:    the rest is the payload, as received off the wire.
 // The output buffer has exactly numel floats and ends at a guard page; only
 // CorruptPayload and InvalidArgument may escape, and a refused payload must leave
-// the output untouched.
+// the output untouched. decode_sum_sparse then gets the payload twice (for numel up
+// to 2^16: it writes all of numel) and must agree with a zeroed output plus two
+// decode_add_sparse calls: the same verdict, and bit for bit the same floats.
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "compressors/codec.h"
@@ -127,6 +130,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // A refused payload leaves the output untouched (decode validates first).
     for (int64_t i = 0; i < n; ++i) {
       GRADCOMM_FUZZ_CHECK(out.data()[i] == 0.0f, "refused payload wrote element %lld", static_cast<long long>(i));
+    }
+  }
+
+  if (n >= 0 && n <= (1 << 16)) {
+    const auto un = static_cast<uint64_t>(n);
+    gradcomm::fuzz::GuardedFloats twice(un), summed(un);
+    for (uint64_t i = 0; i < un; ++i) summed.data()[i] = 7.0f;  // must all be overwritten, or all kept
+    bool added = true, sum_ok = true;
+    try {
+      gradcomm::detail::decode_add_sparse(id, payload, n, twice.data());
+      gradcomm::detail::decode_add_sparse(id, payload, n, twice.data());
+    } catch (const gradcomm::CorruptPayload&) {
+      added = false;
+    } catch (const gradcomm::InvalidArgument&) {
+      added = false;
+    }
+    const std::span<const uint8_t> both[2] = {payload, payload};
+    try {
+      gradcomm::detail::decode_sum_sparse(id, both, n, summed.data());
+    } catch (const gradcomm::CorruptPayload&) {
+      sum_ok = false;
+    } catch (const gradcomm::InvalidArgument&) {
+      sum_ok = false;
+    }
+    GRADCOMM_FUZZ_CHECK(added == sum_ok, "decode_add_sparse %s the payload, decode_sum_sparse %s it",
+                        added ? "accepted" : "refused", sum_ok ? "accepted" : "refused");
+    for (uint64_t i = 0; i < un; ++i) {
+      if (sum_ok) {
+        GRADCOMM_FUZZ_CHECK(std::memcmp(&summed.data()[i], &twice.data()[i], sizeof(float)) == 0,
+                            "decode_sum_sparse element %llu differs from two decode_add_sparse calls",
+                            static_cast<unsigned long long>(i));
+      } else {
+        GRADCOMM_FUZZ_CHECK(summed.data()[i] == 7.0f, "refused payloads: decode_sum_sparse wrote element %llu",
+                            static_cast<unsigned long long>(i));
+      }
     }
   }
   return 0;

@@ -14,6 +14,7 @@
 
 #include "compressors/codec.h"
 #include "compressors/payload.h"
+#include "compressors/topk/topk_logic.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 
@@ -195,6 +196,142 @@ TEST(TopkSample, SmallInputsAreExact) {
   EXPECT_EQ(topk_select(x.data(), 1000, 1000, TopkSelect::kSample, kRng).indices.size(), 1000u);
 }
 
+// ---- topk with error feedback's accumulation fused in --------------------------
+// topk_select_accumulate(grad, residual) must leave residual == grad + residual (the
+// same fp32 sums, bit for bit) and select from it exactly what the documented
+// algorithms select, whichever internal path runs: the small-input radix select,
+// the sampled filter and its two fallbacks (a bound above the k-th key, heavy ties
+// at the bound), and select=sample with its own fallbacks. The references here are
+// written from the documentation: a stable sort for exact, and for sample the
+// rank-ks largest key of the documented sample positions.
+
+uint32_t key_of(float x) { return topk::magnitude_key(x); }
+
+// Indices ordered by descending key (NaN above inf), ties to the lower index.
+std::vector<uint64_t> key_order(const std::vector<float>& x) {
+  std::vector<uint64_t> order(x.size());
+  std::iota(order.begin(), order.end(), uint64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&x](uint64_t a, uint64_t b) { return key_of(x[a]) > key_of(x[b]); });
+  return order;
+}
+
+// `order` = key_order(acc).
+std::vector<uint64_t> reference_sample(const std::vector<float>& acc, const std::vector<uint64_t>& order, int64_t k,
+                                       const PhiloxStream& rng) {
+  const auto n = static_cast<int64_t>(acc.size());
+  if (k == 0 || k >= n) return reference_topk(order, k);  // none, or all
+  const topk::SamplePlan plan = topk::sample_plan(n, k);
+  if (plan.exact) return reference_topk(order, k);
+  std::vector<uint32_t> sample;
+  for (int64_t j = 0; j < plan.m; ++j) {
+    sample.push_back(key_of(acc[topk::sample_position(rng, static_cast<uint64_t>(j), static_cast<uint64_t>(n))]));
+  }
+  std::sort(sample.begin(), sample.end(), std::greater<>());
+  const uint32_t t = sample[static_cast<size_t>(plan.ks - 1)];
+  std::vector<uint64_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    if (key_of(acc[i]) >= t) out.push_back(static_cast<uint64_t>(i));
+  }
+  const auto count = static_cast<int64_t>(out.size());
+  if (count < plan.lower || count > plan.upper) return reference_topk(order, k);
+  return out;
+}
+
+// One gradient and residual, with acc = residual + grad and its key order computed once.
+struct AccumulateCase {
+  std::vector<float> grad, residual, acc;
+  std::vector<uint64_t> order;
+  AccumulateCase(std::vector<float> g, std::vector<float> r) : grad(std::move(g)), residual(std::move(r)) {
+    acc.resize(grad.size());
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] = residual[i] + grad[i];
+    order = key_order(acc);
+  }
+};
+
+// Runs topk_select_accumulate on copies and checks the residual and the selection.
+void check_accumulate(const AccumulateCase& c, int64_t k, TopkSelect select, const PhiloxStream& rng) {
+  const auto n = static_cast<int64_t>(c.grad.size());
+  const std::vector<uint64_t> want =
+      select == TopkSelect::kExact ? reference_topk(c.order, k) : reference_sample(c.acc, c.order, k, rng);
+
+  std::vector<float> res = c.residual;
+  std::vector<float> grad = c.grad;
+  const SparseVector got = topk_select_accumulate(grad.data(), res.data(), n, k, select, rng);
+  ASSERT_EQ(got.indices, want);
+  expect_values_match(got, c.acc);
+  for (size_t i = 0; i < c.acc.size(); ++i) {
+    ASSERT_TRUE(same_bits(res[i], c.acc[i])) << "residual " << i << ": " << res[i] << " != " << c.acc[i];
+    ASSERT_TRUE(same_bits(grad[i], c.grad[i])) << "grad written at " << i;
+  }
+  // No residual: acc is grad itself.
+  ASSERT_EQ(topk_select_accumulate(c.acc.data(), nullptr, n, k, select, rng).indices, want);
+  ASSERT_EQ(topk_select(c.acc.data(), n, k, select, rng).indices, want);
+}
+
+TEST(TopkAccumulate, MatchesAccumulateThenReferenceSelect) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{5000}, int64_t{300007}, int64_t{1} << 20}) {
+    for (Fill fill : {Fill::kNormal, Fill::kTinySet, Fill::kSpecials}) {
+      const AccumulateCase c(make_input(n, fill, static_cast<uint32_t>(n) + 17 * static_cast<uint32_t>(fill)),
+                             make_input(n, Fill::kNormal, static_cast<uint32_t>(n) + 1));
+      for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{300}, n / 1000, n / 100, n / 10, n - 1, n, n + 3}) {
+        if (k < 0) continue;
+        for (TopkSelect select : {TopkSelect::kExact, TopkSelect::kSample}) {
+          SCOPED_TRACE(testing::Message() << "n=" << n << " fill=" << static_cast<int>(fill) << " k=" << k
+                                          << " select=" << static_cast<int>(select));
+          check_accumulate(c, k, select, PhiloxStream{static_cast<uint64_t>(k) + 5, 77});
+        }
+      }
+    }
+  }
+}
+
+// NaN and inf in the gradient or the residual: NaN keys rank above everything, and
+// the residual keeps what fp32 addition makes of them.
+TEST(TopkAccumulate, NanAndInfFollowTheKeyOrder) {
+  const int64_t n = 1 << 20;
+  auto grad = make_input(n, Fill::kNormal, 3);
+  auto residual = make_input(n, Fill::kNormal, 4);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 1000; i < n; i += 50021) grad[static_cast<size_t>(i)] = nan;
+  for (int64_t i = 7; i < n; i += 70001) residual[static_cast<size_t>(i)] = -kInf;
+  residual[123] = kInf;
+  grad[123] = -kInf;  // inf - inf: NaN in the accumulator
+  const AccumulateCase c(grad, residual);
+  for (int64_t k : {int64_t{10}, int64_t{5000}, int64_t{20000}}) {
+    for (TopkSelect select : {TopkSelect::kExact, TopkSelect::kSample}) {
+      SCOPED_TRACE(testing::Message() << "k=" << k << " select=" << static_cast<int>(select));
+      check_accumulate(c, k, select, kRng);
+    }
+  }
+}
+
+// The exact select's sampled filter falls back when its bound lies above the k-th
+// key: here every sampled position holds the largest value, so the bound is that
+// value and at most m < k elements reach it (n = 2^20, k = 20000: m = 6711).
+TEST(TopkAccumulate, ExactFilterBoundAboveKthKeyFallsBack) {
+  const int64_t n = 1 << 20;
+  const int64_t k = 20000;
+  const topk::SamplePlan plan = topk::sample_plan(n, k);
+  ASSERT_FALSE(plan.exact);
+  ASSERT_LT(plan.m, k);
+  auto grad = make_input(n, Fill::kNormal, 9);
+  for (auto& v : grad) v *= 1e-3f;
+  for (int64_t j = 0; j < plan.m; ++j) {
+    grad[topk::sample_position(kRng, static_cast<uint64_t>(j), static_cast<uint64_t>(n))] = 1000.0f;
+  }
+  const AccumulateCase c(grad, std::vector<float>(static_cast<size_t>(n), 0.0f));
+  check_accumulate(c, k, TopkSelect::kExact, kRng);
+  check_accumulate(c, k, TopkSelect::kSample, kRng);  // count < k/2 here too: exact
+}
+
+// Heavy ties at the bound (a ninth of the input per value) overflow the filter's
+// 4k slots: the radix passes over the whole input take over.
+TEST(TopkAccumulate, ExactFilterOverflowFallsBack) {
+  const int64_t n = 1 << 20;
+  const AccumulateCase c(make_input(n, Fill::kTinySet, 21), std::vector<float>(static_cast<size_t>(n), 0.0f));
+  for (int64_t k : {n / 100, n / 1000}) check_accumulate(c, k, TopkSelect::kExact, kRng);
+}
+
 // ---- sparse payload -------------------------------------------------------------
 
 SparseVector example_sparse() {
@@ -264,6 +401,59 @@ TEST(SparsePayload, EncodeRejectsInvalidSelections) {
   v = example_sparse();
   v.values.pop_back();
   EXPECT_THROW(encode_sparse(CompressorId::kTopk, 1000, v, ValueType::kFp32), InvalidArgument);
+}
+
+// decode_sum_sparse against its definition: a +0.0-filled output and decode_add_sparse
+// per payload in order, compared bit for bit. Payloads overlap (so the order of the
+// additions shows), mix fp32 and fp16 values, carry -0.0, inf and NaN, and land on
+// both sides of the decoder's internal tiles.
+TEST(SparsePayload, DecodeSumMatchesZeroThenAddInOrder) {
+  std::mt19937 gen(77);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{16384}, int64_t{16385}, int64_t{100003}}) {
+    for (int parts : {0, 1, 3, 5}) {
+      SCOPED_TRACE(testing::Message() << "n=" << n << " payloads=" << parts);
+      std::vector<std::vector<uint8_t>> bytes;
+      for (int p = 0; p < parts; ++p) {
+        std::bernoulli_distribution pick(p == 0 ? 1.0 : 0.05 * (p + 1));  // the first takes everything
+        SparseVector v;
+        for (int64_t i = 0; i < n; ++i) {
+          if (!pick(gen)) continue;
+          v.indices.push_back(static_cast<uint64_t>(i));
+          const int kind = static_cast<int>(gen() % 50);
+          v.values.push_back(kind == 0 ? -0.0f : kind == 1 ? nan : kind == 2 ? -kInf : normal(gen) * 1e3f);
+        }
+        bytes.push_back(encode_sparse(CompressorId::kTopk, n, v, p % 2 ? ValueType::kFp16 : ValueType::kFp32));
+      }
+      std::vector<float> want(static_cast<size_t>(n), 0.0f);
+      for (const auto& b : bytes) decode_add_sparse(CompressorId::kTopk, b, n, want.data());
+      std::vector<std::span<const uint8_t>> spans(bytes.begin(), bytes.end());
+      std::vector<float> got(static_cast<size_t>(n), 123.0f);  // every element must be overwritten
+      decode_sum_sparse(CompressorId::kTopk, spans, n, got.data());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+// A corrupt payload anywhere in the list: CorruptPayload and the output untouched,
+// even though the payloads before it are valid.
+TEST(SparsePayload, DecodeSumValidatesEveryPayloadFirst) {
+  const auto good = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), ValueType::kFp32);
+  auto bad = good;
+  bad.pop_back();  // truncated
+  for (size_t at = 0; at < 3; ++at) {
+    std::vector<std::span<const uint8_t>> spans(3, std::span<const uint8_t>(good));
+    spans[at] = bad;
+    std::vector<float> out(1000, 0.5f);
+    EXPECT_THROW(decode_sum_sparse(CompressorId::kTopk, spans, 1000, out.data()), CorruptPayload);
+    EXPECT_EQ(out, std::vector<float>(1000, 0.5f)) << "output written before payload " << at << " was validated";
+  }
+  // The compressor id is checked too (a random-k payload is not a top-k payload).
+  const auto other = encode_sparse(CompressorId::kRandomk, 1000, example_sparse(), ValueType::kFp32);
+  const std::vector<std::span<const uint8_t>> spans = {good, other};
+  std::vector<float> out(1000, 0.5f);
+  EXPECT_THROW(decode_sum_sparse(CompressorId::kTopk, spans, 1000, out.data()), CorruptPayload);
 }
 
 // Decodes `bytes` into a sentinel-filled buffer and expects CorruptPayload with the
