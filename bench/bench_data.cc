@@ -27,7 +27,7 @@ void cuda_check(cudaError_t rc, const char* what) {
 }
 #endif
 
-[[noreturn]] void no_cuda() {
+[[noreturn, maybe_unused]] void no_cuda() {
   throw Unsupported("--device cuda: this gradcomm-bench was built without CUDA (configure with GRADCOMM_CUDA=ON)");
 }
 
