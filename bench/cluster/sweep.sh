@@ -15,7 +15,7 @@ sizes=${SIZES:-1M,16M,100M,256M}
 delay=${DELAY:-50us}
 iters=${ITERS:-5}
 build=${BUILD:-build}
-compressors=${COMPRESSORS:-"none;topk:ratio=0.01;topk:ratio=0.001;quant:bits=4;sign;fp16;sketch:rows=3,cols=65536,ratio=0.01;randomk:ratio=0.01"}
+compressors=${COMPRESSORS:-"none;topk:ratio=0.01;topk:ratio=0.001;topk:ratio=0.01,select=sample,values=fp16;quant:bits=4;sign;fp16;sketch:rows=3,cols=65536,ratio=0.01;randomk:ratio=0.01"}
 {
   echo "date: $(date -Is)"
   echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r)"

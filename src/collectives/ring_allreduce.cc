@@ -39,8 +39,12 @@ namespace gradcomm::detail {
 
 int64_t chunk_bytes() {
   // GRADCOMM_CHUNK_BYTES: pipeline chunk size of the ring algorithms. Smaller
-  // chunks overlap better; larger ones pay less per-message overhead.
-  return env_bytes("GRADCOMM_CHUNK_BYTES", int64_t{512} << 10, 64, int64_t{1} << 30);
+  // chunks overlap better; larger ones pay less per-message overhead. 256K: a 1 MB
+  // allreduce over two ranks on emulated 10 Gbit/s links (bench/cluster/run.sh)
+  // took 0.6 ms against 0.87-1.07 ms with 512K (its segment is then two chunks, so
+  // the allgather starts before the whole reduce-scatter step has landed); from
+  // 4 MB up, and at N = 4, the two were the same within noise; 128K was erratic.
+  return env_bytes("GRADCOMM_CHUNK_BYTES", int64_t{256} << 10, 64, int64_t{1} << 30);
 }
 
 namespace {
