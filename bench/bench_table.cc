@@ -38,15 +38,17 @@ void BenchTable::print_header() {
   if (!c.baseline.empty()) fmt::print(out_, "# baseline {}: {}\n", c.baseline, c.baseline_description);
   if (!c.baseline.empty()) {
     fmt::print(out_,
-               "# Per size: gradcomm's warm-up and timed loop, then the baseline's on the same buffers (interleaved\n"
+               "# Per size: gradcomm's warm-up and timed calls, then the baseline's on the same buffers (interleaved\n"
                "# by size). ratio = baseline time / gradcomm time (> 1: gradcomm faster). MPI and Gloo count no\n"
                "# wire bytes: N/A.\n");
   }
   fmt::print(out_,
-             "# time = max over ranks of each rank's mean over the timed loop. algbw = size/time; busbw = algbw * {}.\n"
+             "# time = max over ranks of each rank's mean over the timed calls; every call starts from the same\n"
+             "# input ('{}'), restored and the ranks released by a barrier outside the timing.\n"
+             "# algbw = size/time; busbw = algbw * {}.\n"
              "# wire = bytes_sent per rank per iteration (Communicator::stats(), mean over ranks); compr = dense ring\n"
              "# bytes / wire; #wrong = elements off the exact result, all ranks (--check, untimed).{}\n",
-             c.op == BenchOp::kAllreduce ? "2(N-1)/N" : "(N-1)/N",
+             c.input, c.op == BenchOp::kAllreduce ? "2(N-1)/N" : "(N-1)/N",
              c.phases ? "\n# Phases: gradcomm's time per iteration from stats(), mean over ranks (comm = waiting on the wire)."
                       : "");
   fmt::print(out_, "#\n");
@@ -130,6 +132,7 @@ void BenchTable::add_record(const Row& row, const ImplResult& r) {
       {"wrong", r.wrong ? nlohmann::ordered_json(*r.wrong) : nlohmann::ordered_json(nullptr)},
       {"warmup", config_.warmup},
       {"iters", config_.iters},
+      {"input", config_.input},
   };
   if (r.wire_bytes && *r.wire_bytes > 0) rec["compression_ratio"] = dense_wire_bytes(row.size_bytes) / *r.wire_bytes;
   if (r.phases) {

@@ -40,6 +40,7 @@ struct TableConfig {
   std::string device;       // "cpu" | "cuda"
   int ranks = 1;
   int warmup = 0, iters = 0;
+  std::string input = "gradient";  // what the timed calls reduce (--input)
   std::string baseline;     // "" = none
   std::string baseline_description;
   bool check = false;

@@ -6,12 +6,15 @@
 //   gradcomm-run -n 2 gradcomm-bench --device cuda -b 1K -e 256M --baseline nccl --check
 //
 // With --device cuda each rank uses GPU (local rank mod visible GPUs); gradcomm's
-// calls are stream-ordered on the legacy default stream, and each timed loop ends
+// calls are stream-ordered on the legacy default stream, and each timed call ends
 // with a synchronize (gradcomm's and the baseline's) inside the timing.
 //
-// Per size: gradcomm warms up and runs its timed loop, then the baseline does the
+// Per size: gradcomm warms up and runs its timed calls, then the baseline does the
 // same on the same buffers (interleaved by size, so both see the machine in the
-// same state); --check then runs each once more on closed-form inputs. Each rank
+// same state); --check then runs each once more on closed-form inputs. Every call
+// starts from the same input (--input: normal(0, 1) draws per rank by default),
+// copied back and followed by a barrier outside the timing, so an in-place
+// allreduce never reduces its own previous output. Each rank
 // sends its numbers to rank 0 through the job's store (not through a collective:
 // the control plane then never touches the measured library or its counters, on
 // either device), and rank 0 prints the row.
@@ -393,6 +396,7 @@ int run(const Options& options) {
   tc.ranks = comm->size();
   tc.warmup = options.warmup;
   tc.iters = options.iters;
+  tc.input = options.input;
   tc.check = options.check;
   tc.phases = options.phases;
   if (baseline) {

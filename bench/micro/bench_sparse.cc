@@ -1,5 +1,6 @@
 // Sparse compressors on one CPU core: top-k (exact, sample) at ratios 0.01 and
-// 0.001, random-k, count sketch accumulate + estimate, sparse encode/decode.
+// 0.001, alone and with error feedback's accumulation, random-k, count sketch
+// accumulate + estimate, sparse encode/decode, the 4-payload decode of the allgather.
 // Throughput is reported against the fp32 input (4 bytes per element), so the
 // numbers compare directly with the wire bandwidth they save.
 //
@@ -7,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include <random>
+#include <span>
 #include <vector>
 
 #include "compressors/codec.h"
@@ -47,6 +49,29 @@ void topk(benchmark::State& state, TopkSelect select) {
 }
 void BM_TopkExact(benchmark::State& state) { topk(state, TopkSelect::kExact); }
 void BM_TopkSample(benchmark::State& state) { topk(state, TopkSelect::kSample); }
+
+// Error feedback's step as the communicator runs it: acc = grad + residual fused into
+// the select (topk_select_accumulate), then the selected coordinates zeroed in the
+// residual. The same gradient every step, so the residual carries what was not sent.
+void topk_ef(benchmark::State& state, TopkSelect select) {
+  const int64_t n = state.range(0);
+  const int64_t k = n / state.range(1);
+  const auto& grad = input(n);
+  std::vector<float> residual(static_cast<size_t>(n), 0.0f);
+  int64_t step = 0;
+  size_t count = 0;
+  for (auto _ : state) {
+    SparseVector s = topk_select_accumulate(grad.data(), residual.data(), n, k, select,
+                                            PhiloxStream{1, static_cast<uint64_t>(step++)});
+    for (uint64_t i : s.indices) residual[i] = 0.0f;
+    count = s.indices.size();
+    benchmark::DoNotOptimize(residual.data());
+  }
+  state.counters["count/k"] = static_cast<double>(count) / static_cast<double>(k);
+  set_bytes(state, n);
+}
+void BM_TopkExactEF(benchmark::State& state) { topk_ef(state, TopkSelect::kExact); }
+void BM_TopkSampleEF(benchmark::State& state) { topk_ef(state, TopkSelect::kSample); }
 
 void BM_Randomk(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -92,6 +117,28 @@ void BM_SparseEncodeDecode(benchmark::State& state) {
   set_bytes(state, n);
 }
 
+// The sparse allgather's decode at N = 4: four 1 % payloads (random positions, so
+// they overlap as different ranks' selections do) summed in rank order into the output.
+void BM_SparseDecodeSum4(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const auto& x = input(n);
+  const auto values = state.range(1) ? ValueType::kFp16 : ValueType::kFp32;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint64_t r = 0; r < 4; ++r) {
+    SparseVector s;
+    s.indices = randomk_indices(n, n / 100, PhiloxStream{7, r});
+    for (uint64_t i : s.indices) s.values.push_back(x[i]);
+    payloads.push_back(encode_sparse(CompressorId::kTopk, n, s, values));
+  }
+  const std::vector<std::span<const uint8_t>> spans(payloads.begin(), payloads.end());
+  std::vector<float> out(static_cast<size_t>(n));
+  for (auto _ : state) {
+    decode_sum_sparse(CompressorId::kTopk, spans, n, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  set_bytes(state, n);
+}
+
 constexpr int64_t kM = 1 << 20;
 
 void sizes_and_ratios(benchmark::internal::Benchmark* b) {
@@ -109,9 +156,12 @@ void sizes_and_value_types(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_TopkExact)->Apply(sizes_and_ratios);
 BENCHMARK(BM_TopkSample)->Apply(sizes_and_ratios);
+BENCHMARK(BM_TopkExactEF)->Apply(sizes_and_ratios);
+BENCHMARK(BM_TopkSampleEF)->Apply(sizes_and_ratios);
 BENCHMARK(BM_Randomk)->Apply(sizes_and_ratios);
 BENCHMARK(BM_SketchAccumulateEstimate)->Arg(kM)->Arg(16 * kM)->Arg(64 * kM)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_SparseEncodeDecode)->Apply(sizes_and_value_types);
+BENCHMARK(BM_SparseDecodeSum4)->Apply(sizes_and_value_types);
 
 }  // namespace
 }  // namespace gradcomm::detail

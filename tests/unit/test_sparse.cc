@@ -306,8 +306,9 @@ TEST(TopkAccumulate, NanAndInfFollowTheKeyOrder) {
 }
 
 // The exact select's sampled filter falls back when its bound lies above the k-th
-// key: here every sampled position holds the largest value, so the bound is that
-// value and at most m < k elements reach it (n = 2^20, k = 20000: m = 6711).
+// key: here every position select=sample would draw holds the largest value (the
+// filter samples the first of them), so the bound is that value and at most m < k
+// elements reach it (n = 2^20, k = 20000: m = 6711).
 TEST(TopkAccumulate, ExactFilterBoundAboveKthKeyFallsBack) {
   const int64_t n = 1 << 20;
   const int64_t k = 20000;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# gradcomm-bench end to end under gradcomm-run (3 ranks, loopback): --check finds no
+# wrong element for the dense ring, a sparsifier and a quantizer, on either timing
+# input, and for the Gloo peer; the JSON records say which input was timed; a bad
+# --input is refused with a message that names it.
+#   test_bench.sh BUILD_DIR
+set -uo pipefail
+build=$1
+run=$build/tools/gradcomm-run bench=$build/bench/gradcomm-bench
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+check() {  # check NAME INPUT BASELINE COMPRESSOR
+  local name=$1 input=$2 baseline=$3 compressor=$4
+  "$run" -n 3 --timeout 120 -- "$bench" -b 4K -e 1M -f 16 -n 2 -w 1 --check --phases \
+    --input "$input" --baseline "$baseline" --compressor "$compressor" --json "$tmp/$name.json" \
+    >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "$name: gradcomm-bench failed"; }
+  /usr/bin/python3 - "$tmp/$name.json" "$input" "$compressor" "$baseline" <<'PY' || fail "$name: records wrong"
+import json, sys
+path, want_input, compressor, baseline = sys.argv[1:]
+recs = json.load(open(path))
+sizes = sorted({r["size_bytes"] for r in recs})
+assert sizes == [4096, 65536, 1048576], sizes
+impls = {r["impl"] for r in recs}
+assert "gradcomm" in impls and (baseline == "none" or baseline in impls), impls
+for r in recs:
+    assert r["input"] == want_input and r["compressor"] == compressor, r
+    assert r["wrong"] == 0, r          # --check: every element within the compressor's bound
+    assert r["time_us"] > 0, r
+    if r["impl"] == "gradcomm":
+        assert r["wire_bytes"] > 0 and r["encode_us"] >= 0 and r["comm_us"] >= 0, r
+print(path, "ok:", len(recs), "records")
+PY
+}
+
+check dense gradient gloo none
+check topk pattern none "topk:ratio=0.01"
+check topk_sample gradient none "topk:ratio=0.01,select=sample,values=fp16"
+check quant gradient none "quant:bits=4"
+
+if "$run" -n 1 -- "$bench" -b 1K -e 1K --input zeros >"$tmp/bad.log" 2>&1; then fail "--input zeros accepted"; fi
+grep -q "input" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no message naming --input"; }
+echo "PASS"
