@@ -253,13 +253,13 @@ SparseVector select_exact(const float* acc, int64_t n, int64_t k) {
 // in [max(1, floor(k/2)), min(2k, n)] and every selected element has key >= the
 // smallest selected key.
 //
-// select=exact uses the same sample as a filter: the key of the rank-2ks largest
-// sample is a bound B that about 2k elements of the input reach. One pass keeps the
-// indices of the keys >= B; when there are at least k of them (and at most 4k), the
-// k-th largest key T is >= B, so every key >= T is among them, in index order, and
-// the radix select over those few keys finds the same T, the same tie count and the
-// same selection as over the whole input. Otherwise (a bound above T, or heavy ties
-// at B) the radix passes run over the whole input.
+// select=exact samples too, as a filter (select_exact_filtered, its own sample size):
+// a sampled key is a bound B that about 2k elements of the input reach. One pass
+// keeps the elements with key >= B; when there are at least k of them (and at most
+// 4k), the k-th largest key T is >= B, so every key >= T is among them, in index
+// order, and the radix select over those few keys finds the same T, the same tie
+// count and the same selection as over the whole input. Otherwise (a bound above T,
+// or heavy ties at B) the radix passes run over the whole input.
 
 // The keys of acc at the m sample positions of `rng`: position j is
 // topk::sample_position(rng, j, n), computed here two at a time from their shared
@@ -297,8 +297,8 @@ void add_into(float* __restrict residual, const float* __restrict grad, int64_t 
 // One pass over the input: acc = grad + residual into the residual (when there is
 // one), and the elements with key >= bound (index and acc value), in index order, as
 // long as there are at most `cap` of them (`overflow` past that; the accumulation
-// still completes). Works in blocks of kBlock so the overflow check is per block:
-// the lists need kBlock slots of room past `cap`.
+// still completes). Works in blocks of kCollectBlock so the overflow check is per
+// block: the lists need kCollectBlock slots of room past `cap`.
 //
 // The key test skips magnitude_key's NaN clamp: bound is a key (<= kNanKey), so
 // |bits| >= bound exactly when min(|bits|, kNanKey) >= bound.
