@@ -165,6 +165,10 @@ def plots(cells, directory):
     ranks = sorted({k[0] for k in cells})
     rates = sorted({k[1] for k in cells}, key=rate_sort)
     series = sorted({k[3] for k in cells}, key=lambda s: (s not in ("gradcomm ring", "mpi", "gloo"), s))
+    # One colour per series for both figures (the default cycle has 10: the 11th would
+    # repeat the first); the peers are dashed.
+    palette = plt.get_cmap("tab20").colors
+    color = {s: palette[(2 * i) % 20 + (2 * i) // 20] for i, s in enumerate(series)}
     fig, axes = plt.subplots(len(ranks), len(rates), figsize=(5 * len(rates), 4 * len(ranks)), squeeze=False)
     for i, n in enumerate(ranks):
         for j, rate in enumerate(rates):
@@ -173,7 +177,8 @@ def plots(cells, directory):
                 pts = sorted((k[2], c["time_us"] / 1e3) for k, c in cells.items() if k[0] == n and k[1] == rate and k[3] == s)
                 if pts:
                     style = "--" if s in ("mpi", "gloo") else "-"
-                    ax.plot([p[0] / 2**20 for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=short(s))
+                    ax.plot([p[0] / 2**20 for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=short(s),
+                            color=color[s])
             ax.set_xscale("log"); ax.set_yscale("log")
             ax.set_title(f"N={n}, {rate}"); ax.set_xlabel("size (MiB)"); ax.set_ylabel("time per allreduce (ms)")
             ax.grid(True, which="both", alpha=0.3)
@@ -181,26 +186,30 @@ def plots(cells, directory):
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "time-vs-size.png"), dpi=90)
 
-    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4), squeeze=False)
-    zmax = max(k[2] for k in cells)
-    for i, n in enumerate(ranks):
-        ax = axes[0][i]
-        for s in series:
-            if s == "gradcomm ring":
-                continue
-            pts = []
-            for rate in rates:
-                d, c = cells.get((n, rate, zmax, "gradcomm ring")), cells.get((n, rate, zmax, s))
-                if d and c:
-                    pts.append((rate_bytes(rate) * 8 / 1e9, d["time_us"] / c["time_us"]))
-            if pts:
-                style = "--" if s in ("mpi", "gloo") else "-"
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=short(s))
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log"); ax.set_yscale("log")
-        ax.set_title(f"N={n}, {fmt_size(zmax)}: speed-up over dense ring")
-        ax.set_xlabel("link rate (Gbit/s)"); ax.set_ylabel("dense time / time")
-        ax.grid(True, which="both", alpha=0.3)
+    # Speed-up against link rate at 100 MB (the size) when measured, and at the largest size.
+    all_sizes = {k[2] for k in cells}
+    plot_sizes = sorted({z for z in (100 * 2**20, max(all_sizes)) if z in all_sizes})
+    fig, axes = plt.subplots(len(plot_sizes), len(ranks), figsize=(5 * len(ranks), 4 * len(plot_sizes)), squeeze=False)
+    for row, zmax in enumerate(plot_sizes):
+        for i, n in enumerate(ranks):
+            ax = axes[row][i]
+            for s in series:
+                if s == "gradcomm ring":
+                    continue
+                pts = []
+                for rate in rates:
+                    d, c = cells.get((n, rate, zmax, "gradcomm ring")), cells.get((n, rate, zmax, s))
+                    if d and c:
+                        pts.append((rate_bytes(rate) * 8 / 1e9, d["time_us"] / c["time_us"]))
+                if pts:
+                    style = "--" if s in ("mpi", "gloo") else "-"
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=short(s),
+                            color=color[s])
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xscale("log"); ax.set_yscale("log")
+            ax.set_title(f"N={n}, {fmt_size(zmax)}: speed-up over dense ring")
+            ax.set_xlabel("link rate (Gbit/s)"); ax.set_ylabel("dense time / time")
+            ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "speedup-vs-rate.png"), dpi=90)
