@@ -15,19 +15,20 @@ namespace gradcomm::detail {
 namespace {
 
 // acc = data + residual, in data; the residual is then free to collect this step's loss.
-// (A tensor and its key's residual never overlap: __restrict, so the loops vectorize.)
-void fold_residual(float* __restrict data, int64_t numel, const float* __restrict residual) {
+// acc = data + residual, in data; the residual is then free to collect this step's loss.
+// (The fp32 sums are reduce.h's: the ring's own vectorized loop.)
+void fold_residual(float* data, int64_t numel, const float* residual) {
   if (residual == nullptr) return;
-  for (int64_t i = 0; i < numel; ++i) data[i] += residual[i];
+  reduce_inplace(data, residual, numel, DType::kFloat32, ReduceOp::kSum);
 }
 
 // The sparsifiers' form: acc = data + residual, in the residual, which then only
 // needs its transmitted coordinates zeroed (residual = acc with the selection
 // removed). Returns where acc is. Saves the copy acc -> residual, a full pass
 // of reads and writes, over folding into data. Same sums: fp32 addition commutes.
-const float* accumulate_in_residual(const float* __restrict data, int64_t numel, float* __restrict residual) {
+const float* accumulate_in_residual(const float* data, int64_t numel, float* residual) {
   if (residual == nullptr) return data;
-  for (int64_t i = 0; i < numel; ++i) residual[i] += data[i];
+  reduce_inplace(residual, data, numel, DType::kFloat32, ReduceOp::kSum);
   return residual;
 }
 

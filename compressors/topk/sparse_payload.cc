@@ -166,21 +166,7 @@ SparseView validate_sparse(CompressorId id, std::span<const uint8_t> payload, in
 
 void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, float* out) {
   const SparseView v = validate_sparse(id, payload, n, "decode_add_sparse");
-  // Only now is `out` written.
-  if (v.fp16) {
-    // fp16 values are widened a chunk at a time into a small fp32 buffer first: in
-    // one loop, the conversion's branches stall the scatter's independent cache
-    // misses behind each other (3x slower at 1 % density over 100 MB).
-    constexpr uint64_t kChunk = 1024;
-    float wide[kChunk];
-    for (uint64_t base = 0; base < v.count; base += kChunk) {
-      const uint64_t len = std::min(kChunk, v.count - base);
-      for (uint64_t j = 0; j < len; ++j) wide[j] = v.value(base + j);
-      for (uint64_t j = 0; j < len; ++j) out[v.index(base + j)] += wide[j];
-    }
-  } else {
-    for (uint64_t j = 0; j < v.count; ++j) out[v.index(j)] += v.value(j);
-  }
+  for (uint64_t j = 0; j < v.count; ++j) out[v.index(j)] += v.value(j);  // only now is `out` written
 }
 
 void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out) {

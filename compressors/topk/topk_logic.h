@@ -131,9 +131,10 @@ struct SamplePlan {
   int64_t m = 0, ks = 0, lower = 0, upper = 0;
 };
 
+constexpr double kSampleHits = 128.0;  // sampled elements expected above the threshold
+constexpr int64_t kMinSample = 1024;   // fewest samples drawn (the exact select's filter too)
+
 inline SamplePlan sample_plan(int64_t n, int64_t k) {
-  constexpr double kSampleHits = 128.0;
-  constexpr int64_t kMinSample = 1024;
   SamplePlan p;
   const double want = std::ceil(kSampleHits * static_cast<double>(n) / static_cast<double>(k));
   p.m = std::max<int64_t>(kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));

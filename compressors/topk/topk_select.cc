@@ -44,6 +44,7 @@
 #include "compressors/topk/topk_logic.h"
 #include "gradcomm/errors.h"
 #include "half.h"
+#include "reduce.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -289,9 +290,9 @@ uint32_t kth_largest_key(const std::vector<uint32_t>& keys, int64_t rank) {
       .key;
 }
 
-// residual[i] += grad[i]: the two never overlap (a tensor and its key's residual).
-void add_into(float* __restrict residual, const float* __restrict grad, int64_t len) {
-  for (int64_t i = 0; i < len; ++i) residual[i] += grad[i];
+// residual[i] += grad[i] (reduce.h's fp32 sum: the ring's own vectorized loop).
+void add_into(float* residual, const float* grad, int64_t len) {
+  reduce_inplace(residual, grad, len, DType::kFloat32, ReduceOp::kSum);
 }
 
 // One pass over the input: acc = grad + residual into the residual (when there is
@@ -407,12 +408,11 @@ SparseVector select_exact_all(const float* grad, float* residual, int64_t n, int
 // otherwise the sample (random reads, a Philox block per two positions) costs about as
 // much as the radix passes it would save (a 1 MB tensor at k = 0.1 %).
 constexpr double kFilterHitsPerK = 32.0;
-constexpr int64_t kMinSample = 1024;  // as topk::sample_plan
 
 SparseVector select_exact_filtered(const float* grad, float* residual, int64_t n, int64_t k,
                                    const PhiloxStream& rng) {
   const double want = std::ceil(kFilterHitsPerK * static_cast<double>(n) / static_cast<double>(k));
-  const int64_t m = std::max<int64_t>(kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));
+  const int64_t m = std::max<int64_t>(topk::kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));
   if (m > n / 16) return select_exact_all(grad, residual, n, k);
   const std::vector<uint32_t> sample = sample_keys(n, m, rng, acc_reader(grad, residual));
   const double rank_real = std::round(2.0 * static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n));
