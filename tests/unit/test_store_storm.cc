@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <type_traits>
 
@@ -188,6 +189,7 @@ struct Garbage {
   std::vector<uint8_t> received;  // the greeting and welcome (first 64 bytes)
   bool sent_proof = false;
   bool sent_request = false;
+  bool lingers = false;  // holds its slot, owing the rest of a proof, until auth_timeout
   Clock::time_point next_drip{};
 };
 
@@ -195,17 +197,23 @@ struct Garbage {
 // cost one thread here. Runs until every connection has ended or `give_up` passes.
 class Storm {
  public:
-  // persistent_last: the same garbage, but the kinds that hold a slot until
-  // auth_timeout (silent, slowloris) open last. Otherwise, on a loaded machine whose
-  // storm takes longer than a handshake to open, late short-lived garbage evicts the
-  // early silent ones and is then dropped itself, and the table drains below full.
+  // persistent_last: the same garbage in two phases, so that the kinds that hold a
+  // slot until auth_timeout (silent, slowloris) end up filling the table whatever
+  // the machine's speed. Phase one is every other kind. Phase two opens only once
+  // phase one has settled (each connection ended, or is lingering with its
+  // greeting read) and kEvictableAfter more has passed, so every slot phase one
+  // still holds is evictable. Opened at once instead, on a slow server the
+  // persistent kinds queue behind short-lived garbage that is still in its
+  // handshake (young, so not evictable), are refused for capacity, and the table
+  // then drains below full as the short-lived garbage ends.
   Storm(uint16_t port, Clock::duration give_up, bool persistent_last = false)
       : port_(port), give_up_(give_up), conns_(kGarbage) {
     for (int i = 0; i < kGarbage; ++i) conns_[i].kind = static_cast<Kind>(i % kKinds);
     if (persistent_last) {
-      std::stable_partition(conns_.begin(), conns_.end(), [](const Garbage& g) {
+      auto first_persistent = std::stable_partition(conns_.begin(), conns_.end(), [](const Garbage& g) {
         return g.kind != Kind::kSilent && g.kind != Kind::kSlowloris;
       });
+      phase_two_from_ = static_cast<int>(first_persistent - conns_.begin());
     }
     thread_ = std::thread([this] { run(); });
   }
@@ -225,12 +233,30 @@ class Storm {
  private:
   static constexpr int kOpenPerTurn = 50;
   static constexpr auto kDripEvery = 250ms;
+  // The server's kEvictableAfter (500 ms, tcp_store_server.cc) plus a margin.
+  static constexpr auto kPhaseTwoAfter = 750ms;
+
+  // Phase one has settled: each of its connections has ended, or lingers with the
+  // greeting read (so the server accepted it before now).
+  bool phase_one_settled() const {
+    return std::all_of(conns_.begin(), conns_.begin() + phase_two_from_, [](const Garbage& g) {
+      return g.fd < 0 || (g.lingers && !g.connecting && g.received.size() >= wire::kGreetingBytes);
+    });
+  }
 
   void run() {
     auto start = Clock::now();
+    std::optional<Clock::time_point> settled_at;
     int next = 0;
     for (;;) {
-      for (int n = 0; n < kOpenPerTurn && next < kGarbage; ++n) open(conns_[next++]);
+      int open_up_to = kGarbage;
+      if (next < phase_two_from_) {
+        open_up_to = phase_two_from_;
+      } else if (next < kGarbage) {  // phase one is all open; phase two waits for it to settle
+        if (!settled_at && phase_one_settled()) settled_at = Clock::now();
+        if (!settled_at || Clock::now() - *settled_at < kPhaseTwoAfter) open_up_to = phase_two_from_;
+      }
+      for (int n = 0; n < kOpenPerTurn && next < open_up_to; ++n) open(conns_[next++]);
       opened_.store(next);
       std::vector<pollfd> fds;
       std::vector<Garbage*> owners;
@@ -274,15 +300,21 @@ class Storm {
         std::vector<uint8_t> junk(1 + random_() % 300);
         for (auto& b : junk) b = static_cast<uint8_t>(random_());
         send(g, junk);
+        g.lingers = junk.size() < wire::kProofBytes;  // the server waits for the rest of a "proof"
         break;
       }
-      case Kind::kHttp:
-        send(g, store_test::bytes("GET /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: scanner/1.0\r\n\r\n"));
+      case Kind::kSilent:
+        g.lingers = true;
         break;
       case Kind::kHugeLengthBeforeAuth:
         send(g, request_header(static_cast<uint8_t>(wire::Op::kSet), 1, ~uint64_t{0}));
+        g.lingers = wire::kRequestHeaderBytes < wire::kProofBytes;  // read as the start of a proof
+        break;
+      case Kind::kHttp:
+        send(g, store_test::bytes("GET /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: scanner/1.0\r\n\r\n"));
         break;
       case Kind::kSlowloris:
+        g.lingers = true;
         g.next_drip = Clock::now();
         break;
       case Kind::kConnectAndClose:
@@ -343,6 +375,7 @@ class Storm {
   uint16_t port_;
   Clock::duration give_up_;
   std::vector<Garbage> conns_;
+  int phase_two_from_ = kGarbage;  // conns_[phase_two_from_...] are phase two (persistent_last)
   std::atomic<int> opened_{0};
   std::mt19937 random_{20261122};
   std::thread thread_;
