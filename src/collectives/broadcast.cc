@@ -29,6 +29,7 @@ void chain_broadcast(Op& op, void* data, int64_t bytes, int root) {
   auto* base = static_cast<uint8_t*>(data);
 
   const int64_t chunk = chunk_bytes();
+  const int depth = pipeline_depth();
   const int64_t C = std::max<int64_t>(1, (bytes + chunk - 1) / chunk);
   auto range = [&](int64_t j) {
     const int64_t b = bytes * j / C;
@@ -51,7 +52,7 @@ void chain_broadcast(Op& op, void* data, int64_t bytes, int root) {
 
   for (int64_t j = 0; j < C; ++j) {
     if (receives) {
-      post_until(j + kPipelineDepth);
+      post_until(j + depth);
       op.wait(*recvs[j], "broadcast receive");
       recvs[j].reset();
     }

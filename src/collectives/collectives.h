@@ -50,8 +50,7 @@ void dissemination_barrier(Op& op);
 
 // Pipeline tunables shared by the ring algorithms (GRADCOMM_CHUNK_BYTES).
 int64_t chunk_bytes();
-// Receives posted ahead of the one being consumed. 8 (was 4): a 256 MB allreduce over two
-// ranks on emulated 10 Gbit/s links took 246-308 ms (9 runs) against 303-344 ms (8 runs).
-constexpr int kPipelineDepth = 8;
+// Receives posted ahead of the one being consumed (GRADCOMM_PIPELINE_DEPTH).
+int pipeline_depth();
 
 }  // namespace gradcomm::detail

@@ -52,6 +52,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
   const int64_t align = codec.alignment();
   const int64_t max_seg = ((numel + align - 1) / align + n - 1) / n * align;
   const int64_t chunk_elems = std::max<int64_t>(align, chunk_bytes() / 4 / align * align);
+  const int depth = pipeline_depth();
   const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
   const AlignedPlan plan{n, numel, align, std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, max_chunks)};
   const int64_t C = plan.chunks;
@@ -103,7 +104,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
 
   for (int64_t j = 0; j < C; ++j) encode_and_send(j, false);  // step 0: our own segment
   for (int64_t u = 0; u < total_units; ++u) {
-    post_until(u + kPipelineDepth);
+    post_until(u + depth);
     const bool reduce_scatter = u < rs_units;
     op.wait(*recvs[u], reduce_scatter ? "compressed reduce-scatter receive" : "compressed allgather receive");
     recvs[u].reset();

@@ -32,6 +32,7 @@ void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, s
   std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
   const int64_t max_count = *std::max_element(counts.begin(), counts.end());
   const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes() / static_cast<int64_t>(elem_bytes));
+  const int depth = pipeline_depth();
   const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
   const int64_t C = std::clamp<int64_t>((max_count + chunk_elems - 1) / chunk_elems, 1, max_chunks);
   const int64_t total_units = int64_t{n - 1} * C;
@@ -61,7 +62,7 @@ void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, s
 
   for (int64_t j = 0; j < C; ++j) sends.push_back(send_unit(j));  // step 0: our own block
   for (int64_t u = 0; u < total_units; ++u) {
-    post_until(u + kPipelineDepth);
+    post_until(u + depth);
     op.wait(*recvs[u], "allgather receive");
     recvs[u].reset();
     if (u + C < total_units) sends.push_back(send_unit(u + C));  // recvCopySend

@@ -16,7 +16,7 @@
 // recvReduceCopySend at the last reduce-scatter step, then recvCopySend. Chunk
 // j+1 is on the wire while chunk j is being reduced.
 //
-// Buffers. Receives are posted kPipelineDepth units ahead. Reduce-scatter
+// Buffers. Receives are posted depth units ahead. Reduce-scatter
 // receives land in staging slots (unit u in slot u mod depth, free again once u is
 // reduced); allgather receives land straight in the caller's buffer, posted only
 // after the reduce-scatter send that read the same region has completed (unit
@@ -45,6 +45,12 @@ int64_t chunk_bytes() {
   // the allgather starts before the whole reduce-scatter step has landed); from
   // 4 MB up, and at N = 4, the two were the same within noise; 128K was erratic.
   return env_bytes("GRADCOMM_CHUNK_BYTES", int64_t{256} << 10, 64, int64_t{1} << 30);
+}
+
+int pipeline_depth() {
+  // GRADCOMM_PIPELINE_DEPTH: receives posted ahead of the one being consumed. The
+  // ring allreduce stages its reduce-scatter receives, depth * chunk bytes.
+  return static_cast<int>(env_int("GRADCOMM_PIPELINE_DEPTH", 8, 1, 1024));
 }
 
 namespace {
@@ -79,6 +85,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   // ---- plan: chunks per segment, units, staging ----------------------------------
   const int64_t max_seg = (numel + n - 1) / n;
   const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes() / static_cast<int64_t>(elem));
+  const int depth = pipeline_depth();
   // Units must fit the 31 bits below the second-phase tag range.
   const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
   const RingPlan plan{n, numel, std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, max_chunks)};
@@ -99,7 +106,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
 
   const int64_t slot_elems = (max_seg + C - 1) / C;
   const size_t slot_bytes = static_cast<size_t>(slot_elems) * elem;
-  const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * kPipelineDepth);
+  const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * depth);
 
   std::vector<RequestPtr> sends(total_units), recvs(total_units);
   std::vector<uint8_t> send_posted(total_units, 0);
@@ -119,7 +126,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
       const auto [b, e] = recv_region(posted);
       const size_t bytes = static_cast<size_t>(e - b) * elem;
       if (posted < rs_units) {
-        recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), staging.get() + (posted % kPipelineDepth) * slot_bytes,
+        recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), staging.get() + (posted % depth) * slot_bytes,
                                 bytes);
         continue;
       }
@@ -138,7 +145,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   for (int64_t j = 0; j < C; ++j) send_unit(j);
 
   for (int64_t u = 0; u < total_units; ++u) {
-    post_until(u + kPipelineDepth);
+    post_until(u + depth);
     const bool reduce_scatter = u < rs_units;
     op.wait(*recvs[u], reduce_scatter ? "reduce-scatter receive" : "allgather receive");
     recvs[u].reset();
@@ -148,7 +155,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
       const auto [b, e] = recv_region(u);
       const bool last_step = u / C == n - 2;
       Op::PhaseTimer timer(op, &Stats::reduce_s);
-      reduce_inplace(base + b * elem, staging.get() + (u % kPipelineDepth) * slot_bytes, e - b, dtype, reduce_op,
+      reduce_inplace(base + b * elem, staging.get() + (u % depth) * slot_bytes, e - b, dtype, reduce_op,
                      last_step ? divisor : 1);
     }
     // The chunk just completed is what unit u+C sends: the next reduce-scatter

@@ -83,11 +83,15 @@ INSTANTIATE_TEST_SUITE_P(
     matrix_name);
 
 // Small chunks force many pipeline units per segment, so forwarding, staging-slot
-// reuse and the allgather's wait on the twin send all get exercised.
+// reuse and the allgather's wait on the twin send all get exercised, at every
+// pipeline depth from one receive ahead (one staging slot) to more than a segment.
 TEST(RingAllreduce, ManySmallChunksStayCorrect) {
   ::setenv("GRADCOMM_CHUNK_BYTES", "64", 1);
   ::setenv("GRADCOMM_SMALL_ALLREDUCE_BYTES", "0", 1);  // the ring, even for this small tensor
+  for (const char* depth : {"1", "3", "8", "200"})
   for (int n : {2, 3, 5}) {
+    SCOPED_TRACE(std::string("GRADCOMM_PIPELINE_DEPTH=") + depth);
+    ::setenv("GRADCOMM_PIPELINE_DEPTH", depth, 1);
     const int64_t numel = 10007;
     std::vector<std::vector<float>> data(n, std::vector<float>(numel));
     for (int r = 0; r < n; ++r) {
@@ -103,6 +107,7 @@ TEST(RingAllreduce, ManySmallChunksStayCorrect) {
   }
   ::unsetenv("GRADCOMM_CHUNK_BYTES");
   ::unsetenv("GRADCOMM_SMALL_ALLREDUCE_BYTES");
+  ::unsetenv("GRADCOMM_PIPELINE_DEPTH");
 }
 
 // The small-tensor path forced on every size: power-of-two and folded world sizes,

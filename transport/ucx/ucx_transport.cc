@@ -39,7 +39,16 @@ static void prefer_large_tcp_segments() {
   // they go through the environment, never replacing a value the user set;
   // called before ucp_config_read.
   ::setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
-  ::setenv("UCX_TCP_RX_SEG_SIZE", "1M", /*overwrite=*/0);
+  // 8M receive segments, allocated one at a time: an endpoint takes one only while
+  // it is receiving, and the pages are touched only as far as a read fills them.
+  // A 256 MB ring allreduce over two ranks on emulated 10 Gbit/s links
+  // (bench/cluster/run.sh) took 221-427 ms per call with 1M segments (quartiles
+  // 259-331 ms) and 224-245 ms with 8M (quartiles of 24 calls each; the wire's
+  // floor is 215 ms); N = 4 gained at 100 MB (median 225 against 258 ms), N = 8
+  // and loopback were the same within noise (bench/results/cluster-2026-11-23.md).
+  // 1M transmit segments, by contrast, cost loopback a third of its bandwidth.
+  ::setenv("UCX_TCP_RX_SEG_SIZE", "8M", /*overwrite=*/0);
+  ::setenv("UCX_TCP_RX_BUFS_GROW", "1", /*overwrite=*/0);
 }
 
 // Settings applied to the ucp config unless the user set the UCX variable
