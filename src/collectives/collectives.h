@@ -23,12 +23,20 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
 void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
                                   uint32_t unit_base = 0);
 
+// Rabenseifner's recursive halving + doubling (recursive_doubling.cc): the ring's
+// bytes in 2 log2(N) messages; folded like recursive doubling for other N.
+void halving_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
+                                uint32_t unit_base = 0);
+
 // The dense allreduce of a call: recursive doubling up to small_allreduce_bytes(),
-// the ring above; nothing to do for one rank or no elements.
+// halving + doubling up to halving_doubling_bytes() for N > 2, the ring above;
+// nothing to do for one rank or no elements.
 void dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
 
 // Largest tensor (bytes) that takes recursive doubling (GRADCOMM_SMALL_ALLREDUCE_BYTES).
 int64_t small_allreduce_bytes();
+// Largest tensor (bytes) that takes halving + doubling (GRADCOMM_HALVING_DOUBLING_BYTES).
+int64_t halving_doubling_bytes();
 
 // Ring allgather of variable blocks: block r (counts[r] elements of `elem_bytes`)
 // follows block r-1 in `out`; this rank's own block must already be in place.

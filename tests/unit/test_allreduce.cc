@@ -1,5 +1,6 @@
 // The allreduce matrix over the in-process transport (sizes up to 128 KiB take
-// recursive doubling, larger ones the ring; both are covered):
+// recursive doubling, up to 4 MiB halving + doubling when N > 2, larger ones the
+// ring; all three are covered):
 // N in 1..8 x numel in {0, 1, N-1, 1000003, 2^22+3} x {sum, avg, min, max} x
 // {fp32, fp16, bf16, fp64, int32}. Rank r contributes v(r, i) = (3r + i) mod 13 - 6,
 // small integers, so every sum is exact in every dtype and the expected result
@@ -143,6 +144,81 @@ TEST(RecursiveDoubling, NanPayloadsAgreeBitwiseAcrossRanks) {
   }
 }
 
+// Rabenseifner's halving + doubling forced on every size (N = 2 always takes the
+// ring): power-of-two and folded world sizes, ranges that halve unevenly and
+// empty ones (numel < N), every dtype and op, the same closed-form bytes.
+TEST(HalvingDoubling, ExactResultOnEveryRankForEveryWorldSize) {
+  ::setenv("GRADCOMM_SMALL_ALLREDUCE_BYTES", "0", 1);
+  ::setenv("GRADCOMM_HALVING_DOUBLING_BYTES", "1G", 1);
+  for (int n = 3; n <= 8; ++n) {
+    for (int64_t numel : {int64_t{1}, int64_t{7}, int64_t{100003}}) {
+      for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+          check_allreduce(n, numel, dtype, op);
+          if (HasFatalFailure()) break;
+        }
+      }
+    }
+  }
+  ::unsetenv("GRADCOMM_SMALL_ALLREDUCE_BYTES");
+  ::unsetenv("GRADCOMM_HALVING_DOUBLING_BYTES");
+}
+
+// Each block is reduced once, by its owner, and then copied: NaNs with different
+// payloads on different ranks leave the same bits on every rank.
+TEST(HalvingDoubling, NanPayloadsAgreeBitwiseAcrossRanks) {
+  ::setenv("GRADCOMM_SMALL_ALLREDUCE_BYTES", "0", 1);
+  ::setenv("GRADCOMM_HALVING_DOUBLING_BYTES", "1G", 1);
+  for (int n : {3, 4, 7}) {
+    std::vector<std::vector<uint32_t>> bits(n, std::vector<uint32_t>(9, 0x3F800000u));  // 1.0f
+    for (int r = 0; r < n; ++r) {
+      for (int i : {1, 5, 8}) bits[r][i] = 0x7FC00000u | static_cast<uint32_t>(r + 1 + 16 * i);  // NaN payloads
+    }
+    testing::run_ranks(n, [&](Communicator& comm) {
+      comm.allreduce(TensorView{bits[comm.rank()].data(), 9, DType::kFloat32, {}});
+    });
+    for (int r = 1; r < n; ++r) EXPECT_EQ(bits[r], bits[0]) << "N=" << n << " rank " << r;
+    for (int i : {1, 5, 8}) {
+      float v;
+      std::memcpy(&v, &bits[0][i], 4);
+      EXPECT_TRUE(std::isnan(v)) << "element " << i;
+    }
+  }
+  ::unsetenv("GRADCOMM_SMALL_ALLREDUCE_BYTES");
+  ::unsetenv("GRADCOMM_HALVING_DOUBLING_BYTES");
+}
+
+// The default thresholds pick the algorithm by size, and the message counts show
+// which ran: at N = 4 a 1 MB tensor takes halving + doubling (2 log2 4 = 4
+// messages per rank), 16 MB the ring (2(N-1) steps of C chunks), and at N = 2
+// even 1 MB the ring. Every one moves 2(N-1)/N of the bytes, plus the call header.
+TEST(DenseAllreduce, SizeAndWorldSizePickTheAlgorithm) {
+  ::setenv("GRADCOMM_CHUNK_BYTES", "1M", 1);
+  struct Case {
+    int n;
+    int64_t bytes;
+    uint64_t messages;  // data messages per rank
+  };
+  for (const Case& c : {Case{4, int64_t{1} << 20, 4}, Case{4, int64_t{16} << 20, 6 * 4}, Case{2, int64_t{1} << 20, 2},
+                        Case{8, int64_t{2} << 20, 6}}) {
+    SCOPED_TRACE(fmt::format("N={} bytes={}", c.n, c.bytes));
+    const int64_t numel = c.bytes / 4;
+    std::vector<Stats> stats(c.n);
+    testing::run_ranks(c.n, [&](Communicator& comm) {
+      std::vector<float> x(numel, 1.0f);
+      comm.allreduce(TensorView::of(x.data(), numel));
+      for (float v : x) ASSERT_EQ(v, static_cast<float>(c.n));
+      stats[comm.rank()] = comm.stats();
+    });
+    const auto payload = static_cast<uint64_t>(2 * (c.n - 1) * c.bytes / c.n);
+    for (int r = 0; r < c.n; ++r) {
+      EXPECT_EQ(stats[r].messages_sent, c.messages + 1) << "rank " << r;
+      EXPECT_EQ(stats[r].bytes_sent, payload + 96) << "rank " << r;
+    }
+  }
+  ::unsetenv("GRADCOMM_CHUNK_BYTES");
+}
+
 TEST(RingAllreduce, OtherIntegerTypesWrapAndAverage) {
   const int n = 3;
   const int64_t numel = 101;
@@ -212,6 +288,7 @@ TEST(RingAllreduce, NanAndInfPropagate) {
 }
 
 TEST(RingAllreduce, StatsCountBandwidthOptimalTraffic) {
+  ::setenv("GRADCOMM_HALVING_DOUBLING_BYTES", "0", 1);  // 4 MB at N = 4: the ring, not halving + doubling
   const int n = 4;
   const int64_t numel = 1 << 20;
   std::vector<Stats> stats(n);
@@ -228,6 +305,7 @@ TEST(RingAllreduce, StatsCountBandwidthOptimalTraffic) {
     EXPECT_GT(stats[r].total_s, 0.0);
     EXPECT_GE(stats[r].comm_s(), 0.0);
   }
+  ::unsetenv("GRADCOMM_HALVING_DOUBLING_BYTES");
 }
 
 // More than 2^31 bytes: 64-bit sizes all the way through the ring.
