@@ -57,7 +57,9 @@ void chain_broadcast(Op& op, void* data, int64_t bytes, int root);
 void dissemination_barrier(Op& op);
 
 // Pipeline tunables shared by the ring algorithms (GRADCOMM_CHUNK_BYTES).
-int64_t chunk_bytes();
+int64_t chunk_bytes(int64_t fallback = int64_t{256} << 10);
+// The dense ring allreduce's chunk: GRADCOMM_CHUNK_BYTES, else 256K for two ranks, 1M above.
+int64_t dense_ring_chunk_bytes(int world_size);
 // Receives posted ahead of the one being consumed (GRADCOMM_PIPELINE_DEPTH).
 int pipeline_depth();
 

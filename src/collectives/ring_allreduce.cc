@@ -37,14 +37,27 @@
 
 namespace gradcomm::detail {
 
-int64_t chunk_bytes() {
+int64_t chunk_bytes(int64_t fallback) {
   // GRADCOMM_CHUNK_BYTES: pipeline chunk size of the ring algorithms. Smaller
   // chunks overlap better; larger ones pay less per-message overhead. 256K: a 1 MB
   // allreduce over two ranks on emulated 10 Gbit/s links (bench/cluster/run.sh)
   // took 0.6 ms against 0.87-1.07 ms with 512K (its segment is then two chunks, so
   // the allgather starts before the whole reduce-scatter step has landed); from
   // 4 MB up, and at N = 4, the two were the same within noise; 128K was erratic.
-  return env_bytes("GRADCOMM_CHUNK_BYTES", int64_t{256} << 10, 64, int64_t{1} << 30);
+  return env_bytes("GRADCOMM_CHUNK_BYTES", fallback, 64, int64_t{1} << 30);
+}
+
+int64_t dense_ring_chunk_bytes(int world_size) {
+  // The dense ring's default: 256K for two ranks, 1M above. With more than two
+  // ranks each connection carries one direction of the ring, and a chunk larger
+  // than UCX's TCP receive segment (1M there, see ucx_transport.cc) is read mostly
+  // straight into the destination instead of through that segment and a copy. On
+  // emulated links (bench/cluster/run.sh, 2-3 alternating runs), N = 4 at 10 Gbit/s
+  // took 38 / 220 / 575 ms at 16 / 100 / 256 MB with 1M chunks against 45 / 237 /
+  // 651 with 256K (Gloo 45 / 248 / 575; 4M chunks 58 / 225 / 623), and N = 8 at
+  // 25 Gbit/s, 256 MB, 1343 against 1495 ms (Gloo 1389). Two ranks share one
+  // connection both ways and lost with 4M chunks (256 MB: 317 against 260 ms).
+  return chunk_bytes(world_size == 2 ? int64_t{256} << 10 : int64_t{1} << 20);
 }
 
 int pipeline_depth() {
@@ -84,7 +97,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
 
   // ---- plan: chunks per segment, units, staging ----------------------------------
   const int64_t max_seg = (numel + n - 1) / n;
-  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes() / static_cast<int64_t>(elem));
+  const int64_t chunk_elems = std::max<int64_t>(1, dense_ring_chunk_bytes(n) / static_cast<int64_t>(elem));
   const int depth = pipeline_depth();
   // Units must fit the 31 bits below the second-phase tag range.
   const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);

@@ -31,7 +31,7 @@ UcxRequest::~UcxRequest() {
 // ---- set-up -------------------------------------------------------------------
 
 // TCP segment sizes, through the environment before UCX reads it.
-static void prefer_large_tcp_segments() {
+static void prefer_large_tcp_segments(int world_size) {
   // UCX's TCP defaults (8K send / 64K receive segments) cost a ring allreduce over
   // loopback about a third of its bandwidth at 1-16 MB (measured with
   // gradcomm-bench, 2 ranks; bench/results/allreduce-cpu-2026-11-22.md). UCX 1.13
@@ -39,15 +39,18 @@ static void prefer_large_tcp_segments() {
   // they go through the environment, never replacing a value the user set;
   // called before ucp_config_read.
   ::setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
-  // 8M receive segments, allocated one at a time: an endpoint takes one only while
-  // it is receiving, and the pages are touched only as far as a read fills them.
-  // A 256 MB ring allreduce over two ranks on emulated 10 Gbit/s links
-  // (bench/cluster/run.sh) took 221-427 ms per call with 1M segments (quartiles
-  // 259-331 ms) and 224-245 ms with 8M (quartiles of 24 calls each; the wire's
-  // floor is 215 ms); N = 4 gained at 100 MB (median 225 against 258 ms), N = 8
-  // and loopback were the same within noise (bench/results/cluster-2026-11-23.md).
-  // 1M transmit segments, by contrast, cost loopback a third of its bandwidth.
-  ::setenv("UCX_TCP_RX_SEG_SIZE", "8M", /*overwrite=*/0);
+  // Receive segments, allocated one at a time: an endpoint takes one only while it
+  // is receiving, and the pages are touched only as far as a read fills them.
+  // Two ranks: 8M. A 256 MB ring allreduce over two ranks on emulated 10 Gbit/s
+  // links (bench/cluster/run.sh) took 221-427 ms per call with 1M segments
+  // (quartiles 259-331 ms) and 224-245 ms with 8M (quartiles of 24 calls each; the
+  // wire's floor is 215 ms); 256K segments were slower still. More ranks: 1M, with
+  // the dense ring's 1M chunks (ring_allreduce.cc), so most of each chunk is read
+  // straight into its destination: N = 4, 256 MB, 575 ms against 657 with 8M
+  // segments (bench/results/cluster-2026-11-23.md). Process-wide: the first UCX
+  // communicator's world size decides. 1M transmit segments, by contrast, cost
+  // loopback a third of its bandwidth.
+  ::setenv("UCX_TCP_RX_SEG_SIZE", world_size == 2 ? "8M" : "1M", /*overwrite=*/0);
   ::setenv("UCX_TCP_RX_BUFS_GROW", "1", /*overwrite=*/0);
 }
 
@@ -78,7 +81,7 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
 void UcxTransport::connect(Store& store, const UcxOptions& options) {
   const Deadline deadline = Deadline::after(options.timeout);
   ucp_config_t* config = nullptr;
-  prefer_large_tcp_segments();
+  prefer_large_tcp_segments(size_);
   GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
