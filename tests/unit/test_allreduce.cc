@@ -189,16 +189,24 @@ TEST(HalvingDoubling, NanPayloadsAgreeBitwiseAcrossRanks) {
 // which ran: at N = 4 a 1 MB tensor takes halving + doubling (2 log2 4 = 4
 // messages per rank), 16 MB the ring (2(N-1) steps of C chunks), and at N = 2
 // even 1 MB the ring. Every one moves 2(N-1)/N of the bytes, plus the call header.
+// Without GRADCOMM_CHUNK_BYTES the dense ring's chunk is 256K for two ranks and 1M
+// above: 16 MB at N = 2 is 2 x 32 chunks of 256K, at N = 4 6 x 4 chunks of 1M.
 TEST(DenseAllreduce, SizeAndWorldSizePickTheAlgorithm) {
-  ::setenv("GRADCOMM_CHUNK_BYTES", "1M", 1);
   struct Case {
     int n;
     int64_t bytes;
     uint64_t messages;  // data messages per rank
+    const char* chunk;  // GRADCOMM_CHUNK_BYTES, or nullptr for the default
   };
-  for (const Case& c : {Case{4, int64_t{1} << 20, 4}, Case{4, int64_t{16} << 20, 6 * 4}, Case{2, int64_t{1} << 20, 2},
-                        Case{8, int64_t{2} << 20, 6}}) {
-    SCOPED_TRACE(fmt::format("N={} bytes={}", c.n, c.bytes));
+  for (const Case& c : {Case{4, int64_t{1} << 20, 4, "1M"}, Case{4, int64_t{16} << 20, 6 * 4, "1M"},
+                        Case{2, int64_t{1} << 20, 2, "1M"}, Case{8, int64_t{2} << 20, 6, "1M"},
+                        Case{2, int64_t{16} << 20, 2 * 32, nullptr}, Case{4, int64_t{16} << 20, 6 * 4, nullptr}}) {
+    SCOPED_TRACE(fmt::format("N={} bytes={} chunk={}", c.n, c.bytes, c.chunk ? c.chunk : "default"));
+    if (c.chunk) {
+      ::setenv("GRADCOMM_CHUNK_BYTES", c.chunk, 1);
+    } else {
+      ::unsetenv("GRADCOMM_CHUNK_BYTES");
+    }
     const int64_t numel = c.bytes / 4;
     std::vector<Stats> stats(c.n);
     testing::run_ranks(c.n, [&](Communicator& comm) {
