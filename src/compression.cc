@@ -15,7 +15,6 @@ namespace gradcomm::detail {
 namespace {
 
 // acc = data + residual, in data; the residual is then free to collect this step's loss.
-// acc = data + residual, in data; the residual is then free to collect this step's loss.
 // (The fp32 sums are reduce.h's: the ring's own vectorized loop.)
 void fold_residual(float* data, int64_t numel, const float* residual) {
   if (residual == nullptr) return;

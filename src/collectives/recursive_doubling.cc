@@ -57,7 +57,7 @@ void dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp re
 namespace {
 constexpr uint32_t kFoldUnit = 0x7FFFFFF0u;  // pre-step: even rank -> odd rank
 constexpr uint32_t kUnfoldUnit = 0x7FFFFFF1u;  // post-step: odd rank -> even rank
-constexpr uint32_t kAllgatherUnits = 64;  // halving-doubling: allgather round k is unit 64 + k
+constexpr uint32_t kAllgatherUnits = 64;  // halving-doubling: its allgather rounds' units start here
 
 // The power-of-two core both algorithms run on: p = largest power of two <= N,
 // and the first 2·rem ranks (rem = N - p) folded in pairs.

@@ -119,7 +119,8 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
 
   const int64_t slot_elems = (max_seg + C - 1) / C;
   const size_t slot_bytes = static_cast<size_t>(slot_elems) * elem;
-  const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * depth);
+  // Slot u mod depth; a call with fewer reduce-scatter units than that uses only those.
+  const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * std::min<int64_t>(depth, rs_units));
 
   std::vector<RequestPtr> sends(total_units), recvs(total_units);
   std::vector<uint8_t> send_posted(total_units, 0);
