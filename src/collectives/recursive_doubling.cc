@@ -15,6 +15,7 @@
 // even the NaN payload that survives an addition is the same on both sides — and
 // the average's division happens once, identically, on every rank.
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -113,24 +114,24 @@ void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype
   const int r = op.rank();
   const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
   const PowerOfTwo core(op.size());
-  std::vector<uint8_t> theirs(bytes);
+  const auto theirs = std::make_unique_for_overwrite<uint8_t[]>(bytes);
 
-  const int id = fold_in(op, core, data, numel, dtype, reduce_op, theirs.data(), unit_base);
+  const int id = fold_in(op, core, data, numel, dtype, reduce_op, theirs.get(), unit_base);
   if (id >= 0) {
     uint32_t round = 0;
     for (int mask = 1; mask < core.p; mask *= 2, ++round) {
       const int peer = core.real_rank(id ^ mask);
-      auto recv = op.recv(peer, unit_base + round, theirs.data(), bytes);
+      auto recv = op.recv(peer, unit_base + round, theirs.get(), bytes);
       auto send = op.send(peer, unit_base + round, data, bytes);
       op.wait(*recv, "recursive-doubling receive");
       op.wait(*send, "recursive-doubling send");  // `data` changes next: the send must be done
       // Both partners compute the same combination: the lower rank's partial result first.
       Op::PhaseTimer timer(op, &Stats::reduce_s);
       if (peer > r) {
-        reduce_inplace(data, theirs.data(), numel, dtype, reduce_op);
+        reduce_inplace(data, theirs.get(), numel, dtype, reduce_op);
       } else {
-        reduce_inplace(theirs.data(), data, numel, dtype, reduce_op);
-        std::memcpy(data, theirs.data(), bytes);
+        reduce_inplace(theirs.get(), data, numel, dtype, reduce_op);
+        std::memcpy(data, theirs.get(), bytes);
       }
     }
   }
@@ -159,9 +160,9 @@ void halving_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, 
   auto* base = static_cast<uint8_t*>(data);
   const PowerOfTwo core(op.size());
   // The fold receives a whole buffer; the halving at most half of one.
-  std::vector<uint8_t> scratch(core.rem > 0 ? bytes : bytes / 2 + elem);
+  const auto scratch = std::make_unique_for_overwrite<uint8_t[]>(core.rem > 0 ? bytes : bytes / 2 + elem);
 
-  const int id = fold_in(op, core, data, numel, dtype, reduce_op, scratch.data(), unit_base);
+  const int id = fold_in(op, core, data, numel, dtype, reduce_op, scratch.get(), unit_base);
   if (id >= 0) {
     struct Round {
       int mask;
@@ -177,13 +178,13 @@ void halving_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, 
       const bool lower = (id & mask) == 0;
       const int64_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
       const int64_t give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
-      auto recv = op.recv(peer, unit_base + round, scratch.data(), static_cast<size_t>(keep_hi - keep_lo) * elem);
+      auto recv = op.recv(peer, unit_base + round, scratch.get(), static_cast<size_t>(keep_hi - keep_lo) * elem);
       auto send = op.send(peer, unit_base + round, base + give_lo * elem, static_cast<size_t>(give_hi - give_lo) * elem);
       op.wait(*recv, "recursive-halving receive");
       {  // the send reads the other half: the fold may run while it is in flight
         Op::PhaseTimer timer(op, &Stats::reduce_s);
         const int64_t divisor = reduce_op == ReduceOp::kAvg && mask == 1 ? op.size() : 1;
-        reduce_inplace(base + keep_lo * elem, scratch.data(), keep_hi - keep_lo, dtype, reduce_op, divisor);
+        reduce_inplace(base + keep_lo * elem, scratch.get(), keep_hi - keep_lo, dtype, reduce_op, divisor);
       }
       op.wait(*send, "recursive-halving send");  // the allgather writes that half again
       rounds.push_back({mask, lo, hi, lower});
