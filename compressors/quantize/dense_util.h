@@ -72,18 +72,7 @@ inline float load_f32(const uint8_t* in) {
 // block once for its four lanes (philox.h: element i is lane i % 4 of block i / 4).
 // `scratch` holds count + 8 floats; returns the pointer u (inside scratch).
 inline const float* fill_uniforms(const PhiloxStream& rng, uint64_t pos, size_t count, float* scratch) {
-  const uint64_t block0 = pos / 4;
-  const uint64_t blocks = (pos % 4 + count + 3) / 4;
-  const uint32_t s0 = static_cast<uint32_t>(rng.stream), s1 = static_cast<uint32_t>(rng.stream >> 32);
-  const uint32_t k0 = static_cast<uint32_t>(rng.seed), k1 = static_cast<uint32_t>(rng.seed >> 32);
-  for (uint64_t b = 0; b < blocks; ++b) {
-    const uint64_t block = block0 + b;
-    const Philox4 r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), s0, s1, k0, k1);
-    for (int lane = 0; lane < 4; ++lane) {
-      // philox_uniform's conversion: top 24 bits times 2^-24.
-      scratch[4 * b + lane] = static_cast<float>(static_cast<int32_t>(r.v[lane] >> 8)) * 5.9604644775390625e-8f;
-    }
-  }
+  philox_uniform_blocks(rng, pos / 4, (pos % 4 + count + 3) / 4, scratch);
   return scratch + pos % 4;
 }
 
