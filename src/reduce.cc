@@ -137,4 +137,9 @@ void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor) {
   throw InvalidArgument("divide: unknown dtype");
 }
 
+void accumulate_loss(float* __restrict residual, const float* __restrict value, const float* __restrict kept,
+                     int64_t n) {
+  for (int64_t i = 0; i < n; ++i) residual[i] += value[i] - kept[i];
+}
+
 }  // namespace gradcomm::detail

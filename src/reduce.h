@@ -19,4 +19,8 @@ void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp
 // data[i] /= divisor, same arithmetic as above (average on a single rank).
 void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor);
 
+// Error feedback's loss, fp32: residual[i] += value[i] - kept[i] (the difference
+// first, then the sum). The three ranges must not overlap.
+void accumulate_loss(float* residual, const float* value, const float* kept, int64_t n);
+
 }  // namespace gradcomm::detail

@@ -21,6 +21,7 @@
 
 #include "collectives/collectives.h"
 #include "compressors/codec.h"
+#include "reduce.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -85,10 +86,8 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
       codec.encode(data + b, e - b, out[u].data(), rng, b);
       if (residual != nullptr || final_owner) {
         codec.decode(out[u], e - b, scratch.data());
-        for (int64_t i = 0; i < e - b; ++i) {
-          if (residual != nullptr) residual[b + i] += data[b + i] - scratch[i];
-          if (final_owner) data[b + i] = scratch[i];  // the owner keeps what everyone decodes
-        }
+        if (residual != nullptr) accumulate_loss(residual + b, data + b, scratch.data(), e - b);
+        if (final_owner) std::copy_n(scratch.data(), e - b, data + b);  // the owner keeps what everyone decodes
       }
     }
     sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
