@@ -11,21 +11,31 @@
 #include "compressors/quantize/dense_util.h"
 #include "gradcomm/errors.h"
 #include "half.h"
+#include "half_bulk.h"
 
 namespace gradcomm::detail {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "payload values are little-endian u16");
 
-struct Fp16 {
+// Each format narrows and widens a run (at most kDenseChunk values) at a time.
+struct Fp16 {  // F16C where the CPU has it (half_bulk.h), the same bits as half.h
   static constexpr CompressorId kId = CompressorId::kFp16;
-  static uint16_t narrow(float x) { return float_to_half(x); }
-  static float widen(uint16_t h) { return half_to_float(h); }
+  static void narrow(const float* in, uint16_t* out, size_t m) { floats_to_halves(in, out, m); }
+  template <bool kAdd>
+  static void widen(const uint16_t* in, float* out, size_t m) {
+    halves_to_floats(in, out, m, kAdd);
+  }
 };
-struct Bf16 {
+struct Bf16 {  // a rounding add and a shift: plain loops the compiler handles
   static constexpr CompressorId kId = CompressorId::kBf16;
-  static uint16_t narrow(float x) { return float_to_bf16(x); }
-  static float widen(uint16_t h) { return bf16_to_float(h); }
+  static void narrow(const float* in, uint16_t* out, size_t m) {
+    for (size_t k = 0; k < m; ++k) out[k] = float_to_bf16(in[k]);
+  }
+  template <bool kAdd>
+  static void widen(const uint16_t* in, float* out, size_t m) {
+    for (size_t k = 0; k < m; ++k) store_or_add<kAdd>(out[k], bf16_to_float(in[k]));
+  }
 };
 
 template <class Format>
@@ -48,7 +58,7 @@ class CastCodec final : public DenseCodec {
     uint16_t chunk[kDenseChunk];
     for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
       const size_t m = static_cast<size_t>(std::min<int64_t>(kDenseChunk, n - start));
-      for (size_t k = 0; k < m; ++k) chunk[k] = Format::narrow(in[start + k]);
+      Format::narrow(in + start, chunk, m);
       std::memcpy(values + 2 * start, chunk, 2 * m);
     }
   }
@@ -73,11 +83,7 @@ class CastCodec final : public DenseCodec {
     for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
       const size_t m = static_cast<size_t>(std::min<int64_t>(kDenseChunk, n - start));
       std::memcpy(chunk, s.codes + 2 * start, 2 * m);
-      float* y = out + start;
-      for (size_t k = 0; k < m; ++k) {
-        const float v = Format::widen(chunk[k]);
-        store_or_add<kAdd>(y[k], v);
-      }
+      Format::template widen<kAdd>(chunk, out + start, m);
     }
   }
 };
