@@ -122,7 +122,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
           data[i] = decoded[i];
         }
       } else {
-        compressed_ring_allreduce(op, data, numel, c, mine, residual, ring_payloads_);
+        compressed_ring_allreduce(op, data, numel, c, mine, residual);
       }
       break;
     }

@@ -48,14 +48,10 @@ class CompressionEngine {
 
   std::unordered_map<std::string, CompressorSpec> specs_;
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec
-  // The compressed ring's payload buffers, kept between calls: fresh ones for every
-  // call cost a page fault and a zero fill per 4 KiB of payload each time.
-  std::vector<uint8_t> ring_payloads_;
 };
 
 // The collectives the engine runs (in src/collectives/).
-// `payloads` is the call's payload space, grown as needed and reusable by the next call.
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
-                               const PhiloxStream& rng, float* residual, std::vector<uint8_t>& payloads);
+                               const PhiloxStream& rng, float* residual);
 
 }  // namespace gradcomm::detail

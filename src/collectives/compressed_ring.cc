@@ -17,7 +17,6 @@
 // with a residual buffer, that loss is added to it at the same positions, so the
 // sum of all ranks' outputs plus all residuals equals the sum of their inputs.
 #include <algorithm>
-#include <span>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -46,7 +45,7 @@ struct AlignedPlan {
 }  // namespace
 
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
-                               const PhiloxStream& rng, float* residual, std::vector<uint8_t>& payloads) {
+                               const PhiloxStream& rng, float* residual) {
   const int n = op.size();
   const int r = op.rank();
   const int right = wrap(r + 1, n);
@@ -72,40 +71,33 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
   };
   auto payload_bytes = [&](std::pair<int64_t, int64_t> c) { return codec.encoded_bytes(c.second - c.first); };
 
-  // Every unit has its own payload slot, so sends stay valid until they complete:
-  // units 0 .. N·C-1 encode here (out_at), every unit is received (in_at), and the
-  // allgather forwards its receives as they are. One buffer holds them all.
-  const int64_t encoded_units = rs_units + C;
-  std::vector<size_t> out_at(static_cast<size_t>(encoded_units) + 1), in_at(static_cast<size_t>(total_units) + 1);
-  for (int64_t u = 0; u < encoded_units; ++u) out_at[u + 1] = out_at[u] + payload_bytes(send_chunk(u));
-  in_at[0] = out_at[encoded_units];
-  for (int64_t u = 0; u < total_units; ++u) in_at[u + 1] = in_at[u] + payload_bytes(recv_chunk(u));
-  if (payloads.size() < in_at[total_units]) payloads.resize(in_at[total_units]);
-  auto out = [&](int64_t u) { return std::span<uint8_t>(payloads.data() + out_at[u], out_at[u + 1] - out_at[u]); };
-  auto in = [&](int64_t u) { return std::span<uint8_t>(payloads.data() + in_at[u], in_at[u + 1] - in_at[u]); };
+  // Every unit has its own payload buffer: sends stay valid until they complete, and
+  // allgather payloads are forwarded as received.
+  std::vector<std::vector<uint8_t>> out(total_units), in(total_units);
   std::vector<RequestPtr> sends(total_units), recvs(total_units);
   std::vector<float> scratch(static_cast<size_t>((max_seg + C - 1) / C + align));
 
-  // Encodes data[b, e) into out(u) and sends it; the loss goes to the residual.
+  // Encodes data[b, e) into out[u] and sends it; the loss goes to the residual.
   auto encode_and_send = [&](int64_t u, bool final_owner) {
     const auto [b, e] = send_chunk(u);
-    const std::span<uint8_t> payload = out(u);
+    out[u].resize(codec.encoded_bytes(e - b));
     {
       Op::PhaseTimer timer(op, &Stats::encode_s);
-      codec.encode(data + b, e - b, payload.data(), rng, b);
+      codec.encode(data + b, e - b, out[u].data(), rng, b);
       if (residual != nullptr || final_owner) {
-        codec.decode(payload, e - b, scratch.data());
+        codec.decode(out[u], e - b, scratch.data());
         if (residual != nullptr) accumulate_loss(residual + b, data + b, scratch.data(), e - b);
         if (final_owner) std::copy_n(scratch.data(), e - b, data + b);  // the owner keeps what everyone decodes
       }
     }
-    sends[u] = op.send(right, static_cast<uint32_t>(u), payload.data(), payload.size());
+    sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
   };
 
   int64_t posted = 0;
   auto post_until = [&](int64_t limit) {
     for (limit = std::min(limit, total_units); posted < limit; ++posted) {
-      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), in(posted).data(), in(posted).size());
+      in[posted].resize(payload_bytes(recv_chunk(posted)));
+      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), in[posted].data(), in[posted].size());
     }
   };
 
@@ -120,18 +112,20 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
       // recvReduceSend: our values plus the neighbour's decoded partial sum.
       {
         Op::PhaseTimer timer(op, &Stats::decode_s);
-        codec.decode_add(in(u), e - b, data + b);
+        codec.decode_add(in[u], e - b, data + b);
       }
       encode_and_send(u + C, /*final_owner=*/u / C == n - 2);
     } else {
       {
         Op::PhaseTimer timer(op, &Stats::decode_s);
-        codec.decode(in(u), e - b, data + b);
+        codec.decode(in[u], e - b, data + b);
       }
       if (u + C < total_units) {  // recvCopySend: forward the exact bytes
-        sends[u + C] = op.send(right, static_cast<uint32_t>(u + C), in(u).data(), in(u).size());
+        out[u + C] = std::move(in[u]);
+        sends[u + C] = op.send(right, static_cast<uint32_t>(u + C), out[u + C].data(), out[u + C].size());
       }
     }
+    in[u].clear();
   }
   for (auto& send : sends) {
     if (send) op.wait(*send, "compressed final send");
