@@ -10,6 +10,7 @@
 #include "half.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GRADCOMM_HALF_F16C 1
 #endif
@@ -51,7 +52,11 @@ __attribute__((target("avx2,f16c"))) void widen_f16c(const uint16_t* in, float* 
 
 bool use_f16c() {
 #if GRADCOMM_HALF_F16C
-  static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
+  static const bool f16c = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return f16c;
 #else
   return false;

@@ -84,7 +84,7 @@ read -r -a extra <<< "${GRADCOMM_FUZZ_CXXFLAGS:-}"
 flags+=("${extra[@]}")
 # Host code only: the CUDA codecs' host halves (compressors/*/gpu_*.cc) need the CUDA
 # headers and have no CPU path to fuzz.
-lib_sources=(src/errors.cc src/types.cc src/state.cc src/env.cc src/logging.cc src/wire.cc src/gpu_plan.cc
+lib_sources=(src/errors.cc src/types.cc src/state.cc src/env.cc src/logging.cc src/wire.cc src/gpu_plan.cc src/half_bulk.cc
              compressors/payload.cc compressors/registry.cc compressors/philox.cc
              transport/ucx/ucx_wire.cc trainer/checkpoint.cc
              src/store/tcp_store_protocol.cc src/store/tcp_store_server.cc src/store/tcp_store_client.cc
