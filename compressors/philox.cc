@@ -1,8 +1,9 @@
 #include "compressors/philox.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#include "cpu_features.h"
+
+#if GRADCOMM_X86_DISPATCH
 #include <immintrin.h>
-#define GRADCOMM_PHILOX_AVX2 1
 #endif
 
 namespace gradcomm::detail {
@@ -17,10 +18,7 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Philox's output as philox_uniform has it: the top 24 bits times 2^-24.
-float to_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
-
-#if GRADCOMM_PHILOX_AVX2
+#if GRADCOMM_X86_DISPATCH
 // Eight blocks per iteration, one per 32-bit lane: word j of the eight counters in
 // register cj, the round function of philox4x32_10 on all of them at once. AVX2
 // multiplies only the even 32-bit lanes into 64-bit products, so each of the two
@@ -42,7 +40,7 @@ __attribute__((target("avx2"))) void uniform_blocks_avx2(const PhiloxStream& s, 
   const __m256i m1 = _mm256_set1_epi32(static_cast<int>(kMul1));
   const __m256i s0 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(s.stream)));
   const __m256i s1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(s.stream >> 32)));
-  const __m256 scale = _mm256_set1_ps(5.9604644775390625e-8f);  // 2^-24
+  const __m256 scale = _mm256_set1_ps(philox_internal::kUniformScale);
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   uint64_t b = 0;
   for (; b + 8 <= blocks; b += 8) {
@@ -96,14 +94,6 @@ __attribute__((target("avx2"))) void uniform_blocks_avx2(const PhiloxStream& s, 
 }
 #endif
 
-bool use_avx2() {
-#if GRADCOMM_PHILOX_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-#else
-  return false;
-#endif
-}
 
 }  // namespace
 
@@ -113,13 +103,13 @@ void philox_uniform_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t block = block0 + b;
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), s0, s1, k0, k1);
-    for (int lane = 0; lane < 4; ++lane) out[4 * b + lane] = to_uniform(r.v[lane]);
+    for (int lane = 0; lane < 4; ++lane) out[4 * b + lane] = uniform_from_bits(r.v[lane]);
   }
 }
 
 void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out) {
-#if GRADCOMM_PHILOX_AVX2
-  if (use_avx2()) {
+#if GRADCOMM_X86_DISPATCH
+  if (cpu_has_avx2()) {
     uniform_blocks_avx2(s, block0, blocks, out);
     return;
   }
@@ -127,7 +117,7 @@ void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t bloc
   philox_uniform_blocks_scalar(s, block0, blocks, out);
 }
 
-const char* philox_uniform_blocks_path() { return use_avx2() ? "avx2" : "scalar"; }
+const char* philox_uniform_blocks_path() { return cpu_has_avx2() ? "avx2" : "scalar"; }
 
 // Chained, not XORed together: mixing each input into the running state before the
 // next one enters keeps (key, step, rank) and its permutations apart, e.g.

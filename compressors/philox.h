@@ -35,6 +35,7 @@ constexpr uint32_t kMul1 = 0xCD9E8D57u;
 constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // key schedule: golden ratio
 constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // key schedule: sqrt(3) - 1
 constexpr int kRounds = 10;
+constexpr float kUniformScale = 5.9604644775390625e-8f;  // 2^-24: 24 random bits -> [0, 1)
 
 // High and low halves of the 64-bit product a * b.
 GRADCOMM_HD uint32_t mulhi(uint32_t a, uint32_t b) {
@@ -94,11 +95,16 @@ GRADCOMM_HD uint32_t philox_bits(const PhiloxStream& s, uint64_t index) {
   return r.v[index & 3u];
 }
 
-// Uniform in [0, 1), 24-bit resolution, for element `index` of the stream: the top
-// 24 bits scaled by 2^-24, exact in fp32, so the largest value is 1 - 2^-24 < 1 and
-// "u < p" is an unbiased Bernoulli(p) draw for stochastic rounding.
+// Uniform in [0, 1), 24-bit resolution, from 32 random bits: the top 24 bits scaled
+// by 2^-24, exact in fp32, so the largest value is 1 - 2^-24 < 1 and "u < p" is an
+// unbiased Bernoulli(p) draw for stochastic rounding.
+GRADCOMM_HD float uniform_from_bits(uint32_t bits) {
+  return static_cast<float>(bits >> 8) * philox_internal::kUniformScale;
+}
+
+// That uniform for element `index` of the stream.
 GRADCOMM_HD float philox_uniform(const PhiloxStream& s, uint64_t index) {
-  return static_cast<float>(philox_bits(s, index) >> 8) * 5.9604644775390625e-8f;  // 2^-24
+  return uniform_from_bits(philox_bits(s, index));
 }
 
 // Uniforms of whole blocks, the bulk path of stochastic rounding: out[4b + lane] =

@@ -7,18 +7,17 @@
 // The paths run with the default MXCSR (no flush-to-zero), as the rest of gradcomm.
 #include "half_bulk.h"
 
+#include "cpu_features.h"
 #include "half.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
+#if GRADCOMM_X86_DISPATCH
 #include <immintrin.h>
-#define GRADCOMM_HALF_F16C 1
 #endif
 
 namespace gradcomm::detail {
 namespace {
 
-#if GRADCOMM_HALF_F16C
+#if GRADCOMM_X86_DISPATCH
 __attribute__((target("avx2,f16c"))) void narrow_f16c(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -50,18 +49,6 @@ __attribute__((target("avx2,f16c"))) void widen_f16c(const uint16_t* in, float* 
 }
 #endif
 
-bool use_f16c() {
-#if GRADCOMM_HALF_F16C
-  // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
-  static const bool f16c = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  }();
-  return f16c;
-#else
-  return false;
-#endif
-}
 
 }  // namespace
 
@@ -77,19 +64,19 @@ void halves_to_floats_scalar(const uint16_t* in, float* out, size_t n, bool add)
 }
 
 void floats_to_halves(const float* in, uint16_t* out, size_t n) {
-#if GRADCOMM_HALF_F16C
-  if (use_f16c()) return narrow_f16c(in, out, n);
+#if GRADCOMM_X86_DISPATCH
+  if (cpu_has_avx2_f16c()) return narrow_f16c(in, out, n);
 #endif
   floats_to_halves_scalar(in, out, n);
 }
 
 void halves_to_floats(const uint16_t* in, float* out, size_t n, bool add) {
-#if GRADCOMM_HALF_F16C
-  if (use_f16c()) return widen_f16c(in, out, n, add);
+#if GRADCOMM_X86_DISPATCH
+  if (cpu_has_avx2_f16c()) return widen_f16c(in, out, n, add);
 #endif
   halves_to_floats_scalar(in, out, n, add);
 }
 
-const char* half_bulk_path() { return use_f16c() ? "f16c" : "scalar"; }
+const char* half_bulk_path() { return cpu_has_avx2_f16c() ? "f16c" : "scalar"; }
 
 }  // namespace gradcomm::detail

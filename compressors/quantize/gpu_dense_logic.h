@@ -207,7 +207,7 @@ struct UniformCache {
     const unsigned lane = static_cast<unsigned>(pos & 3);
     // Selects, not r.v[lane]: a dynamic index would put r in local memory on the GPU.
     const uint32_t bits = lane == 0 ? r.v[0] : lane == 1 ? r.v[1] : lane == 2 ? r.v[2] : r.v[3];
-    return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f;  // philox_uniform: 2^-24
+    return uniform_from_bits(bits);  // philox_uniform's mapping
   }
 };
 
