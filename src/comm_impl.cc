@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "engine.h"
+#include "fusion.h"
 #include "logging.h"
 
 #if GRADCOMM_WITH_CUDA
@@ -21,186 +23,61 @@ namespace gradcomm::detail {
 class GpuContext {};  // never created without CUDA; complete only so the unique_ptr can be destroyed
 #endif
 
-namespace {
-// Polls this many times without progress before sleeping in wait_for_event().
-// Small, because ranks often share cores: a spinning rank steals its peer's CPU.
-constexpr int kSpinBeforeSleep = 64;
-constexpr auto kMaxSleep = std::chrono::microseconds(20'000);
-// After a failure, how long outstanding sends (the abort to the others among them)
-// may take before the transport drops them.
-constexpr auto kAbandonGrace = std::chrono::milliseconds(300);
-
-int left_of(int rank, int size) { return (rank + size - 1) % size; }
-int right_of(int rank, int size) { return (rank + 1) % size; }
-}  // namespace
-
-// ---- Op -------------------------------------------------------------------------
-
-Op::Op(CommunicatorImpl& comm, const WireHeader& header)
-    : comm_(comm),
-      header_(header),
-      rank_(comm.rank()),
-      size_(comm.size()),
-      deadline_(Deadline::after(comm.timeout())) {
-  if (size_ == 1) {
-    header_checked_ = true;
-    return;
-  }
-  // Headers travel on their own tag without the sequence number, so a rank that
-  // skipped a call is caught by comparison instead of waiting on unmatched tags.
-  const uint64_t tag = make_tag(TagKind::kHeader, 0, 0);
-  header_out_ = header_.serialize();
-  header_recv_ = comm_.transport().irecv(left_of(rank_, size_), tag, header_in_.data(), header_in_.size());
-  header_send_ = comm_.transport().isend(right_of(rank_, size_), tag, header_out_.data(), header_out_.size());
-  auto& stats = comm_.mutable_stats();
-  stats.bytes_sent += header_out_.size();
-  stats.messages_sent += 1;
-}
-
-Op::~Op() = default;
-
-RequestPtr Op::send(int peer, uint32_t unit, const void* data, size_t bytes) {
-  auto& stats = comm_.mutable_stats();
-  stats.bytes_sent += bytes;
-  stats.messages_sent += 1;
-  return comm_.transport().isend(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
-}
-
-RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
-  // Counted when posted, like sends: a receive that then fails ends the communicator anyway.
-  comm_.mutable_stats().bytes_received += bytes;
-  return comm_.transport().irecv(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
-}
-
-// An abort names the call that failed on its origin rank. A call before that
-// one may still complete here (every rank was in it), so only the named call, or
-// a call whose own exchange fails, raises it: errors land on the call they concern.
-void Op::spin_until_done(Request& request, const char* what) {
-  Transport& transport = comm_.transport();
-  auto& abort = comm_.pending_abort();
-  int idle = 0;
-  while (true) {
-    const bool moved = transport.progress();
-    while (auto incoming = transport.poll_abort()) {
-      if (!abort) abort = std::move(*incoming);
-    }
-    const bool failed = !request.pending() && request.state() != RequestState::kDone;
-    if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
-    if (!request.pending()) break;
-    if (deadline_.expired()) {
-      fail(ErrorCode::kTimeout,
-           fmt::format("timed out after {:.1f} s waiting for rank {} ({})",
-                       std::chrono::duration<double>(comm_.timeout()).count(), request.peer(), what));
-    }
-    if (moved) {
-      idle = 0;
-    } else if (++idle >= kSpinBeforeSleep) {
-      transport.wait_for_event(std::min<std::chrono::microseconds>(kMaxSleep, deadline_.remaining()));
-    }
-  }
-  switch (request.state()) {
-    case RequestState::kDone:
-      break;
-    case RequestState::kPeerFailed:
-      fail(ErrorCode::kPeerFailure,
-           fmt::format("rank {} failed or disconnected ({}): {}", request.peer(), what, request.error()));
-    case RequestState::kTruncated:
-      fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a longer message than this call expects ({}): {}",
-                                                   request.peer(), what, request.error()));
-    default:
-      fail(ErrorCode::kTransport,
-           fmt::format("transport error with rank {} ({}): {}", request.peer(), what, request.error()));
-  }
-  if (request.bytes() != request.posted_bytes()) {
-    fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent {} bytes where this call expects {} ({})",
-                                                 request.peer(), request.bytes(), request.posted_bytes(), what));
-  }
-}
-
-// Another rank failed first: raise its error here, without re-broadcasting.
-void Op::raise_abort(const ControlMessage& abort) {
-  const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_, header_.describe(),
-                                          abort.origin, abort.text);
-  const ErrorCode code = abort.code;
-  comm_.mark_failed(code, message);
-  comm_.transport().abandon_pending(kAbandonGrace);
-  throw_error(code, message);
-}
-
-void Op::check_header() {
-  if (header_checked_) return;
-  header_checked_ = true;  // set first: failures below must not re-enter
-  spin_until_done(*header_recv_, "call header");
-  comm_.mutable_stats().bytes_received += header_in_.size();
-  const int left = left_of(rank_, size_);
-  auto theirs = WireHeader::parse(header_in_.data(), header_in_.size());
-  if (!theirs) {
-    fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a malformed call header", left));
-  }
-  if (!theirs->agrees_with(header_)) {
-    fail(ErrorCode::kMismatch, fmt::format("mismatched collective calls: rank {} called {}; rank {} called {}",
-                                           rank_, header_.describe(), left, theirs->describe()));
-  }
-}
-
-void Op::wait(Request& request, const char* what) {
-  check_header();
-  spin_until_done(request, what);
-}
-
-void Op::wait_all(std::vector<RequestPtr>& requests, const char* what) {
-  for (auto& request : requests) {
-    if (request) wait(*request, what);
-  }
-}
-
-void Op::count_wire(uint64_t sent, uint64_t received, uint64_t messages) {
-  auto& stats = comm_.mutable_stats();
-  stats.bytes_sent += sent;
-  stats.bytes_received += received;
-  stats.messages_sent += messages;
-}
-
-void Op::finish() {
-  check_header();
-  if (header_send_) spin_until_done(*header_send_, "call header to the right neighbour");
-}
-
-void Op::fail(ErrorCode code, const std::string& what) {
-  const std::string message = fmt::format("rank {}: {}: {}", rank_, header_.describe(), what);
-  comm_.mark_failed(code, message);
-  ControlMessage abort{code, rank_, header_.seq, message.substr(0, ControlMessage::kMaxText)};
-  comm_.transport().send_abort(abort);
-  comm_.transport().abandon_pending(kAbandonGrace);
-  throw_error(code, message);
-}
-
-Op::PhaseTimer::~PhaseTimer() {
-  op_.comm_.mutable_stats().*phase_ += std::chrono::duration<double>(Clock::now() - start_).count();
-}
-
-// ---- CommunicatorImpl ---------------------------------------------------------------
-
 CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
                                    std::unique_ptr<Store> store)
-    : transport_(std::move(transport)), store_(std::move(store)), timeout_(timeout) {}
+    : rank_(transport->rank()),
+      size_(transport->size()),
+      transport_(std::move(transport)),
+      store_(std::move(store)),
+      timeout_(timeout) {
+  // Last: from here on the engine thread alone drives the transport.
+  engine_ = std::make_unique<Engine>(*this, FusionConfig::from_env());
+}
 
-// GPU side first (its NCCL communicator finalizes on its own, and its waits may
-// call into the transport); then the transport, whose teardown may still need the
-// store's peers, never the reverse.
+// The engine first (it fails outstanding work and stops touching everything
+// else); then the GPU side (its NCCL communicator finalizes on its own); then the
+// transport, whose teardown may still need the store's peers, never the reverse.
 CommunicatorImpl::~CommunicatorImpl() {
+  engine_->stop();
+  engine_.reset();
   gpu_.reset();
   transport_.reset();
   store_.reset();
 }
 
+Stats CommunicatorImpl::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return published_stats_;
+}
+
+void CommunicatorImpl::publish_stats() {
+  std::lock_guard lock(stats_mutex_);
+  published_stats_ = stats_;
+}
+
+bool CommunicatorImpl::stopping() const { return engine_ && engine_->stopping(); }
+
 void CommunicatorImpl::mark_failed(ErrorCode code, const std::string& message) {
-  if (!failure_) failure_.emplace(code, message);
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (!failure_) failure_.emplace(code, message);
+  }
 #if GRADCOMM_WITH_CUDA
   // NCCL kernels of this or earlier calls may wait on a peer that will never
   // come: aborting the NCCL communicator releases them.
   gpu_abort();
 #endif
+}
+
+void CommunicatorImpl::tell_peers_destroyed(uint64_t seq) {
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (told_peers_destroyed_) return;
+    told_peers_destroyed_ = true;
+  }
+  const std::string text = fmt::format("rank {} destroyed its communicator with call #{} outstanding", rank_, seq);
+  transport_->send_abort(ControlMessage{ErrorCode::kPeerFailure, rank_, seq, text});
+  transport_->abandon_pending(kAbandonGrace);
 }
 
 void CommunicatorImpl::set_transport_preference(const std::string& preference) {
@@ -226,30 +103,20 @@ void CommunicatorImpl::watch_for_aborts() {
     throw_error(pending_abort_->code, fmt::format("rank {}: GPU work abandoned: rank {} reported: {}", rank(),
                                                   pending_abort_->origin, pending_abort_->text));
   }
+  if (stopping()) {
+    throw InvalidArgument(fmt::format("rank {}: GPU work abandoned: the communicator was destroyed with a call "
+                                      "outstanding",
+                                      rank()));
+  }
 }
 
-void CommunicatorImpl::synchronize() {
-#if GRADCOMM_WITH_CUDA
-  if (!gpu_) return;  // no CUDA call yet: nothing in flight, nothing new to report
-  check_usable();
-  try {
-    gpu_synchronize();
-  } catch (const std::exception& e) {
-    auto* error = dynamic_cast<const Error*>(&e);
-    const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
-    const std::string message = fmt::format("rank {}: synchronize (after call #{}): {}", rank(), next_seq_ - 1,
-                                            e.what());
-    if (!failure_) {
-      mark_failed(code, message);
-      transport_->send_abort(ControlMessage{code, rank(), next_seq_ - 1, message.substr(0, ControlMessage::kMaxText)});
-      transport_->abandon_pending(kAbandonGrace);
-    }
-    throw_error(code, message);
-  }
-#endif
+bool CommunicatorImpl::usable() const {
+  std::lock_guard lock(failure_mutex_);
+  return !failure_;
 }
 
 void CommunicatorImpl::check_usable() const {
+  std::lock_guard lock(failure_mutex_);
   if (failure_) {
     throw_error(failure_->first, fmt::format("rank {}: communicator unusable after an earlier failure: {}", rank(),
                                              failure_->second));
@@ -301,37 +168,23 @@ void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const c
   }
 }
 
-template <class Body>
-void CommunicatorImpl::run(WireHeader header, Body&& body, bool numbered) {
-  check_usable();
-  header.seq = numbered ? next_seq_++ : 0;
-  const auto start = Clock::now();
-  {
-    Op op(*this, header);
-    try {
-      body(op);
-      op.finish();
-    } catch (const std::exception& e) {
-      // Whatever escaped mid-call leaves peers waiting on this rank: record it and
-      // tell them (Op::fail already did both for the errors it raised).
-      if (!failure_) {
-        const ErrorCode code = [&] {
-          auto* error = dynamic_cast<const Error*>(&e);
-          return error ? error->code() : ErrorCode::kTransport;
-        }();
-        const std::string message = fmt::format("rank {}: {}: {}", rank(), header.describe(), e.what());
-        mark_failed(code, message);
-        transport_->send_abort(ControlMessage{code, rank(), header.seq, message.substr(0, ControlMessage::kMaxText)});
-        transport_->abandon_pending(kAbandonGrace);
-      }
-      throw;
-    }
-  }
-  stats_.ops += 1;
-  stats_.total_s += std::chrono::duration<double>(Clock::now() - start).count();
+// ---- issuing side --------------------------------------------------------------------
+
+std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call) { return engine_->submit(std::move(call)); }
+
+void CommunicatorImpl::run_local(std::function<void()> fn) {
+  Call call;
+  call.kind = Call::Kind::kLocal;
+  call.local = std::move(fn);
+  std::shared_ptr<WorkState> work = submit(std::move(call));
+  work->ask_to_start();
+  std::unique_lock lock(work->mutex);
+  work->cv.wait(lock, [&] { return work->done; });
+  if (work->error) std::rethrow_exception(work->error);
 }
 
-void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const CompressOptions& options) {
+std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, ReduceOp reduce_op,
+                                                             const CompressOptions& options) {
   check_usable();
   check_tensor(t, "allreduce", "tensor");
   if (static_cast<uint8_t>(reduce_op) > static_cast<uint8_t>(ReduceOp::kMax)) {
@@ -339,81 +192,52 @@ void CommunicatorImpl::allreduce(TensorView t, ReduceOp reduce_op, const Compres
                                       static_cast<int>(reduce_op)));
   }
   const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
-  const CompressorSpec* spec = nullptr;
+  Call call;
+  call.kind = Call::Kind::kAllreduce;
+  call.tensor = t;
+  call.reduce_op = reduce_op;
+  call.stream = options.stream;
+  call.key_name = options.key;
+  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+  std::lock_guard lock(issue_mutex_);
   try {
-    spec = &compression_.spec(text);
+    call.spec = &compression_.spec(text);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
   }
-  WireHeader header;
-  header.op = OpKind::kAllreduce;
-  header.dtype = t.dtype;
-  header.reduce_op = reduce_op;
-  header.numel = t.numel;
-  header.compressor = spec->id == CompressorId::kNone ? "none" : spec->canonical();
-  header.compressor_hash = fnv1a32(header.compressor);
-  const bool cuda = t.device.type == DeviceType::kCuda;
-  if (spec->id == CompressorId::kNone) {
-#if GRADCOMM_WITH_CUDA
-    if (cuda) {
-      gpu_setup(t.device.index, "allreduce");
-      run(header, [&](Op& op) { gpu_allreduce(op, t, reduce_op, options.stream, nullptr); });
-      return;
+  const CompressorSpec& spec = *call.spec;
+  if (t.device.type == DeviceType::kCuda) check_cuda_device(t.device.index, "allreduce");
+  if (spec.id != CompressorId::kNone) {
+    // Compressed: float32 gradients, summed or averaged, state under the caller's key.
+    if (t.dtype != DType::kFloat32) {
+      throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' takes float32 tensors, got {}", rank(),
+                                        text, dtype_name(t.dtype)));
     }
-#endif
-    run(header, [&](Op& op) { dense_allreduce(op, t.data, t.numel, t.dtype, reduce_op); });
-    return;
-  }
-
-  // Compressed: float32 gradients, summed or averaged, state under the caller's key.
-  if (t.dtype != DType::kFloat32) {
-    throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' takes float32 tensors, got {}", rank(),
-                                      text, dtype_name(t.dtype)));
-  }
-  if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
-    throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(), text,
-                                      reduce_op_name(reduce_op)));
-  }
-  if (options.key.empty() && CompressionEngine::stateful(*spec)) {
-    throw InvalidArgument(fmt::format(
-        "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
-        "draws): set CompressOptions::key to a name unique to this tensor",
-        rank(), text));
-  }
-  KeyState* key = nullptr;
-  if (!options.key.empty()) {
-    key = &state_.keys[options.key];
-    if (key->numel != 0 && (key->numel != t.numel || key->dtype != t.dtype)) {
-      throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
-                                        rank(), options.key, key->numel, dtype_name(key->dtype), t.numel));
+    if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
+      throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(),
+                                        text, reduce_op_name(reduce_op)));
     }
-    key->numel = t.numel;
-    key->dtype = t.dtype;
-    header.step = key->step;
+    if (options.key.empty() && CompressionEngine::stateful(spec)) {
+      throw InvalidArgument(fmt::format(
+          "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
+          "draws): set CompressOptions::key to a name unique to this tensor",
+          rank(), text));
+    }
+    if (!options.key.empty()) {
+      KeyState& key = state_.keys[options.key];  // map nodes never move: the engine may hold &key
+      if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
+        throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
+                                          rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
+      }
+      key.numel = t.numel;
+      key.dtype = t.dtype;
+      call.key = &key;
+    }
   }
-  const uint64_t key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
-#if GRADCOMM_WITH_CUDA
-  if (cuda) {
-    gpu_setup(t.device.index, "allreduce");
-    run(header, [&](Op& op) {
-      const std::function<void(float*)> engine = [&](float* host) {
-        compression_.allreduce(op, host, t.numel, reduce_op, *spec, key, key_hash);
-      };
-      const GpuCompressed compressed{spec, key, key_hash, &engine};
-      gpu_allreduce(op, t, reduce_op, options.stream, t.numel > 0 ? &compressed : nullptr);
-    });
-    if (key != nullptr) key->step += 1;
-    return;
-  }
-#endif
-  (void)cuda;
-  run(header, [&](Op& op) {
-    if (t.numel > 0) compression_.allreduce(op, static_cast<float*>(t.data), t.numel, reduce_op, *spec, key, key_hash);
-  });
-  if (key != nullptr) key->step += 1;
+  return submit(std::move(call));
 }
 
-void CommunicatorImpl::allgather(TensorView in, TensorView out) {
+std::shared_ptr<WorkState> CommunicatorImpl::allgather_async(TensorView in, TensorView out) {
   check_usable();
   check_tensor(in, "allgather", "input");
   check_tensor(out, "allgather", "output");
@@ -431,26 +255,39 @@ void CommunicatorImpl::allgather(TensorView in, TensorView out) {
                                       rank(), in.device.type == DeviceType::kCuda ? "cuda" : "cpu", in.device.index,
                                       out.device.type == DeviceType::kCuda ? "cuda" : "cpu", out.device.index));
   }
-  WireHeader header;
-  header.op = OpKind::kAllgather;
-  header.dtype = in.dtype;
-  header.numel = in.numel;
-#if GRADCOMM_WITH_CUDA
+  Call call;
+  call.kind = Call::Kind::kAllgather;
+  call.tensor = in;
+  call.out = out;
   if (in.device.type == DeviceType::kCuda) {
-    gpu_setup(in.device.index, "allgather");
-    run(header, [&](Op& op) { gpu_allgather(op, in, out); });
-    return;
+    std::lock_guard lock(issue_mutex_);
+    check_cuda_device(in.device.index, "allgather");
   }
-#endif
-  run(header, [&](Op& op) {
-    const size_t elem = dtype_size(in.dtype);
-    auto* base = static_cast<uint8_t*>(out.data);
-    uint8_t* mine = base + static_cast<size_t>(rank()) * in.numel * elem;
-    if (in.numel > 0 && mine != in.data) std::memmove(mine, in.data, in.numel * elem);
-    if (size() > 1 && in.numel > 0) {
-      ring_allgatherv(op, base, std::vector<int64_t>(size(), in.numel), elem, /*unit_base=*/0);
-    }
-  });
+  return submit(std::move(call));
+}
+
+std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int root) {
+  check_usable();
+  check_tensor(t, "broadcast", "tensor");
+  if (root < 0 || root >= size()) {
+    throw InvalidArgument(fmt::format("rank {}: broadcast: root {} out of range [0, {})", rank(), root, size()));
+  }
+  Call call;
+  call.kind = Call::Kind::kBroadcast;
+  call.tensor = t;
+  call.root = root;
+  if (t.device.type == DeviceType::kCuda) {
+    std::lock_guard lock(issue_mutex_);
+    check_cuda_device(t.device.index, "broadcast");
+  }
+  return submit(std::move(call));
+}
+
+std::shared_ptr<WorkState> CommunicatorImpl::barrier_async() {
+  check_usable();
+  Call call;
+  call.kind = Call::Kind::kBarrier;
+  return submit(std::move(call));
 }
 
 std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count, DType dtype,
@@ -459,67 +296,256 @@ std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count,
   if (count < 0 || (count > 0 && in == nullptr)) {
     throw InvalidArgument(fmt::format("rank {}: allgatherv: bad input (count {}, data {})", rank(), count, in));
   }
-  WireHeader header;
-  header.op = OpKind::kAllgatherv;
-  header.dtype = dtype;
-  header.numel = -1;  // counts differ by rank by design
   const size_t elem = dtype_size(dtype);
   std::vector<int64_t> counts;
-  run(header, [&](Op& op) {
-    std::vector<int64_t> sizes;
-    out = ring_allgatherv_bytes(op, std::span(static_cast<const uint8_t*>(in), static_cast<size_t>(count) * elem), sizes);
-    for (int r = 0; r < size(); ++r) {
-      if (sizes[r] % static_cast<int64_t>(elem) != 0) {
-        op.fail(ErrorCode::kCorruptPayload,
-                fmt::format("rank {} sent {} bytes, not a whole number of {} elements", r, sizes[r], dtype_name(dtype)));
+  run_local([&] {
+    WireHeader header;
+    header.op = OpKind::kAllgatherv;
+    header.dtype = dtype;
+    header.numel = -1;  // counts differ by rank by design
+    header.seq = next_seq_;
+    run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+      std::vector<int64_t> sizes;
+      out = ring_allgatherv_bytes(op, std::span(static_cast<const uint8_t*>(in), static_cast<size_t>(count) * elem),
+                                  sizes);
+      for (int r = 0; r < size(); ++r) {
+        if (sizes[r] % static_cast<int64_t>(elem) != 0) {
+          op.fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent {} bytes, not a whole number of {} elements",
+                                                          r, sizes[r], dtype_name(dtype)));
+        }
+        counts.push_back(sizes[r] / static_cast<int64_t>(elem));
       }
-      counts.push_back(sizes[r] / static_cast<int64_t>(elem));
-    }
+      return 1;
+    });
+    stats_.ops += 1;
   });
   return counts;
 }
 
-void CommunicatorImpl::broadcast(TensorView t, int root) {
-  check_usable();
-  check_tensor(t, "broadcast", "tensor");
-  if (root < 0 || root >= size()) {
-    throw InvalidArgument(fmt::format("rank {}: broadcast: root {} out of range [0, {})", rank(), root, size()));
-  }
-  WireHeader header;
-  header.op = OpKind::kBroadcast;
-  header.dtype = t.dtype;
-  header.numel = t.numel;
-  header.root = root;
+void CommunicatorImpl::synchronize() {
 #if GRADCOMM_WITH_CUDA
-  if (t.device.type == DeviceType::kCuda) {
-    gpu_setup(t.device.index, "broadcast");
-    run(header, [&](Op& op) { gpu_broadcast(op, t, root); });
+  run_local([&] {
+    if (!gpu_) return;  // no CUDA call yet: nothing in flight, nothing new to report
+    check_usable();
+    try {
+      gpu_synchronize();
+    } catch (const std::exception& e) {
+      auto* error = dynamic_cast<const Error*>(&e);
+      const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
+      const std::string message = fmt::format("rank {}: synchronize (after call #{}): {}", rank(), next_seq_ - 1,
+                                              e.what());
+      bool first = false;
+      {
+        std::lock_guard lock(failure_mutex_);
+        first = !failure_;
+      }
+      if (first) {
+        mark_failed(code, message);
+        transport_->send_abort(ControlMessage{code, rank(), next_seq_ - 1, message.substr(0, ControlMessage::kMaxText)});
+        transport_->abandon_pending(kAbandonGrace);
+      }
+      throw_error(code, message);
+    }
+  });
+#endif
+}
+
+std::vector<uint8_t> CommunicatorImpl::save_state() {
+  std::lock_guard lock(issue_mutex_);
+  std::vector<uint8_t> bytes;
+  run_local([&] { bytes = serialize_state(state_, rank(), size()); });
+  return bytes;
+}
+
+void CommunicatorImpl::load_state(std::span<const uint8_t> bytes) {
+  CompressionState parsed = parse_state(bytes, rank(), size());  // validates before anything changes
+  std::lock_guard lock(issue_mutex_);
+  run_local([&] { state_ = std::move(parsed); });
+}
+
+void CommunicatorImpl::connect_barrier() {
+  run_local([&] {
+    WireHeader header;
+    header.op = OpKind::kBarrier;
+    header.seq = 0;
+    run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+      if (size() > 1) dissemination_barrier(op);
+      return 0;
+    });
+    stats_ = Stats{};  // user-visible counters start after creation
+    publish_stats();
+  });
+}
+
+// ---- engine thread -------------------------------------------------------------------
+
+void CommunicatorImpl::run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body) {
+  check_usable();
+  const auto start = Clock::now();
+  size_t calls = 0;
+  {
+    Op op(*this, header, mode);
+    try {
+      calls = body(op);
+      op.finish();
+    } catch (const std::exception& e) {
+      // Whatever escaped mid-call leaves peers waiting on this rank: record it and
+      // tell them (Op::fail already did both for the errors it raised).
+      bool first = false;
+      {
+        std::lock_guard lock(failure_mutex_);
+        first = !failure_;
+      }
+      if (first) {
+        const ErrorCode code = [&] {
+          auto* error = dynamic_cast<const Error*>(&e);
+          return error ? error->code() : ErrorCode::kTransport;
+        }();
+        const std::string message = fmt::format("rank {}: {}: {}", rank(), op.header().describe(), e.what());
+        mark_failed(code, message);
+        transport_->send_abort(
+            ControlMessage{code, rank(), op.header().seq, message.substr(0, ControlMessage::kMaxText)});
+        transport_->abandon_pending(kAbandonGrace);
+      }
+      throw;
+    }
+  }
+  next_seq_ += calls;
+  stats_.total_s += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
+  WireHeader header;
+  header.seq = seq;
+  header.dtype = call.tensor.dtype;
+  header.numel = call.tensor.numel;
+  switch (call.kind) {
+    case Call::Kind::kAllreduce:
+      header.op = OpKind::kAllreduce;
+      header.reduce_op = call.reduce_op;
+      header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
+      header.compressor_hash = fnv1a32(header.compressor);
+      if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
+      break;
+    case Call::Kind::kAllgather:
+      header.op = OpKind::kAllgather;
+      break;
+    case Call::Kind::kBroadcast:
+      header.op = OpKind::kBroadcast;
+      header.root = call.root;
+      break;
+    case Call::Kind::kBarrier:
+    case Call::Kind::kLocal:
+      header = WireHeader{};
+      header.op = OpKind::kBarrier;
+      header.seq = seq;
+      break;
+  }
+  return header;
+}
+
+void CommunicatorImpl::run_body(Op& op, Call& call) {
+  const TensorView& t = call.tensor;
+  const bool cuda = t.device.type == DeviceType::kCuda;
+  switch (call.kind) {
+    case Call::Kind::kAllreduce: {
+      const CompressorSpec& spec = *call.spec;
+      if (spec.id == CompressorId::kNone) {
+#if GRADCOMM_WITH_CUDA
+        if (cuda) {
+          gpu_allreduce(op, t, call.reduce_op, call.stream, nullptr);
+          break;
+        }
+#endif
+        dense_allreduce(op, t.data, t.numel, t.dtype, call.reduce_op);
+        break;
+      }
+#if GRADCOMM_WITH_CUDA
+      if (cuda) {
+        const std::function<void(float*)> engine = [&](float* host) {
+          compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash);
+        };
+        const GpuCompressed compressed{&spec, call.key, call.key_hash, &engine};
+        gpu_allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
+        if (call.key != nullptr) call.key->step += 1;
+        break;
+      }
+#endif
+      if (t.numel > 0) {
+        compression_.allreduce(op, static_cast<float*>(t.data), t.numel, call.reduce_op, spec, call.key, call.key_hash);
+      }
+      if (call.key != nullptr) call.key->step += 1;
+      break;
+    }
+    case Call::Kind::kAllgather: {
+#if GRADCOMM_WITH_CUDA
+      if (cuda) {
+        gpu_allgather(op, t, call.out);
+        break;
+      }
+#endif
+      const size_t elem = dtype_size(t.dtype);
+      auto* base = static_cast<uint8_t*>(call.out.data);
+      uint8_t* mine = base + static_cast<size_t>(rank()) * t.numel * elem;
+      if (t.numel > 0 && mine != t.data) std::memmove(mine, t.data, t.numel * elem);
+      if (size() > 1 && t.numel > 0) {
+        ring_allgatherv(op, base, std::vector<int64_t>(size(), t.numel), elem, /*unit_base=*/0);
+      }
+      break;
+    }
+    case Call::Kind::kBroadcast:
+#if GRADCOMM_WITH_CUDA
+      if (cuda) {
+        gpu_broadcast(op, t, call.root);
+        break;
+      }
+#endif
+      if (size() > 1 && t.numel > 0) chain_broadcast(op, t.data, t.nbytes(), call.root);
+      break;
+    case Call::Kind::kBarrier:
+      if (size() > 1) dissemination_barrier(op);
+      break;
+    case Call::Kind::kLocal:
+      break;
+  }
+  (void)cuda;
+}
+
+void CommunicatorImpl::execute(Call& call) {
+  if (call.kind == Call::Kind::kLocal) {
+    call.local();
     return;
+  }
+  check_usable();
+#if GRADCOMM_WITH_CUDA
+  if (call.tensor.device.type == DeviceType::kCuda && call.kind != Call::Kind::kBarrier) {
+    gpu_setup(call.tensor.device.index);
   }
 #endif
-  run(header, [&](Op& op) {
-    if (size() > 1 && t.numel > 0) chain_broadcast(op, t.data, t.nbytes(), root);
+  run_op(header_for(call, next_seq_), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+    run_body(op, call);
+    return 1;
   });
+  stats_.ops += 1;
 }
 
-void CommunicatorImpl::barrier() {
-  WireHeader header;
-  header.op = OpKind::kBarrier;
-  run(header, [&](Op& op) {
-    if (size() > 1) dissemination_barrier(op);
-  });
+// The device check of a CUDA call, on the issuing side: the first CUDA call binds
+// the communicator to its device (the setup itself runs on the engine).
+void CommunicatorImpl::check_cuda_device(int device, const char* op_name) {
+  if (cuda_device_ < 0) {
+    cuda_device_ = device;
+    return;
+  }
+  if (device != cuda_device_) {
+    throw InvalidArgument(fmt::format("rank {}: {}: tensor on cuda:{}, but this communicator is bound to cuda:{} "
+                                      "(its first CUDA tensor's device); use one device per communicator",
+                                      rank(), op_name, device, cuda_device_));
+  }
 }
 
 #if GRADCOMM_WITH_CUDA
-void CommunicatorImpl::gpu_setup(int device, const char* op_name) {
-  if (gpu_) {
-    if (device != gpu_->device()) {
-      throw InvalidArgument(fmt::format("rank {}: {}: tensor on cuda:{}, but this communicator is bound to cuda:{} "
-                                        "(its first CUDA tensor's device); use one device per communicator",
-                                        rank(), op_name, device, gpu_->device()));
-    }
-    return;
-  }
+void CommunicatorImpl::gpu_setup(int device) {
+  if (gpu_) return;
   // A numbered call of its own, so a rank whose first CUDA call differs is caught
   // by the header check ("allgatherv(..., cuda-setup) #k" against its call).
   WireHeader header;
@@ -528,22 +554,12 @@ void CommunicatorImpl::gpu_setup(int device, const char* op_name) {
   header.numel = static_cast<int64_t>(GpuRankRecord::kBytes);
   header.compressor = "cuda-setup";
   header.compressor_hash = fnv1a32(header.compressor);
-  run(header, [&](Op& op) {
+  header.seq = next_seq_;
+  run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     gpu_ = create_gpu_context(op, device, transport_preference_, timeout_, [this] { watch_for_aborts(); });
+    return 1;  // numbered, but internal: Stats::ops counts the user's collectives
   });
-  stats_.ops -= 1;  // internal: Stats::ops counts the user's collectives
 }
 #endif
-
-void CommunicatorImpl::connect_barrier() {
-  WireHeader header;
-  header.op = OpKind::kBarrier;
-  run(
-      header, [&](Op& op) {
-        if (size() > 1) dissemination_barrier(op);
-      },
-      /*numbered=*/false);
-  stats_ = Stats{};  // user-visible counters start after creation
-}
 
 }  // namespace gradcomm::detail

@@ -1,20 +1,31 @@
-// CommunicatorImpl: owns the transport (and, on rank 0, the store server), numbers
-// the collective calls, checks that every rank called the same one, and turns any
-// failure into a typed error on every rank. The algorithms themselves live in
+// CommunicatorImpl: owns the transport (and, on rank 0, the store server) and
+// the engine that runs the calls (engine.h). The issuing side (any caller
+// thread) validates a call and queues it; the engine thread numbers it, checks
+// that every rank called the same thing (op.h), runs the algorithm, and turns any
+// failure into a typed error on every rank. The algorithms live in
 // src/collectives/, one per file; they see only an Op.
+//
+// Threads. Everything below "engine thread" is touched by the engine alone; the
+// issuing side shares with it only the engine's queue, the spec cache and the
+// keys' numel/dtype (under issue_mutex_), and the first failure (failure_mutex_).
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "call.h"
 #include "compression.h"
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
+#include "op.h"
 #include "state.h"
 #include "store/store.h"
 #include "transport/transport.h"
@@ -22,76 +33,12 @@
 
 namespace gradcomm::detail {
 
-class CommunicatorImpl;
+class Engine;
 class GpuContext;  // gpu_context.h (CUDA builds only)
 
-// One collective call in flight: its header, deadline and the wait loop. Every
-// blocking wait of an algorithm goes through wait(), which drives the transport,
-// watches the control channel for aborts, enforces the deadline and turns a
-// failed request into an error naming the peer, the call and the step.
-class Op {
- public:
-  Op(CommunicatorImpl& comm, const WireHeader& header);
-  ~Op();
-  Op(const Op&) = delete;
-  Op& operator=(const Op&) = delete;
-
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const WireHeader& header() const { return header_; }
-
-  // Data messages of this call; `unit` tells messages of one call apart (pipeline
-  // step and chunk). Byte counts go to Stats.
-  RequestPtr send(int peer, uint32_t unit, const void* data, size_t bytes);
-  RequestPtr recv(int peer, uint32_t unit, void* data, size_t bytes);
-
-  // Blocks until `request` completes; a receive must deliver exactly the bytes
-  // posted (anything else is CorruptPayload). `what` names the step for errors.
-  void wait(Request& request, const char* what);
-  void wait_all(std::vector<RequestPtr>& requests, const char* what);
-
-  // Wire traffic that did not go through send()/recv() (NCCL groups), for Stats.
-  void count_wire(uint64_t sent, uint64_t received, uint64_t messages);
-
-  // Adds the scope's wall time to one phase of Stats: &Stats::reduce_s,
-  // &Stats::encode_s or &Stats::decode_s.
-  class PhaseTimer {
-   public:
-    PhaseTimer(Op& op, double Stats::*phase) : op_(op), phase_(phase), start_(Clock::now()) {}
-    ~PhaseTimer();
-   private:
-    Op& op_;
-    double Stats::*phase_;
-    Clock::time_point start_;
-  };
-
-  // Checks the left neighbour's header (waiting for it if needed) and the right
-  // neighbour's receipt of ours. Algorithms need not call it: wait() checks the
-  // header first, and the communicator calls finish() after the algorithm.
-  void finish();
-
-  // Checks the left neighbour's header now, before any data of this call leaves:
-  // for algorithms where a rank sends without first waiting on a receive (a
-  // broadcast's root), so a mismatch it can see stops its data going out.
-  void confirm_header() { check_header(); }
-
-  // Throws `code` with the call's context after telling the other ranks.
-  [[noreturn]] void fail(ErrorCode code, const std::string& what);
-
- private:
-  void check_header();
-  void spin_until_done(Request& request, const char* what);
-  [[noreturn]] void raise_abort(const ControlMessage& abort);
-
-  CommunicatorImpl& comm_;
-  WireHeader header_;
-  int rank_, size_;
-  Deadline deadline_;
-  std::array<uint8_t, WireHeader::kBytes> header_out_{};
-  std::array<uint8_t, WireHeader::kBytes> header_in_{};
-  RequestPtr header_send_, header_recv_;
-  bool header_checked_ = false;
-};
+// After a failure, how long outstanding sends (the abort to the others among them)
+// may take before the transport drops them.
+inline constexpr auto kAbandonGrace = std::chrono::milliseconds(300);
 
 class CommunicatorImpl {
  public:
@@ -99,23 +46,23 @@ class CommunicatorImpl {
                    std::unique_ptr<Store> store = nullptr);
   ~CommunicatorImpl();
 
-  int rank() const { return transport_->rank(); }
-  int size() const { return transport_->size(); }
-  Transport& transport() { return *transport_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  Stats& mutable_stats() { return stats_; }
-  Stats stats() const { return stats_; }
+  // Counters of the calls completed so far (a snapshot the engine publishes).
+  Stats stats() const;
 
-  void allreduce(TensorView t, ReduceOp op, const CompressOptions& options);
-  void allgather(TensorView in, TensorView out);
+  // ---- issuing side: any thread -------------------------------------------------
+  std::shared_ptr<WorkState> allreduce_async(TensorView t, ReduceOp op, const CompressOptions& options);
+  std::shared_ptr<WorkState> allgather_async(TensorView in, TensorView out);
+  std::shared_ptr<WorkState> broadcast_async(TensorView t, int root);
+  std::shared_ptr<WorkState> barrier_async();
   // Variable-size allgather: rank r contributes `in` (counts[r] elements, agreed
   // by a first exchange inside); returns the per-rank counts; `out` is resized to
-  // the total, rank blocks in rank order. Internal (sparse allgather builds on it).
+  // the total, rank blocks in rank order. Internal, blocking.
   std::vector<int64_t> allgatherv(const void* in, int64_t count, DType dtype, std::vector<uint8_t>& out);
-  void broadcast(TensorView t, int root);
-  void barrier();
   // Waits for the stream-ordered work of CUDA calls (with the deadline) and
-  // raises its error; for CPU tensors, whose calls block, there is nothing to do.
+  // raises its error; for CPU tensors there is nothing to do. Blocking.
   void synchronize();
   // "auto" | "ucx" | "nccl" (InitOptions::transport): how CUDA tensors travel,
   // decided at the first CUDA call (gpu_plan.h). Set before any call.
@@ -125,31 +72,58 @@ class CommunicatorImpl {
   // The last step of creation: a barrier numbered 0 (user calls count from 1).
   void connect_barrier();
 
-  std::vector<uint8_t> save_state() const { return serialize_state(state_, rank(), size()); }
-  // All or nothing: on any error the current state is left as it was.
-  void load_state(std::span<const uint8_t> bytes) { state_ = parse_state(bytes, rank(), size()); }
+  // Both run after every call issued before them; the issuing side is held off
+  // meanwhile, so no call of another thread sees the state change under it.
+  std::vector<uint8_t> save_state();
+  void load_state(std::span<const uint8_t> bytes);  // all or nothing
+  // The keys' state. Residuals belong to the engine: read one only after the
+  // key's last call has completed (introspect.h).
   CompressionState& compression_state() { return state_; }
+  std::mutex& issue_mutex() { return issue_mutex_; }
 
-  // Records the first failure; every later call raises it again.
-  void mark_failed(ErrorCode code, const std::string& message);
+  // Runs `fn` on the engine thread after every call issued before it; blocking.
+  void run_local(std::function<void()> fn);
+
+  // ---- engine thread -------------------------------------------------------------
+  Transport& transport() { return *transport_; }
+  Stats& mutable_stats() { return stats_; }
+  void publish_stats();
   // Aborts other ranks sent: the first is kept until the call it names (or an
   // earlier call that cannot complete without that rank) raises it.
   std::optional<ControlMessage>& pending_abort() { return pending_abort_; }
+  bool stopping() const;
+  bool usable() const;  // no failure recorded yet
+  uint64_t next_seq() const { return next_seq_; }
+
+  // The header a call puts on the wire, numbered `seq` (reads the key's step).
+  WireHeader header_for(const Call& call, uint64_t seq) const;
+  // Runs `body` inside an Op numbered `header.seq` (a deferred Op posts its
+  // header itself); `body` returns how many calls it ran (a fused group: several;
+  // unnumbered: 0). Then accounts them: sequence numbers, Stats::ops and time; on
+  // failure marks the communicator failed and tells the others, and rethrows.
+  void run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body);
+  // The algorithm of one call inside its Op (after the header matched), and its
+  // key's step.
+  void run_body(Op& op, Call& call);
+  // Runs one queued call alone: a collective in its own Op, or a local function.
+  void execute(Call& call);
+  CompressionEngine& compression() { return compression_; }
+
+  // Records the first failure; every later call raises it again (thread-safe).
+  void mark_failed(ErrorCode code, const std::string& message);
+  // Tells the other ranks this one is going away with call `seq` outstanding (once).
+  void tell_peers_destroyed(uint64_t seq);
 
  private:
-  // Validates state, numbers the call (unless `numbered` is false: seq 0), runs
-  // `body` inside an Op and accounts time.
-  template <class Body>
-  void run(WireHeader header, Body&& body, bool numbered = true);
   void check_usable() const;
   void check_tensor(const TensorView& t, const char* op, const char* name) const;
+  std::shared_ptr<WorkState> submit(Call call);
   // CUDA tensors (comm_impl_cuda.cc, CUDA builds only). gpu_setup runs the
   // numbered setup call at a communicator's first CUDA call (every rank's first
-  // CUDA call must be the same call) and checks the device later on; the others
-  // run inside the call's Op and only enqueue on the NCCL path.
-  void gpu_setup(int device, const char* op);
-  // A compressed call: the NCCL path runs the GPU codecs with `spec` and the key's
-  // state; the staging path runs `host_engine` (the CPU engine) on a host copy.
+  // CUDA call must be the same call); the others run inside the call's Op and only
+  // enqueue on the NCCL path.
+  void gpu_setup(int device);
+  void check_cuda_device(int device, const char* op);
   struct GpuCompressed {
     const CompressorSpec* spec;
     KeyState* key;  // null for stateless specs without a key
@@ -164,17 +138,32 @@ class CommunicatorImpl {
   // Raises an abort another rank sent, if one has arrived (GPU waits poll it).
   void watch_for_aborts();
 
+  const int rank_, size_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Store> store_;  // rank 0 serves the TCP store for the job's lifetime
   std::chrono::milliseconds timeout_;
+
+  // Issuing side.
+  std::mutex issue_mutex_;  // compression_.spec() and the keys' numel/dtype (and map insertions)
+  int cuda_device_ = -1;  // the device of the first CUDA call, under issue_mutex_
+  std::string transport_preference_ = "auto";
+
+  // Shared.
+  mutable std::mutex failure_mutex_;
+  std::optional<std::pair<ErrorCode, std::string>> failure_;
+  mutable std::mutex stats_mutex_;
+  Stats published_stats_;
+  bool told_peers_destroyed_ = false;  // under failure_mutex_
+
+  // Engine thread.
   uint64_t next_seq_ = 1;
   Stats stats_;
-  CompressionState state_;
+  CompressionState state_;  // keys: see call.h for who touches which field
   CompressionEngine compression_;
-  std::optional<std::pair<ErrorCode, std::string>> failure_;
   std::optional<ControlMessage> pending_abort_;
-  std::string transport_preference_ = "auto";
   std::unique_ptr<GpuContext> gpu_;  // created at the first CUDA call
+
+  std::unique_ptr<Engine> engine_;  // last: stopped first, before anything it uses goes
 };
 
 }  // namespace gradcomm::detail

@@ -71,12 +71,55 @@ Communicator::~Communicator() = default;
 int Communicator::rank() const { return impl_->rank(); }
 int Communicator::size() const { return impl_->size(); }
 
-void Communicator::allreduce(TensorView t, ReduceOp op, const CompressOptions& options) {
-  impl_->allreduce(t, op, options);
+// ---- Work --------------------------------------------------------------------------
+
+Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+Work::~Work() = default;
+
+void Work::wait() {
+  state_->ask_to_start();  // a fused group holding this call stops waiting for more
+  std::unique_lock lock(state_->mutex);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
 }
-void Communicator::allgather(TensorView in, TensorView out) { impl_->allgather(in, out); }
-void Communicator::broadcast(TensorView t, int root) { impl_->broadcast(t, root); }
-void Communicator::barrier() { impl_->barrier(); }
+
+bool Work::wait_for(std::chrono::milliseconds timeout) {
+  state_->ask_to_start();
+  std::unique_lock lock(state_->mutex);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) return false;
+  if (state_->error) std::rethrow_exception(state_->error);
+  return true;
+}
+
+bool Work::is_completed() const {
+  state_->ask_to_start();  // polling for completion must not keep a group open
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+std::exception_ptr Work::error() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->error;
+}
+
+// ---- calls -------------------------------------------------------------------------
+
+std::shared_ptr<Work> Communicator::allreduce_async(TensorView t, ReduceOp op, const CompressOptions& options) {
+  return std::make_shared<Work>(impl_->allreduce_async(t, op, options));
+}
+std::shared_ptr<Work> Communicator::allgather_async(TensorView in, TensorView out) {
+  return std::make_shared<Work>(impl_->allgather_async(in, out));
+}
+std::shared_ptr<Work> Communicator::broadcast_async(TensorView t, int root) {
+  return std::make_shared<Work>(impl_->broadcast_async(t, root));
+}
+
+void Communicator::allreduce(TensorView t, ReduceOp op, const CompressOptions& options) {
+  Work(impl_->allreduce_async(t, op, options)).wait();
+}
+void Communicator::allgather(TensorView in, TensorView out) { Work(impl_->allgather_async(in, out)).wait(); }
+void Communicator::broadcast(TensorView t, int root) { Work(impl_->broadcast_async(t, root)).wait(); }
+void Communicator::barrier() { Work(impl_->barrier_async()).wait(); }
 void Communicator::synchronize() { impl_->synchronize(); }
 
 std::vector<uint8_t> Communicator::save_state() const { return impl_->save_state(); }

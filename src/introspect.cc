@@ -10,6 +10,7 @@ namespace gradcomm::detail {
 
 std::span<const float> residual_view(Communicator& comm, const std::string& key) {
   CompressionState& state = comm.impl().compression_state();
+  std::lock_guard lock(comm.impl().issue_mutex());  // the map, not the residual (see introspect.h)
   const auto it = state.keys.find(key);
   if (it == state.keys.end() || it->second.residual.empty()) return {};
   const KeyState& k = it->second;
@@ -26,6 +27,7 @@ NextAllreduce next_allreduce(Communicator& comm, const std::string& spec_text, c
   const CompressorSpec spec = parse_compressor_spec(spec_text.empty() ? "none" : spec_text);
   uint64_t step = 0;
   const CompressionState& state = comm.impl().compression_state();
+  std::lock_guard lock(comm.impl().issue_mutex());
   if (const auto it = state.keys.find(key); it != state.keys.end()) step = it->second.step;
   NextAllreduce next;
   // The same tests, in the same order, as CompressionEngine::allreduce.

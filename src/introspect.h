@@ -13,8 +13,10 @@
 namespace gradcomm::detail {
 
 // The error-feedback residual of `key` as float32, read-only. Empty when the key
-// has no residual (never allreduced yet, or its spec has ef=0). The view stays
-// valid until the next allreduce, load_state or destruction of `comm`.
+// has no residual (never allreduced yet, or its spec has ef=0). Call it only once
+// the key's last allreduce has completed (its Work waited on): the engine thread
+// writes residuals. The view stays valid until the key's next allreduce is issued,
+// load_state or destruction of `comm`.
 // InvalidArgument when the key holds state of another dtype.
 std::span<const float> residual_view(Communicator& comm, const std::string& key);
 
@@ -25,7 +27,8 @@ struct NextAllreduce {
   bool sparsifier_with_ef = false;  // topk / randomk / sketch with error feedback:
                                     // transmitted coordinates are where the residual becomes 0
 };
-// Parses `spec` (InvalidArgument as allreduce would) and looks at the key's step.
+// Parses `spec` (InvalidArgument as allreduce would) and looks at the key's step
+// (complete: every earlier allreduce of the key must have completed).
 NextAllreduce next_allreduce(Communicator& comm, const std::string& spec, const std::string& key, int64_t numel);
 
 }  // namespace gradcomm::detail

@@ -58,6 +58,8 @@ std::array<uint8_t, WireHeader::kBytes> WireHeader::serialize() const {
   put<uint64_t>(p, 36, step);
   put<uint64_t>(p, 44, payload_bytes);
   std::memcpy(p + 52, compressor.data(), std::min(compressor.size(), kSpecBytes));
+  put<uint32_t>(p, 88, fused);
+  put<uint32_t>(p, 92, fused_digest);
   return out;
 }
 
@@ -80,6 +82,8 @@ std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
   h.payload_bytes = get<uint64_t>(p, 44);
   const char* spec = reinterpret_cast<const char*>(p + 52);
   h.compressor.assign(spec, strnlen(spec, kSpecBytes));
+  h.fused = get<uint32_t>(p, 88);
+  h.fused_digest = get<uint32_t>(p, 92);
   // Only printable ASCII is shown back to users: the text came from another process.
   for (char& c : h.compressor) {
     if (c < 0x20 || c > 0x7E) c = '?';
@@ -88,6 +92,11 @@ std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
 }
 
 std::string WireHeader::describe() const {
+  if (fused > 1) {
+    const std::string spec = compressor != "none" ? fmt::format(", {}, step={}", compressor, step) : ", none";
+    return fmt::format("fused allreduce of {} calls (numel={}, {}, {}{}, members {:08x}) #{}-#{}", fused, numel,
+                       dtype_name(dtype), reduce_op_name(reduce_op), spec, fused_digest, seq, seq + fused - 1);
+  }
   switch (op) {
     case OpKind::kAllreduce:
       if (compressor != "none") {  // compressed calls also agree on the key's step
@@ -136,7 +145,8 @@ std::optional<std::string> check_sample_counts(std::span<const uint64_t> counts,
 
 bool WireHeader::agrees_with(const WireHeader& o) const {
   return op == o.op && dtype == o.dtype && reduce_op == o.reduce_op && seq == o.seq && numel == o.numel &&
-         root == o.root && compressor_hash == o.compressor_hash && step == o.step && payload_bytes == o.payload_bytes;
+         root == o.root && compressor_hash == o.compressor_hash && step == o.step && payload_bytes == o.payload_bytes &&
+         fused == o.fused && fused_digest == o.fused_digest;
 }
 
 }  // namespace gradcomm::detail

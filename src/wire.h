@@ -7,7 +7,10 @@
 //   magic u32 'GCW1' | version u16 | op u8 | dtype u8 | reduce_op u8 | flags u8 |
 //   reserved u16 | seq u64 | numel i64 | root i32 | compressor_hash u32 | step u64 |
 //   payload_bytes u64 | compressor (spec text, 32 bytes, NUL-padded, may be truncated) |
-//   reserved (8 bytes, zero)
+//   fused u32 | fused_digest u32
+// A fused group (fusion.h) is one collective for `fused` consecutive calls, numbered
+// from `seq`; its digest fingerprints every member (numel, key, spec), so ranks
+// whose members differ disagree even when the totals match.
 #pragma once
 
 #include <array>
@@ -39,6 +42,8 @@ struct WireHeader {
   uint64_t step = 0;          // compression step of the key (0 for dense)
   uint64_t payload_bytes = 0;
   std::string compressor = "none";
+  uint32_t fused = 0;         // calls in a fused group (0: one plain call)
+  uint32_t fused_digest = 0;
 
   std::array<uint8_t, kBytes> serialize() const;
   // nullopt when the bytes are not a header this version understands.

@@ -25,8 +25,12 @@ class Backend {
 
   // Forward and backward of `batch` rows (host memory): the gradient of the mean
   // loss lands in the backend's gradient buffer. Returns the mean loss; *finite
-  // says whether the loss and every gradient element are finite.
-  virtual double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite) = 0;
+  // says whether the loss and every gradient element are finite. With
+  // `layer_done`, it is called once each layer's gradient is complete (last layer
+  // first) and the gradient is the caller's from then on (its allreduce may be
+  // writing it): *finite then covers the loss only.
+  virtual double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite,
+                                  const LayerDone& layer_done = nullptr) = 0;
   // Test hook (--debug-nan-at-step): makes the gradient's first element NaN.
   virtual void poison_gradient() = 0;
   // Forward only over `count` host rows: adds to *correct and *loss_sum.
@@ -36,6 +40,10 @@ class Backend {
   // buffer itself (no copy). CUDA: a pinned staging copy (see cuda_backend.cc).
   virtual float* gradients_to_host() = 0;
   virtual void gradients_from_host() = 0;
+  // The same for one range (a layer's weight or bias), as soon as backward has
+  // written it: the host pointer is gradients_to_host()'s + range.offset.
+  virtual float* range_to_host(const ParamRange& range) = 0;
+  virtual void range_from_host(const ParamRange& range) = 0;
 
   // Optimizer steps over one range of the buffers (optimizer.h has the formulas).
   virtual void dgc_accumulate(const ParamRange& range, const SgdConfig& config) = 0;

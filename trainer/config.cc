@@ -45,6 +45,8 @@ bool parse_command_line(int argc, char** argv, Config& c, int* exit_code) {
   app.add_option("--compressor", c.compressor, "compressor spec, e.g. topk:ratio=0.01,min_numel=1024");
   app.add_flag("--momentum-correction", c.momentum_correction,
                "DGC momentum correction and momentum-factor masking (sparsifiers with error feedback)");
+  app.add_flag("--overlap,!--no-overlap", c.overlap,
+               "start each layer's allreduce during backward (default), or only after it (--no-overlap)");
   app.add_option("--device", c.device, "cpu, cuda or cuda:N");
   app.add_option("--threads", c.threads, "OpenBLAS threads per rank")->check(CLI::Range(1, 256));
   app.add_option("--nan", c.nan, "non-finite loss or gradient: skip the step on every rank, or abort")

@@ -24,6 +24,12 @@ struct Config {
   // communication
   std::string compressor = "none";
   bool momentum_correction = false;
+  // Each layer's allreduce starts as soon as backward has produced its gradient
+  // (last layer first) and the step waits before the update; false: backward
+  // first, then the allreduces one by one (the schedule before overlap existed).
+  // Either way the same calls with the same keys: the same bits, unless a step is
+  // skipped for a non-finite gradient (train.cc).
+  bool overlap = true;
   // execution
   std::string device = "cpu";  // cpu | cuda[:N]
   int threads = 1;             // OpenBLAS threads per rank

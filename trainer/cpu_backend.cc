@@ -28,10 +28,13 @@ class CpuBackend final : public Backend {
     std::copy(momentum_.begin(), momentum_.end(), momentum);
   }
 
-  double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite) override {
-    const double loss = model_.forward_backward(params_.data(), x, y, batch, grads_.data());
+  double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite,
+                          const LayerDone& layer_done) override {
+    const double loss = model_.forward_backward(params_.data(), x, y, batch, grads_.data(), layer_done);
     bool ok = std::isfinite(loss);
-    for (float g : grads_) ok = ok && std::isfinite(g);
+    if (!layer_done) {  // else the gradient is already being reduced: the caller checked each layer
+      for (float g : grads_) ok = ok && std::isfinite(g);
+    }
     *finite = ok;
     return loss;
   }
@@ -42,6 +45,8 @@ class CpuBackend final : public Backend {
 
   float* gradients_to_host() override { return grads_.data(); }
   void gradients_from_host() override {}
+  float* range_to_host(const ParamRange& r) override { return grads_.data() + r.offset; }
+  void range_from_host(const ParamRange&) override {}
 
   void dgc_accumulate(const ParamRange& r, const SgdConfig& config) override {
     train::dgc_accumulate(config, params_.data() + r.offset, grads_.data() + r.offset, momentum_.data() + r.offset,

@@ -80,7 +80,8 @@ class CudaBackend final : public Backend {
     stream_.synchronize();
   }
 
-  double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite) override {
+  double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite,
+                          const LayerDone& layer_done) override {
     check_batch(batch);
     forward(x, y, batch, /*with_grad=*/true);
     const size_t L = layout_.layers.size();
@@ -93,6 +94,7 @@ class CudaBackend final : public Backend {
                                      &one, a, int(layer.in), delta_.as<float>(), int(layer.out), &zero,
                                      grads_.as<float>() + layer.w_offset, int(layer.in)));
       cuda::column_sums(delta_.as<float>(), grads_.as<float>() + layer.b_offset, batch, layer.out, stream_.get());
+      if (layer_done) layer_done(l);  // range_to_host() waits for this layer's kernels
       if (l == 0) break;
       // delta_prev (batch, in) = delta . W  -> col-major (in x batch) = Wc . delta_c
       TRAIN_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, int(layer.in), int(batch), int(layer.out),
@@ -122,6 +124,21 @@ class CudaBackend final : public Backend {
       forward(x + start * layout_.sizes[0], y + start, rows, /*with_grad=*/false);
       *loss_sum += fetch_losses(rows, correct);
     }
+  }
+
+  float* range_to_host(const ParamRange& r) override {
+    const size_t offset = static_cast<size_t>(r.offset) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(r.numel) * sizeof(float);
+    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(staging_.as<uint8_t>() + offset, grads_.as<uint8_t>() + offset, bytes,
+                                        cudaMemcpyDeviceToHost, stream_.get()));
+    stream_.synchronize();
+    return staging_.as<float>() + r.offset;
+  }
+  void range_from_host(const ParamRange& r) override {
+    const size_t offset = static_cast<size_t>(r.offset) * sizeof(float);
+    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(grads_.as<uint8_t>() + offset, staging_.as<uint8_t>() + offset,
+                                        static_cast<size_t>(r.numel) * sizeof(float), cudaMemcpyHostToDevice,
+                                        stream_.get()));
   }
 
   float* gradients_to_host() override {

@@ -102,7 +102,8 @@ void CpuMlp::forward(const float* params, const float* x, int64_t batch) {
   }
 }
 
-double CpuMlp::forward_backward(const float* params, const float* x, const uint8_t* y, int64_t batch, float* grads) {
+double CpuMlp::forward_backward(const float* params, const float* x, const uint8_t* y, int64_t batch, float* grads,
+                                const LayerDone& layer_done) {
   if (batch <= 0 || batch > max_batch_) {
     throw InvalidArgument(fmt::format("CpuMlp: batch of {} rows, expected 1..{}", batch, max_batch_));
   }
@@ -122,6 +123,7 @@ double CpuMlp::forward_backward(const float* params, const float* x, const uint8
     for (int64_t r = 0; r < batch; ++r) {
       for (int64_t o = 0; o < layer.out; ++o) db[o] += delta_[r * layer.out + o];
     }
+    if (layer_done) layer_done(l);
     if (l == 0) break;
     // delta_prev = (delta . W) * relu'(a)   (batch, in)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(batch), static_cast<int>(layer.in),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ void init_parameters(const MlpLayout& layout, uint64_t seed, float* params);
 double softmax_cross_entropy(const float* logits, const uint8_t* labels, int64_t batch, int64_t classes,
                              float* dlogits, int64_t* correct);
 
+// Called during backward as soon as layer l's gradient (its weight and bias) is
+// complete, last layer first: the trainer starts that layer's allreduce there.
+using LayerDone = std::function<void(size_t layer)>;
+
 // CPU reference: OpenBLAS GEMMs plus plain loops. Holds the activation workspace
 // for up to `max_batch` rows; not thread-safe (one per rank).
 class CpuMlp {
@@ -52,8 +57,10 @@ class CpuMlp {
   CpuMlp(const MlpLayout& layout, int64_t max_batch);
 
   // Mean loss of the batch; writes the gradient of the mean loss into `grads`
-  // (num_params floats, every element overwritten).
-  double forward_backward(const float* params, const float* x, const uint8_t* y, int64_t batch, float* grads);
+  // (num_params floats, every element overwritten). After `layer_done(l)` the
+  // backward pass neither reads nor writes layer l's gradient again.
+  double forward_backward(const float* params, const float* x, const uint8_t* y, int64_t batch, float* grads,
+                          const LayerDone& layer_done = nullptr);
   // Forward only, in chunks of max_batch: adds to *correct and *loss_sum.
   void evaluate(const float* params, const float* x, const uint8_t* y, int64_t count, int64_t* correct,
                 double* loss_sum);

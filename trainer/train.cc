@@ -2,12 +2,17 @@
 //   setup:   data, model, optimizer, backend, (resume from checkpoints)
 //   epoch:   a permutation of the training set shared by all ranks; rank r takes
 //            every N-th example from r (disjoint shards), in steps of batch_size
-//   step:    forward/backward -> agree on finiteness (--nan) -> per-layer
-//            allreduce(kAvg, {compressor, key = "fc1.weight", ...}) -> update
+//   step:    forward/backward, each layer's allreduce_async(kAvg, {compressor,
+//            key = "fc1.weight", ...}) issued as soon as backward has produced that
+//            layer's gradient (last layer first) -> agree on finiteness (--nan) ->
+//            wait, update. --no-overlap: backward, agree, then the allreduces one
+//            by one, update.
 //   end:     sharded test evaluation, one JSON line, checkpoint
 // Every rank runs the same number of steps and the same collectives in the same
 // order, and the arithmetic depends only on the seed and the rank count: two runs
-// with the same settings write byte-identical checkpoints.
+// with the same settings write byte-identical checkpoints. (Hence no fusion here,
+// main.cc: which calls fuse follows timing. Each key's allreduce is independent of
+// the others, so the two schedules compute the same bits.)
 #include "trainer/train.h"
 
 #include <cblas.h>
@@ -17,6 +22,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <memory>
 #include <cmath>
 #include <chrono>
 #include <csignal>
@@ -39,6 +45,14 @@ constexpr int64_t kEvalChunk = 1000;           // rows per evaluation forward pa
 constexpr uint64_t kShuffleStream = 0x73687566;  // "shuf"
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The q-quantile of `v` (nearest rank); 0 for none.
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  const size_t at = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+  return v[at];
+}
 
 // The shuffled order of one epoch: Fisher-Yates driven by the shared generator,
 // so every rank holds the same permutation and takes its own slice of it.
@@ -99,6 +113,12 @@ class Trainer {
   bool resume();
   void begin_epoch();
   void step();
+  void load_batch();
+  // One step of each schedule; false when every rank skipped it (--nan skip).
+  bool step_blocking(double& loss);
+  bool step_overlapped(double& loss);
+  void update();
+  bool skip_nonfinite(const std::vector<uint8_t>& flags);
   void end_epoch();
   void save_checkpoint();
   std::vector<uint8_t> agree_nonfinite(bool finite);
@@ -120,7 +140,8 @@ class Trainer {
   std::string log_path_;
   // Time-dependent, never checkpointed: this epoch's split of wall time.
   Clock::time_point epoch_start_;
-  double compute_s_ = 0, compress_s_ = 0, comm_s_ = 0;
+  double compute_s_ = 0, compress_s_ = 0, comm_s_ = 0;  // comm: time waiting on communication (exposed)
+  std::vector<double> step_s_;  // wall time of each step this epoch
   int64_t last_checkpoint_step_ = -1;
 };
 
@@ -261,6 +282,7 @@ void Trainer::begin_epoch() {
   s_.epoch_skipped = 0;
   epoch_start_ = Clock::now();
   compute_s_ = compress_s_ = comm_s_ = 0;
+  step_s_.clear();
 }
 
 // Every rank learns which ranks saw a non-finite loss or gradient this step, so
@@ -272,11 +294,7 @@ std::vector<uint8_t> Trainer::agree_nonfinite(bool finite) {
   return flags;
 }
 
-void Trainer::step() {
-  if (s_.global_step == c_.debug_kill_at_step && rank_ == c_.debug_rank) {
-    std::fflush(nullptr);
-    std::raise(SIGKILL);  // test hook: die as abruptly as a killed process does
-  }
+void Trainer::load_batch() {
   // This rank's batch: examples perm[(step * B + j) * N + rank].
   for (int64_t j = 0; j < c_.batch_size; ++j) {
     const uint32_t example = perm_[static_cast<size_t>(((s_.step_in_epoch * c_.batch_size + j) * size_) + rank_)];
@@ -284,9 +302,56 @@ void Trainer::step() {
                 batch_x_.data() + j * kImagePixels);
     batch_y_[static_cast<size_t>(j)] = data_.train.labels[example];
   }
+}
+
+void Trainer::step() {
+  if (s_.global_step == c_.debug_kill_at_step && rank_ == c_.debug_rank) {
+    std::fflush(nullptr);
+    std::raise(SIGKILL);  // test hook: die as abruptly as a killed process does
+  }
+  const auto start = Clock::now();
+  load_batch();
+  const Stats before = comm_.stats();
+  double loss = 0;
+  const bool stepped = c_.overlap ? step_overlapped(loss) : step_blocking(loss);
+  const Stats after = comm_.stats();
+  s_.wire_bytes += after.bytes_sent - before.bytes_sent;
+  compress_s_ += (after.encode_s - before.encode_s) + (after.decode_s - before.decode_s);
+  if (stepped) {
+    s_.loss_sum += loss;
+    s_.loss_batches += 1;
+  }
+  step_s_.push_back(seconds_since(start));
+}
+
+// Every rank learned which ranks saw a non-finite loss or gradient: all skip the
+// step (or all abort), so the collectives stay matched. True when skipped.
+bool Trainer::skip_nonfinite(const std::vector<uint8_t>& flags) {
+  if (std::none_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; })) return false;
+  std::string ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (flags[static_cast<size_t>(r)]) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
+  }
+  if (c_.nan == "abort") {
+    throw InvalidArgument(fmt::format("rank {}: non-finite loss or gradient at epoch {} step {} (global step {}) "
+                                      "on rank(s) {}; aborting (--nan abort; --nan skip drops such steps)",
+                                      rank_, s_.epoch + 1, s_.step_in_epoch, s_.global_step, ranks));
+  }
+  if (rank_ == 0) {
+    fmt::print("gradcomm-train: skipping global step {}: non-finite loss or gradient on rank(s) {}\n", s_.global_step,
+               ranks);
+  }
+  ++s_.skipped_steps;
+  ++s_.epoch_skipped;
+  return true;
+}
+
+// Backward first; then every rank agrees on finiteness; then the allreduces, one
+// by one, blocking; then the update. A skipped step runs no allreduce at all.
+bool Trainer::step_blocking(double& loss) {
   auto t0 = Clock::now();
   bool finite = true;
-  double loss = backend_->forward_backward(batch_x_.data(), batch_y_.data(), c_.batch_size, &finite);
+  loss = backend_->forward_backward(batch_x_.data(), batch_y_.data(), c_.batch_size, &finite);
   if (s_.global_step == c_.debug_nan_at_step && rank_ == c_.debug_rank) {
     backend_->poison_gradient();
     loss = NAN;
@@ -294,27 +359,11 @@ void Trainer::step() {
   }
   compute_s_ += seconds_since(t0);
 
+  t0 = Clock::now();
   const std::vector<uint8_t> flags = agree_nonfinite(finite);
-  if (std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f != 0; })) {
-    std::string ranks;
-    for (int r = 0; r < size_; ++r) {
-      if (flags[static_cast<size_t>(r)]) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
-    }
-    if (c_.nan == "abort") {
-      throw InvalidArgument(fmt::format("rank {}: non-finite loss or gradient at epoch {} step {} (global step {}) "
-                                        "on rank(s) {}; aborting (--nan abort; --nan skip drops such steps)",
-                                        rank_, s_.epoch + 1, s_.step_in_epoch, s_.global_step, ranks));
-    }
-    if (rank_ == 0) {
-      fmt::print("gradcomm-train: skipping global step {}: non-finite loss or gradient on rank(s) {}\n",
-                 s_.global_step, ranks);
-    }
-    ++s_.skipped_steps;
-    ++s_.epoch_skipped;
-    return;  // no allreduce, no update: every rank skips the same step
-  }
+  comm_s_ += seconds_since(t0);
+  if (skip_nonfinite(flags)) return false;
 
-  const float lr = learning_rate(sgd_, s_.global_step);
   t0 = Clock::now();
   for (size_t i = 0; i < layout_.ranges.size(); ++i) {
     const ParamRange& r = layout_.ranges[i];
@@ -326,6 +375,7 @@ void Trainer::step() {
   float* grads = backend_->gradients_to_host();
   compute_s_ += seconds_since(t0);
 
+  t0 = Clock::now();
   const Stats before = comm_.stats();
   for (const ParamRange& r : layout_.ranges) {
     comm_.allreduce(TensorView::of(grads + r.offset, r.numel), ReduceOp::kAvg, {c_.compressor, r.name});
@@ -333,13 +383,64 @@ void Trainer::step() {
     s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
   }
   const Stats after = comm_.stats();
-  s_.wire_bytes += after.bytes_sent - before.bytes_sent;
-  const double coding = (after.encode_s - before.encode_s) + (after.decode_s - before.decode_s);
-  compress_s_ += coding;
-  comm_s_ += (after.total_s - before.total_s) - coding;
+  // Blocking: the calls' encode and decode are inside them; comm is the rest.
+  comm_s_ += seconds_since(t0) - ((after.encode_s - before.encode_s) + (after.decode_s - before.decode_s));
 
   t0 = Clock::now();
   backend_->gradients_from_host();
+  update();
+  compute_s_ += seconds_since(t0);
+  return true;
+}
+
+// Each layer's allreduces start from backward's callback, while the layers below
+// are still being differentiated. A non-finite local gradient is zeroed before it
+// leaves (so no NaN reaches a peer or a residual) and flagged; the flags are agreed
+// after backward, and a skipped step's allreduces have then already run (their
+// results are dropped; error-feedback residuals have taken the step).
+bool Trainer::step_overlapped(double& loss) {
+  const bool poison = s_.global_step == c_.debug_nan_at_step && rank_ == c_.debug_rank;
+  std::vector<std::shared_ptr<Work>> works(layout_.ranges.size());
+  bool finite = true;
+  const LayerDone layer_done = [&](size_t layer) {
+    if (poison && layer == 0) backend_->poison_gradient();  // the first element of fc1.weight
+    for (size_t i : {2 * layer, 2 * layer + 1}) {
+      const ParamRange& r = layout_.ranges[i];
+      dgc_mode_[i] = c_.momentum_correction && !detail::next_allreduce(comm_, c_.compressor, r.name, r.numel).dense;
+      if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
+      float* host = backend_->range_to_host(r);
+      if (!std::all_of(host, host + r.numel, [](float g) { return std::isfinite(g); })) {
+        finite = false;
+        std::fill(host, host + r.numel, 0.0f);
+      }
+      works[i] = comm_.allreduce_async(TensorView::of(host, r.numel), ReduceOp::kAvg, {c_.compressor, r.name});
+      s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
+    }
+  };
+  auto t0 = Clock::now();
+  bool loss_finite = true;
+  loss = backend_->forward_backward(batch_x_.data(), batch_y_.data(), c_.batch_size, &loss_finite, layer_done);
+  if (poison) loss = NAN;
+  finite = finite && loss_finite && std::isfinite(loss);
+  compute_s_ += seconds_since(t0);
+
+  // Exposed communication: whatever of the allreduces backward did not hide. The
+  // flags' allgather queues behind them, so it returns once they are all done.
+  t0 = Clock::now();
+  const std::vector<uint8_t> flags = agree_nonfinite(finite);
+  for (auto& work : works) work->wait();
+  comm_s_ += seconds_since(t0);
+  if (skip_nonfinite(flags)) return false;
+
+  t0 = Clock::now();
+  for (const ParamRange& r : layout_.ranges) backend_->range_from_host(r);
+  update();
+  compute_s_ += seconds_since(t0);
+  return true;
+}
+
+void Trainer::update() {
+  const float lr = learning_rate(sgd_, s_.global_step);
   for (size_t i = 0; i < layout_.ranges.size(); ++i) {
     const ParamRange& r = layout_.ranges[i];
     if (dgc_mode_[i]) {
@@ -348,9 +449,6 @@ void Trainer::step() {
       backend_->sgd_update(r, sgd_, lr);
     }
   }
-  compute_s_ += seconds_since(t0);
-  s_.loss_sum += loss;
-  s_.loss_batches += 1;
 }
 
 void Trainer::end_epoch() {
@@ -383,6 +481,9 @@ void Trainer::end_epoch() {
       {"eval_s", eval_s},
       {"compress_s", compress_s_},
       {"comm_s", comm_s_},
+      {"step_s_median", percentile(step_s_, 0.5)},
+      {"step_s_p90", percentile(step_s_, 0.9)},
+      {"overlap", c_.overlap},
       {"rank", rank_},
       {"world_size", size_},
       {"compressor", c_.compressor},
@@ -398,9 +499,9 @@ void Trainer::end_epoch() {
     const double saved = s_.wire_bytes > 0 ? static_cast<double>(s_.dense_bytes) / static_cast<double>(s_.wire_bytes) : 0;
     if (isatty(STDOUT_FILENO)) fmt::print("\r\033[K");
     fmt::print("epoch {:>3}/{}: train_loss {:.4f}  test_accuracy {:.4f}  wire {:.1f} MB (dense {:.1f} MB, {:.1f}x "
-               "fewer)  {:.1f} s (compute {:.1f}, compress {:.1f}, comm {:.1f})\n",
+               "fewer)  {:.1f} s (compute {:.1f}, compress {:.1f}{}, comm {:.1f} exposed), step {:.1f} ms median\n",
                s_.epoch + 1, c_.epochs, train_loss, accuracy, s_.wire_bytes / 1e6, s_.dense_bytes / 1e6, saved, time_s,
-               compute_s_, compress_s_, comm_s_);
+               compute_s_, compress_s_, c_.overlap ? " overlapped" : "", comm_s_, 1e3 * percentile(step_s_, 0.5));
     std::fflush(stdout);
   }
   s_.epoch += 1;

@@ -11,6 +11,8 @@
 //    completes it, and Request::bytes() says how many arrived.
 //  - progress() drives every outstanding request and never blocks; a request's
 //    state changes only inside progress() (or wait_for_event()).
+//  - One thread drives a transport (the communicator's engine); interrupt() is the
+//    one call any thread may make.
 //  - Destroying a pending Request cancels it where the transport can; the
 //    transport guarantees it never touches the buffer after the Request object is
 //    gone or after the transport itself is destroyed.
@@ -97,6 +99,9 @@ class Transport {
   // Sleeps until the transport has something to progress or `max_wait` passes
   // (may return early, spuriously). Callers loop: progress, check, wait_for_event.
   virtual void wait_for_event(std::chrono::microseconds max_wait) = 0;
+  // Thread-safe: makes a wait_for_event() in progress, or the next one, return
+  // at once (the engine's doorbell: new work, a wait on open work, shutdown).
+  virtual void interrupt() = 0;
 
   // Best effort, nonblocking: tells every other rank that this one failed.
   virtual void send_abort(const ControlMessage& message) = 0;

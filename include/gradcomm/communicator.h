@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +34,7 @@ struct Stats {
   uint64_t bytes_received = 0;
   uint64_t messages_sent = 0;
   uint64_t ops = 0;             // collectives completed
+  uint64_t fused_calls = 0;     // of those: allreduces that travelled in a fused group of two or more
   double total_s = 0;           // wall time inside collectives
   double reduce_s = 0;          // of which: local reduction (CPU arithmetic)
   double encode_s = 0;          // of which: compression encode
@@ -42,13 +44,44 @@ struct Stats {
 
 namespace detail {
 class CommunicatorImpl;
-}
+struct WorkState;
+}  // namespace detail
+
+// A collective started by one of the *_async calls. Calls run in the order they
+// were issued, on a thread the communicator owns; the tensors they name must stay
+// alive and untouched (inputs unmodified, outputs unread) until wait() returns or
+// is_completed() is true. For CUDA tensors a call completes once it is enqueued on
+// its stream, exactly as the blocking call returns (stream semantics unchanged).
+// A Work outlives its communicator safely: destroying the communicator first fails
+// the outstanding work with an error that says so.
+class Work {
+ public:
+  explicit Work(std::shared_ptr<detail::WorkState> state);
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the call has completed; rethrows its error (the class the
+  // blocking call would have thrown: MismatchError, PeerFailure, TimeoutError, ...).
+  void wait();
+  // Waits at most `timeout`: false when it passed (the call goes on), true when
+  // the call completed (its error, if any, is rethrown as by wait()).
+  bool wait_for(std::chrono::milliseconds timeout);
+  bool is_completed() const;
+  // The call's error once it has failed; null while pending or after success.
+  std::exception_ptr error() const;
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
 
 class Communicator {
  public:
   // Rendezvous through the store and connect the transport. Blocks until every
   // rank has joined or `timeout` passes (TimeoutError).
   static std::unique_ptr<Communicator> create(const InitOptions& options = {});
+  // Fails any work still outstanding (InvalidArgument on this rank, PeerFailure on
+  // the others, which are told) and returns promptly; never waits on a peer.
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -62,12 +95,26 @@ class Communicator {
   void allgather(TensorView in, TensorView out);
   void broadcast(TensorView t, int root);
   void barrier();
+
+  // Non-blocking forms: each checks its arguments at once (InvalidArgument,
+  // Unsupported, or the error of an earlier failure are thrown here) and returns
+  // a Work; the blocking calls above are these followed by wait(). Every rank must
+  // issue the same sequence of calls, blocking and non-blocking alike. Small
+  // allreduces issued close together may travel as one fused collective
+  // (GRADCOMM_FUSION_BYTES, GRADCOMM_CYCLE_MS; README "Overlap and fusion").
+  std::shared_ptr<Work> allreduce_async(TensorView t, ReduceOp op = ReduceOp::kSum,
+                                        const CompressOptions& options = {});
+  std::shared_ptr<Work> allgather_async(TensorView in, TensorView out);
+  std::shared_ptr<Work> broadcast_async(TensorView t, int root);
   // Waits for stream-ordered work (CUDA tensors) to finish and surfaces its errors.
   void synchronize();
 
-  std::vector<uint8_t> save_state() const;   // all compression state (residuals, steps)
-  void load_state(std::span<const uint8_t> bytes);  // validates; CorruptPayload on bad input
-  Stats stats() const;
+  // All compression state (residuals, steps), after every call issued before it.
+  std::vector<uint8_t> save_state() const;
+  // Validates (CorruptPayload on bad input), then replaces the state once every
+  // call issued before it has completed.
+  void load_state(std::span<const uint8_t> bytes);
+  Stats stats() const;  // counters of the calls completed so far
 
   // For internal factories (tests build communicators over the in-process transport).
   explicit Communicator(std::unique_ptr<detail::CommunicatorImpl> impl);

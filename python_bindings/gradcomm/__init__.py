@@ -4,9 +4,13 @@
     gradcomm.init()                                   # rank/size/store from the environment
     gradcomm.allreduce(x, op="avg", compression="topk:ratio=0.01", name="fc1.weight")  # in place
     gradcomm.allgather(x); gradcomm.broadcast(x, root=0); gradcomm.barrier()
+    h = gradcomm.allreduce_async(x, op="avg"); ...; h.wait()   # overlaps the caller's work
 
 `x` is a numpy array or a torch tensor (CPU; CUDA tensors are passed through with
 torch's current stream), contiguous. The GIL is released while a collective runs.
+Calls run in issue order on a thread of the communicator's; every rank must issue
+the same sequence. An *_async call returns a Work at once; keep its tensors alive
+and untouched until wait() returns (the Work holds a reference to them).
 Errors are gradcomm.Error subclasses (gradcomm.InvalidArgument is also a
 ValueError, gradcomm.TimeoutError also the builtin TimeoutError, ...); an input of
 the wrong kind is a TypeError, a non-contiguous or read-only one a ValueError.
@@ -15,8 +19,12 @@ For PyTorch: gradcomm.torch has the DDP communication hook
 (CompressionHookState, compression_hook) and DistributedOptimizer.
 """
 import atexit as _atexit
+import builtins as _builtins
 import datetime as _datetime
+import os as _os
+import socket as _socket
 import sys as _sys
+import zlib as _zlib
 
 from . import _gradcomm as _C
 from . import _tensors
@@ -36,8 +44,9 @@ __version__ = _C.__version__
 built_with_cuda = _C.built_with_cuda
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
     "allreduce", "allgather", "broadcast", "barrier",
+    "allreduce_async", "allgather_async", "broadcast_async", "Work",
     "state_dict", "load_state_dict", "stats",
     "Error", "InvalidArgument", "Unsupported", "TimeoutError", "PeerFailure",
     "MismatchError", "CorruptPayload", "TransportError", "CudaError",
@@ -50,6 +59,12 @@ _init_source = None
 # same sequence of init() calls, so the count is the same on every rank and
 # prefixes each init's keys: a second init never reads the first one's addresses.
 _python_store_inits = 0
+# This process's rank among the ranks on its host (local_rank()), set by init().
+_local_rank = None
+
+# Launchers' names for the local rank, in the order they are trusted.
+_LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                         "SLURM_LOCALID")
 
 
 def _default_torch_store():
@@ -116,6 +131,11 @@ def init(rank=None, world_size=None, store=None, transport="auto", timeout=None,
             source = "torch.distributed"
             address = f"torch.distributed store ({type(py_store).__name__})"
 
+    if py_store is None and not url:
+        url, py_store, address = _store_beside_torch(rank, world_size, timeout)
+        if py_store is not None:
+            source = "torch.distributed"
+
     prefix = ""
     if py_store is not None:
         prefix = f"gradcomm/init{_python_store_inits}/"
@@ -123,6 +143,56 @@ def init(rank=None, world_size=None, store=None, transport="auto", timeout=None,
     _C.init(-1 if rank is None else rank, -1 if world_size is None else world_size, url, transport, timeout_ms,
             job_token or "", py_store, prefix, address)
     _init_source = source
+    global _local_rank
+    _local_rank = _find_local_rank()
+
+
+def _store_beside_torch(rank, world_size, timeout):
+    """(url, store, address) when the environment's store would be
+    tcp://MASTER_ADDR:MASTER_PORT: that port belongs to torch.distributed, which a
+    later init_process_group (env://) binds on rank 0, so gradcomm must not take it.
+    Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent already serves a
+    store there: gradcomm joins it as a client, as torch's own workers do. Otherwise
+    gradcomm serves its own store on MASTER_PORT + 1. ("", None, "") when
+    GRADCOMM_STORE is set or MASTER_ADDR/MASTER_PORT are not: the C++ rules apply."""
+    addr, port = _os.environ.get("MASTER_ADDR"), _os.environ.get("MASTER_PORT")
+    if _os.environ.get("GRADCOMM_STORE") or not addr or not port:
+        return "", None, ""
+    try:
+        port = int(port)
+    except ValueError:
+        return "", None, ""  # the C++ side names the bad value
+    if _os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        from torch.distributed import TCPStore  # under torchrun, torch is there
+        seconds = 300 if timeout is None else float(timeout)
+        store = TCPStore(addr, port, is_master=False, timeout=_datetime.timedelta(seconds=seconds))
+        return "", store, f"torchrun agent store ({addr}:{port})"
+    if not 0 < port < 65535:
+        return "", None, ""
+    return f"tcp://{addr}:{port + 1}", None, ""
+
+
+def _find_local_rank():
+    """The launcher's local rank; without one, this rank's position among the ranks
+    that share its host name (one allgather, made on every rank alike)."""
+    for name in _LOCAL_RANK_VARIABLES:
+        value = _os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    if _C.size() == 1:
+        return 0
+    import numpy as np
+    host = np.array([_zlib.crc32(_socket.gethostname().encode())], dtype=np.int64)
+    hosts = allgather(host)
+    return int(sum(1 for r in range(_C.rank()) if hosts[r, 0] == host[0]))
+
+
+def local_rank():
+    """This process's rank among the ranks on its host (LOCAL_RANK and the other
+    launchers' variables; else counted from the ranks' host names at init)."""
+    if _local_rank is None:
+        raise Error("gradcomm.local_rank: gradcomm is not initialized; call gradcomm.init() first")
+    return _local_rank
 
 
 def shutdown():
@@ -152,6 +222,48 @@ def _check_str(value, call, name):
         raise TypeError(f"gradcomm.{call}: {name} must be a str, got {type(value).__name__}")
 
 
+class Work:
+    """A collective in flight, from allreduce_async, allgather_async or
+    broadcast_async. It holds its tensors until it completes."""
+
+    __slots__ = ("_work", "_result", "_tensors")
+
+    def __init__(self, work, result, tensors):
+        self._work = work
+        self._result = result
+        self._tensors = tensors  # kept alive until the call is done
+
+    def wait(self, timeout=None):
+        """Blocks until the call has completed and returns its result (the tensor it
+        wrote); raises the call's error (gradcomm.MismatchError, PeerFailure, ...).
+        With `timeout` (seconds), raises the builtin TimeoutError when it passes;
+        the call goes on and can be waited on again."""
+        ms = -1
+        if timeout is not None:
+            if isinstance(timeout, _datetime.timedelta):
+                timeout = timeout.total_seconds()
+            if not isinstance(timeout, (int, float)) or timeout < 0:
+                raise ValueError(f"Work.wait: timeout must be a number of seconds >= 0, got {timeout!r}")
+            ms = int(round(timeout * 1000))
+        if not self._work.wait(ms):
+            raise _builtins.TimeoutError(f"gradcomm: Work.wait timed out after {timeout} s; the call is still running")
+        self._tensors = None
+        return self._result
+
+    def is_completed(self):
+        """True once the call has completed (successfully or not); never blocks."""
+        return self._work.is_completed()
+
+
+def _allreduce_args(x, op, compression, name, call):
+    _check_str(op, call, "op")
+    _check_str(compression, call, "compression")
+    if name is not None:
+        _check_str(name, call, "name")
+    b = _tensors.describe(x, call, "tensor", writable=True)
+    return (b.data, b.numel, b.dtype, b.device, b.device_index, b.stream, op, compression, name or "")
+
+
 def allreduce(x, op="sum", compression="none", name=None):
     """Reduces `x` across ranks in place and returns it.
 
@@ -160,39 +272,62 @@ def allreduce(x, op="sum", compression="none", name=None):
     name: the key of this tensor's compression state (error feedback, step
     counter); required for stateful compressors, the same on every rank.
     """
-    _check_str(op, "allreduce", "op")
-    _check_str(compression, "allreduce", "compression")
-    if name is not None:
-        _check_str(name, "allreduce", "name")
-    b = _tensors.describe(x, "allreduce", "tensor", writable=True)
-    _C.allreduce(b.data, b.numel, b.dtype, b.device, b.device_index, b.stream, op, compression, name or "")
+    _C.allreduce_async(*_allreduce_args(x, op, compression, name, "allreduce")).wait()
     return x
+
+
+def allreduce_async(x, op="sum", compression="none", name=None):
+    """allreduce() without waiting: returns a Work whose wait() returns `x`. Do not
+    read or write `x` until then. Small calls issued together may travel as one
+    (fusion: GRADCOMM_FUSION_BYTES, GRADCOMM_CYCLE_MS)."""
+    work = _C.allreduce_async(*_allreduce_args(x, op, compression, name, "allreduce_async"))
+    return Work(work, x, (x,))
+
+
+def _allgather_args(x, out, call):
+    b = _tensors.describe(x, call, "input", writable=False)
+    if out is None:
+        out = _tensors.empty_like_gathered(x, _C.size())
+    o = _tensors.describe(out, call, "out", writable=True)
+    if (o.device, o.device_index) != (b.device, b.device_index):
+        raise ValueError(f"gradcomm.{call}: input is on {b.device}:{b.device_index} but out on "
+                         f"{o.device}:{o.device_index}")
+    if o.dtype != b.dtype:
+        raise TypeError(f"gradcomm.{call}: input is {b.dtype} but out is {o.dtype}")
+    return out, (b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index)
 
 
 def allgather(x, out=None):
     """Gathers every rank's `x`: returns `out` of shape (size(), *x.shape), rank r's
     input at out[r]. `out` (optional) must be contiguous, of x's dtype and device,
     with size() * x.numel elements."""
-    b = _tensors.describe(x, "allgather", "input", writable=False)
-    if out is None:
-        out = _tensors.empty_like_gathered(x, _C.size())
-    o = _tensors.describe(out, "allgather", "out", writable=True)
-    if (o.device, o.device_index) != (b.device, b.device_index):
-        raise ValueError(f"gradcomm.allgather: input is on {b.device}:{b.device_index} but out on "
-                         f"{o.device}:{o.device_index}")
-    if o.dtype != b.dtype:
-        raise TypeError(f"gradcomm.allgather: input is {b.dtype} but out is {o.dtype}")
-    _C.allgather(b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index)
+    out, args = _allgather_args(x, out, "allgather")
+    _C.allgather_async(*args).wait()
     return out
+
+
+def allgather_async(x, out=None):
+    """allgather() without waiting: returns a Work whose wait() returns `out`."""
+    out, args = _allgather_args(x, out, "allgather_async")
+    return Work(_C.allgather_async(*args), out, (x, out))
+
+
+def _broadcast_args(x, root, call):
+    if not isinstance(root, int):
+        raise TypeError(f"gradcomm.{call}: root must be an int, got {type(root).__name__}")
+    b = _tensors.describe(x, call, "tensor", writable=True)
+    return (b.data, b.numel, b.dtype, b.device, b.device_index, root)
 
 
 def broadcast(x, root=0):
     """Copies rank `root`'s `x` into every rank's `x` (in place); returns x."""
-    if not isinstance(root, int):
-        raise TypeError(f"gradcomm.broadcast: root must be an int, got {type(root).__name__}")
-    b = _tensors.describe(x, "broadcast", "tensor", writable=True)
-    _C.broadcast(b.data, b.numel, b.dtype, b.device, b.device_index, root)
+    _C.broadcast_async(*_broadcast_args(x, root, "broadcast")).wait()
     return x
+
+
+def broadcast_async(x, root=0):
+    """broadcast() without waiting: returns a Work whose wait() returns `x`."""
+    return Work(_C.broadcast_async(*_broadcast_args(x, root, "broadcast_async")), x, (x,))
 
 
 def barrier():
@@ -222,6 +357,7 @@ def load_state_dict(state):
 
 
 def stats():
-    """Counters since init: bytes_sent/bytes_received on the wire, messages_sent,
-    ops, and seconds: total_s = reduce_s + encode_s + decode_s + comm_s."""
+    """Counters of the calls completed since init: bytes_sent/bytes_received on the
+    wire, messages_sent, ops (fused_calls of them travelled fused), and seconds:
+    total_s = reduce_s + encode_s + decode_s + comm_s."""
     return _C.stats()

@@ -5,17 +5,29 @@ DDP (torch.nn.parallel.DistributedDataParallel, any process group, e.g. gloo):
     state = CompressionHookState(compression="topk:ratio=0.01")
     ddp_model.register_comm_hook(state, compression_hook)
 
+The hook starts each bucket's allreduce and returns at once; DDP overlaps the
+rest of backward with it and waits on the returned future at the end.
+
 Without DDP:
 
+    broadcast_parameters(model.state_dict(), root_rank=0)
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                model.named_parameters(), compression="qsgd:levels=16")
-    loss.backward(); opt.step()      # allreduces every gradient, then steps
+    broadcast_optimizer_state(opt, root_rank=0)
+    loss.backward(); opt.step()
+
+Each gradient's allreduce starts from a hook the moment backward has produced it
+(Horovod's design); step() waits for them, then steps. For gradient clipping:
+opt.synchronize(); clip; `with opt.skip_synchronize(): opt.step()`.
 
 Both average like DDP (sum over ranks divided by the world size) and keep the
 compression state (error feedback) under a key that names the same gradients on
 every rank and in every iteration. gradcomm.init() is called on first use when the
 caller has not called it (inside a torch.distributed job it uses torch's store).
 """
+import contextlib
+import queue
+import threading
 import weakref
 
 import torch
@@ -26,7 +38,8 @@ import gradcomm
 # DDP checks a hook's annotations against these exact objects.
 _GradBucket = torch.distributed.GradBucket if torch.distributed.is_available() else object
 
-__all__ = ["CompressionHookState", "compression_hook", "DistributedOptimizer"]
+__all__ = ["CompressionHookState", "compression_hook", "DistributedOptimizer", "broadcast_parameters",
+           "broadcast_optimizer_state"]
 
 
 def _dense_only(tensor, compression, min_compress_numel):
@@ -89,26 +102,58 @@ class CompressionHookState:
         return f"ddp/p{','.join(ranges)}/n{bucket.buffer().numel()}"
 
 
+class _FutureCompleter:
+    """Completes torch futures from gradcomm Works, on one daemon thread of its own:
+    the communicator's engine never touches Python. Works complete in issue order,
+    so waiting for them in that order costs nothing."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def complete(self, work, future):
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gradcomm-futures", daemon=True)
+                self._thread.start()
+        self._queue.put((work, future))
+
+    def _run(self):
+        while True:
+            work, future = self._queue.get()
+            try:
+                result = work.wait()
+            except BaseException as e:  # the call's error reaches whoever waits on the future
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+
+_completer = _FutureCompleter()
+
+
 def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages the bucket over all ranks with gradcomm,
     compressed as `state` says. Register with
     ddp_model.register_comm_hook(state, compression_hook).
 
-    The allreduce runs synchronously (the GIL released) and the returned future is
-    already complete; every rank ends with bitwise the same averaged gradients."""
+    The allreduce starts here and runs on gradcomm's engine while backward goes on;
+    the returned future completes when it is done. Every rank ends with bitwise the
+    same averaged gradients."""
     if not gradcomm.is_initialized():
         gradcomm.init()
     buffer = bucket.buffer()
     if state.iter < state.start_iter or _dense_only(buffer, state.compression, state.min_compress_numel):
-        gradcomm.allreduce(buffer, op="avg")
+        work = gradcomm.allreduce_async(buffer, op="avg")
     else:
         key = state.bucket_key(bucket)
         state.keys.add(key)
-        gradcomm.allreduce(buffer, op="avg", compression=state.compression, name=key)
+        work = gradcomm.allreduce_async(buffer, op="avg", compression=state.compression, name=key)
     if bucket.is_last():
         state.iter += 1
     future = torch.futures.Future()
-    future.set_result(buffer)
+    _completer.complete(work, future)
     return future
 
 
@@ -122,39 +167,97 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gradcomm_names = names  # id(param) -> name
         self._gradcomm_compression = compression
         self._gradcomm_min_compress_numel = min_compress_numel
-
-    def synchronize(self):
-        """Averages every parameter's gradient over all ranks (in place). A parameter
-        without a gradient gets a zero one first, so every rank makes the same calls."""
-        if not gradcomm.is_initialized():
-            gradcomm.init()
+        self._gradcomm_works = {}  # param -> (Work, grad, reduced tensor), in the order the hooks fired
+        self._gradcomm_synchronized = False
+        self._gradcomm_should_synchronize = True
+        self._gradcomm_grad_accs = []  # the hooked AccumulateGrad nodes, kept alive
         for group in self.param_groups:
             for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                grad = p.grad
-                if grad.is_sparse:
-                    raise TypeError(f"DistributedOptimizer: parameter '{self._gradcomm_names[id(p)]}' has a sparse "
-                                    "gradient; gradcomm reduces dense gradients only")
-                contiguous = grad if grad.is_contiguous() else grad.contiguous()
-                name = self._gradcomm_names[id(p)]
-                if _dense_only(contiguous, self._gradcomm_compression, self._gradcomm_min_compress_numel):
-                    gradcomm.allreduce(contiguous, op="avg")
-                else:
-                    gradcomm.allreduce(contiguous, op="avg", compression=self._gradcomm_compression, name=name)
-                if contiguous is not grad:
-                    grad.copy_(contiguous)
+                if p.requires_grad:
+                    self._gradcomm_hook(p)
+
+    def _gradcomm_hook(self, p):
+        # AccumulateGrad's hook runs once p.grad holds this backward's gradient
+        # (torch 1.13 has no post-accumulate hook on the tensor itself).
+        accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+        ref = weakref.ref(p)
+
+        def ready(*_):
+            param = ref()
+            if param is None:
+                return
+            if param in self._gradcomm_works:
+                raise RuntimeError(f"DistributedOptimizer: parameter '{self._gradcomm_names[id(param)]}' received a "
+                                   "second gradient before step(): call step() (or synchronize()) after every "
+                                   "backward")
+            self._gradcomm_works[param] = self._gradcomm_start(param)
+
+        accumulator.register_hook(ready)
+        self._gradcomm_grad_accs.append(accumulator)
+
+    def _gradcomm_start(self, p):
+        """Starts the average of p.grad over all ranks; returns (work, grad, tensor reduced)."""
+        if not gradcomm.is_initialized():
+            gradcomm.init()
+        grad = p.grad
+        name = self._gradcomm_names[id(p)]
+        if grad.is_sparse:
+            raise TypeError(f"DistributedOptimizer: parameter '{name}' has a sparse gradient; gradcomm reduces dense "
+                            "gradients only")
+        reduced = grad if grad.is_contiguous() else grad.contiguous()
+        if _dense_only(reduced, self._gradcomm_compression, self._gradcomm_min_compress_numel):
+            work = gradcomm.allreduce_async(reduced, op="avg")
+        else:
+            work = gradcomm.allreduce_async(reduced, op="avg", compression=self._gradcomm_compression, name=name)
+        return work, grad, reduced
+
+    def synchronize(self):
+        """Waits until every gradient is averaged over all ranks (in place). A
+        parameter whose hook did not fire this step (no gradient, or one set by
+        hand) is reduced here, in parameter order, a missing gradient as zeros, so
+        every rank makes the same calls."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p not in self._gradcomm_works:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    self._gradcomm_works[p] = self._gradcomm_start(p)
+        works, self._gradcomm_works = self._gradcomm_works, {}
+        for work, grad, reduced in works.values():
+            work.wait()
+            if reduced is not grad:
+                grad.copy_(reduced)
+        self._gradcomm_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize: for a synchronize() the
+        caller made already (then clipped or inspected the averaged gradients)."""
+        self._gradcomm_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._gradcomm_should_synchronize = True
 
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.synchronize()
+        if self._gradcomm_should_synchronize:
+            self.synchronize()
+        elif not self._gradcomm_synchronized:
+            raise RuntimeError("DistributedOptimizer: step() inside skip_synchronize() needs a synchronize() first "
+                               "(the gradients are not averaged yet)")
+        self._gradcomm_synchronized = False
         self._gradcomm_base.step(self)
         return loss
+
+    def zero_grad(self, set_to_none=False):
+        if self._gradcomm_works:
+            raise RuntimeError("DistributedOptimizer: zero_grad() while gradients are being averaged (between "
+                               "backward and step()); call it before backward or after step()")
+        return self._gradcomm_base.zero_grad(self, set_to_none=set_to_none)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression="none", min_compress_numel=0):
@@ -206,3 +309,102 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", m
     wrapped = cls(optimizer.param_groups, names, compression, min_compress_numel)
     wrapped.load_state_dict(optimizer.state_dict())  # keep any state (momentum) the optimizer already had
     return wrapped
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Copies rank `root_rank`'s tensors into every rank's, in place: a state_dict
+    (model.state_dict(); its entries sorted by name), named_parameters() pairs, or
+    tensors. Every rank must pass the same names, shapes and dtypes."""
+    if isinstance(params, dict):
+        tensors = [t for _, t in sorted(params.items())]
+    else:
+        tensors = [p[1] if isinstance(p, tuple) else p for p in params]
+    if not gradcomm.is_initialized():
+        gradcomm.init()
+    works = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: expected tensors, got {type(t).__name__}")
+        works.append(gradcomm.broadcast_async(t.data if t.is_contiguous() else t.data.contiguous(), root=root_rank))
+    for t, work in zip(tensors, works):
+        result = work.wait()
+        if result.data_ptr() != t.data.data_ptr():
+            t.data.copy_(result)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Gives every rank rank `root_rank`'s optimizer state (momentum buffers, step
+    counts, hyper-parameters), e.g. after it alone loaded a checkpoint. Every rank's
+    optimizer must hold the same parameter groups. The state travels as JSON plus
+    raw tensor bytes (_pack_state): nothing received is unpickled."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not gradcomm.is_initialized():
+        gradcomm.init()
+    root = gradcomm.rank() == root_rank
+    payload = _pack_state(optimizer.state_dict()) if root else b""
+    length = torch.tensor([len(payload)], dtype=torch.int64)
+    gradcomm.broadcast(length, root=root_rank)
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if root else torch.empty(int(length[0]),
+                                                                                             dtype=torch.uint8)
+    gradcomm.broadcast(data, root=root_rank)
+    if not root:
+        optimizer.load_state_dict(_unpack_state(data.numpy().tobytes()))
+
+
+# Optimizer state as bytes without pickle: a JSON description (dicts as key/value
+# pairs, so int keys stay ints; tensors as references) followed by the tensors' bytes.
+_DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+def _pack_state(state):
+    import json
+    blobs = []
+
+    def encode(v):
+        if isinstance(v, torch.Tensor):
+            t = v.detach().cpu().contiguous()
+            if str(t.dtype) not in _DTYPES:
+                raise TypeError(f"broadcast_optimizer_state: tensors of {t.dtype} are not supported")
+            blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            return {"t": len(blobs) - 1, "dtype": str(t.dtype), "shape": list(t.shape)}
+        if isinstance(v, dict):
+            return {"d": [[encode(k), encode(x)] for k, x in v.items()]}
+        if isinstance(v, (list, tuple)):
+            return {"l" if isinstance(v, list) else "u": [encode(x) for x in v]}
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return {"v": v}
+        raise TypeError(f"broadcast_optimizer_state: cannot send a {type(v).__name__} in the optimizer state")
+
+    header = json.dumps(encode(state)).encode()
+    sizes = json.dumps([len(b) for b in blobs]).encode()
+    return (len(header).to_bytes(8, "little") + header + len(sizes).to_bytes(8, "little") + sizes + b"".join(blobs))
+
+
+def _unpack_state(data):
+    import json
+    at = 8 + int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:at])
+    n = int.from_bytes(data[at:at + 8], "little")
+    sizes = json.loads(data[at + 8:at + 8 + n])
+    offsets, position = [], at + 8 + n
+    for size in sizes:
+        offsets.append(position)
+        position += size
+
+    def decode(e):
+        if "t" in e:
+            i, dtype = e["t"], _DTYPES[e["dtype"]]
+            raw = bytearray(data[offsets[i]:offsets[i] + sizes[i]])
+            flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+            return flat.reshape(e["shape"]).clone()
+        if "d" in e:
+            return {decode(k): decode(v) for k, v in e["d"]}
+        if "l" in e:
+            return [decode(x) for x in e["l"]]
+        if "u" in e:
+            return tuple(decode(x) for x in e["u"])
+        return e["v"]
+
+    return decode(header)

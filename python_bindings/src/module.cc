@@ -4,9 +4,10 @@
 // converts those to a TensorView, releases the GIL, and calls the C++ API.
 //
 // One communicator per process lives here (the Python API is module-level, like
-// torch.distributed's default group). Calls are serialized by a mutex taken after
-// the GIL is released, so two Python threads never drive the communicator at once
-// and shutdown() cannot free it under a running collective.
+// torch.distributed's default group). Calls are issued under a mutex taken after
+// the GIL is released, so shutdown() cannot free the communicator under an issuing
+// thread; waits hold neither (a Work outlives its communicator: destroying it
+// fails the outstanding work, whose wait() then raises).
 #include <pybind11/pybind11.h>
 
 #include <fmt/format.h>
@@ -199,8 +200,11 @@ void shutdown() {
   comm.reset();  // UCX teardown: bounded, never waits on a peer forever
 }
 
-void allreduce(uintptr_t data, int64_t numel, const std::string& dtype, const std::string& device, int index,
-               uintptr_t stream, const std::string& op, const std::string& compression, const std::string& key) {
+// Issues under the session mutex (calls are issued whole and in order); waits
+// outside it, with the GIL released, so other Python threads can issue meanwhile.
+std::shared_ptr<Work> allreduce_async(uintptr_t data, int64_t numel, const std::string& dtype,
+                                      const std::string& device, int index, uintptr_t stream, const std::string& op,
+                                      const std::string& compression, const std::string& key) {
   const TensorView t = view(data, numel, dtype, device, index);
   const ReduceOp reduce_op = parse_op(op);
   CompressOptions options;
@@ -209,24 +213,34 @@ void allreduce(uintptr_t data, int64_t numel, const std::string& dtype, const st
   options.stream = reinterpret_cast<void*>(stream);
   py::gil_scoped_release release;
   std::lock_guard lock(session().mutex);
-  communicator("allreduce").allreduce(t, reduce_op, options);
+  return communicator("allreduce").allreduce_async(t, reduce_op, options);
 }
 
-void allgather(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel, const std::string& dtype,
-               const std::string& device, int index) {
+std::shared_ptr<Work> allgather_async(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel,
+                                      const std::string& dtype, const std::string& device, int index) {
   const TensorView tin = view(in, numel, dtype, device, index);
   const TensorView tout = view(out, out_numel, dtype, device, index);
   py::gil_scoped_release release;
   std::lock_guard lock(session().mutex);
-  communicator("allgather").allgather(tin, tout);
+  return communicator("allgather").allgather_async(tin, tout);
 }
 
-void broadcast(uintptr_t data, int64_t numel, const std::string& dtype, const std::string& device, int index,
-               int root) {
+std::shared_ptr<Work> broadcast_async(uintptr_t data, int64_t numel, const std::string& dtype,
+                                      const std::string& device, int index, int root) {
   const TensorView t = view(data, numel, dtype, device, index);
   py::gil_scoped_release release;
   std::lock_guard lock(session().mutex);
-  communicator("broadcast").broadcast(t, root);
+  return communicator("broadcast").broadcast_async(t, root);
+}
+
+// Work.wait(timeout_ms): -1 waits for good; returns False when the time passed.
+bool wait_work(Work& work, int64_t timeout_ms) {
+  py::gil_scoped_release release;
+  if (timeout_ms < 0) {
+    work.wait();
+    return true;
+  }
+  return work.wait_for(std::chrono::milliseconds(timeout_ms));
 }
 
 void barrier() {
@@ -271,11 +285,18 @@ PYBIND11_MODULE(_gradcomm, m) {
     std::lock_guard lock(session().mutex);
     return communicator("size").size();
   });
-  m.def("allreduce", &allreduce, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def("wait", &wait_work, py::arg("timeout_ms") = -1)
+      .def("is_completed", [](const Work& w) {
+        py::gil_scoped_release release;
+        return w.is_completed();
+      })
+      .def("failed", [](const Work& w) { return static_cast<bool>(w.error()); });
+  m.def("allreduce_async", &allreduce_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
         py::arg("device_index"), py::arg("stream"), py::arg("op"), py::arg("compression"), py::arg("key"));
-  m.def("allgather", &allgather, py::arg("input"), py::arg("output"), py::arg("numel"), py::arg("out_numel"),
-        py::arg("dtype"), py::arg("device"), py::arg("device_index"));
-  m.def("broadcast", &broadcast, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
+  m.def("allgather_async", &allgather_async, py::arg("input"), py::arg("output"), py::arg("numel"),
+        py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"));
+  m.def("broadcast_async", &broadcast_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
         py::arg("device_index"), py::arg("root"));
   m.def("barrier", &barrier);
   m.def("save_state", [] {
@@ -311,6 +332,7 @@ PYBIND11_MODULE(_gradcomm, m) {
     d["encode_s"] = st.encode_s;
     d["decode_s"] = st.decode_s;
     d["comm_s"] = st.comm_s();
+    d["fused_calls"] = st.fused_calls;
     return d;
   });
 }

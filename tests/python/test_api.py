@@ -178,7 +178,7 @@ def test_cuda_tensor_is_passed_through_and_refused_as_unsupported(world_of_one):
     # No CUDA torch here: drive the module layer the package uses for a CUDA tensor.
     x = np.zeros(4, np.float32)
     with pytest.raises(gradcomm.Unsupported, match="CUDA"):
-        _gradcomm.allreduce(x.ctypes.data, 4, "float32", "cuda", 0, 0, "sum", "none", "")
+        _gradcomm.allreduce_async(x.ctypes.data, 4, "float32", "cuda", 0, 0, "sum", "none", "")
 
 
 # ---- state -----------------------------------------------------------------------------

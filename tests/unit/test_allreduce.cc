@@ -198,6 +198,7 @@ TEST(DenseAllreduce, SizeAndWorldSizePickTheAlgorithm) {
     uint64_t messages;  // data messages per rank
     const char* chunk;  // GRADCOMM_CHUNK_BYTES, or nullptr for the default
   };
+  ::setenv("GRADCOMM_FUSION_BYTES", "0", 1);  // the algorithms' own messages: no fusion plan from rank 0
   for (const Case& c : {Case{4, int64_t{1} << 20, 4, "1M"}, Case{4, int64_t{16} << 20, 6 * 4, "1M"},
                         Case{2, int64_t{1} << 20, 2, "1M"}, Case{8, int64_t{2} << 20, 6, "1M"},
                         Case{2, int64_t{16} << 20, 2 * 32, nullptr}, Case{4, int64_t{16} << 20, 6 * 4, nullptr}}) {
@@ -222,6 +223,7 @@ TEST(DenseAllreduce, SizeAndWorldSizePickTheAlgorithm) {
     }
   }
   ::unsetenv("GRADCOMM_CHUNK_BYTES");
+  ::unsetenv("GRADCOMM_FUSION_BYTES");
 }
 
 TEST(RingAllreduce, OtherIntegerTypesWrapAndAverage) {
@@ -294,6 +296,7 @@ TEST(RingAllreduce, NanAndInfPropagate) {
 
 TEST(RingAllreduce, StatsCountBandwidthOptimalTraffic) {
   ::setenv("GRADCOMM_HALVING_DOUBLING_BYTES", "0", 1);  // 4 MB at N = 4: the ring, not halving + doubling
+  ::setenv("GRADCOMM_FUSION_BYTES", "0", 1);            // and no fusion plan from rank 0
   const int n = 4;
   const int64_t numel = 1 << 20;
   std::vector<Stats> stats(n);
@@ -311,6 +314,7 @@ TEST(RingAllreduce, StatsCountBandwidthOptimalTraffic) {
     EXPECT_GE(stats[r].comm_s(), 0.0);
   }
   ::unsetenv("GRADCOMM_HALVING_DOUBLING_BYTES");
+  ::unsetenv("GRADCOMM_FUSION_BYTES");
 }
 
 // More than 2^31 bytes: 64-bit sizes all the way through the ring.

@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <cstdlib>
 #include <functional>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,6 +48,33 @@ inline void run_ranks(int n, const std::function<void(Communicator&)>& fn,
     if (e) std::rethrow_exception(e);
   }
 }
+
+// Sets an environment variable for a scope (the communicators created inside read
+// it), restoring the previous value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // memcmp that accepts empty ranges (whose pointers may be null).
 inline bool same_bytes(const void* a, const void* b, size_t bytes) {

@@ -185,6 +185,8 @@ class InprocTransport final : public Transport {
     signal().cv.wait_for(lock, max_wait, [&] { return signal().events != seen_events_; });
   }
 
+  void interrupt() override { signal().notify(); }
+
   void send_abort(const ControlMessage& message) override {
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank_) continue;

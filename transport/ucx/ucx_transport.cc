@@ -346,6 +346,12 @@ void UcxTransport::wait_for_event(std::chrono::microseconds max_wait) {
   (void)ppoll(&fd, 1, &ts, nullptr);  // EINTR or timeout: both just mean "go progress"
 }
 
+// ucp_worker_signal is safe from any thread (ucp.h); it makes the next arm fail
+// with BUSY or wakes the poll above, so a signal is never lost.
+void UcxTransport::interrupt() {
+  if (worker_ != nullptr) (void)ucp_worker_signal(worker_);
+}
+
 // ---- control channel -------------------------------------------------------------
 
 void UcxTransport::post_control_recv() {

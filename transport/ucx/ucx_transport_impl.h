@@ -107,6 +107,7 @@ class UcxTransport final : public Transport {
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
   bool progress() override { return drive(); }
   void wait_for_event(std::chrono::microseconds max_wait) override;
+  void interrupt() override;
   void send_abort(const ControlMessage& message) override;
   std::optional<ControlMessage> poll_abort() override;
   void abandon_pending(std::chrono::milliseconds grace) override;

@@ -4,9 +4,13 @@ every step that the parameters are bitwise identical on every rank, that the los
 falls, and (compression "none") that the parameters equal those of plain DDP /
 torch.distributed within fp32 tolerance.
 
-argv: scenarios MODE:SPEC, MODE ddp (start_iter=1), ddp0 (start_iter=0) or opt,
+argv: scenarios MODE:SPEC, MODE ddp (start_iter=1), ddp0 (start_iter=0), ddpbig (one
+large bucket: the hook's future must still be running when the hook returns), opt,
+or optclip (synchronize + clip + skip_synchronize, after broadcast_parameters and
+broadcast_optimizer_state from rank-dependent starts),
 e.g. "ddp:topk:ratio=0.05 ddp0:topk:ratio=0.05 opt:qsgd:levels=16 ddp:none"
 Prints 'OK torch rank=R' when all hold."""
+import os
 import copy
 import datetime
 import sys
@@ -17,7 +21,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradcomm
-from gradcomm.torch import CompressionHookState, DistributedOptimizer, compression_hook
+from gradcomm.torch import (CompressionHookState, DistributedOptimizer, broadcast_optimizer_state,
+                            broadcast_parameters, compression_hook)
 
 STEPS = 25
 torch.set_num_threads(1)
@@ -133,12 +138,88 @@ def run_opt(compression):
     return losses
 
 
+def run_ddp_big(compression):
+    """One 64 MiB bucket: the hook must return before the allreduce is done (DDP
+    then overlaps backward with it), and the result must still be right. (Large,
+    so that even a rank descheduled for a while on a loaded machine sees it so.)"""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.Tanh(), nn.Linear(4096, 4))
+    ddp = DDP(model, bucket_cap_mb=256)
+    state = CompressionHookState(compression=compression, start_iter=0)
+    pending_at_return = []
+
+    def hook(st, bucket):
+        future = compression_hook(st, bucket)
+        if bucket.buffer().numel() >= 1 << 20:
+            pending_at_return.append(not future.done())
+        return future
+
+    ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(5 + r)
+    losses = []
+    for step in range(5):
+        x = torch.randn(8, 4096, generator=g)
+        opt.zero_grad()
+        loss = (ddp(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        check_identical(model, f"ddpbig {compression} step {step}")
+    assert pending_at_return and all(pending_at_return), \
+        f"ddpbig {compression}: the hook's future was already complete when it returned: {pending_at_return}"
+    return losses
+
+
+def run_opt_clip(compression):
+    """Ranks start apart; broadcast_parameters and broadcast_optimizer_state bring
+    them together; then synchronize() + clipping + skip_synchronize()."""
+    model = make_model(100 + r)  # a different start on every rank
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    if r == 0:  # only rank 0 has optimizer state (momentum), as after loading a checkpoint
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        base.step()
+    broadcast_parameters(model.state_dict(), root_rank=0)
+    check_identical(model, "optclip after broadcast_parameters")
+    opt = DistributedOptimizer(base, named_parameters=model.named_parameters(), compression=compression)
+    broadcast_optimizer_state(opt, root_rank=0)
+    momentum = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
+    everyone = gradcomm.allgather(momentum.contiguous())
+    assert all(torch.equal(everyone[q], momentum) for q in range(n)), "optclip: momentum differs after broadcast"
+    losses = []
+    for step, (x, y) in enumerate(batches(13)):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with opt.skip_synchronize():
+            opt.step()
+        losses.append(loss.item())
+        check_identical(model, f"optclip {compression} step {step}")
+    try:  # two backwards without a step in between are refused, not silently summed
+        nn.functional.mse_loss(model(x), y).backward()
+        nn.functional.mse_loss(model(x), y).backward()
+        raise SystemExit("optclip: a second backward before step() was accepted")
+    except RuntimeError as e:
+        assert "second gradient" in str(e), e
+    opt.synchronize()
+    return losses
+
+
+assert gradcomm.local_rank() == int(os.environ.get("LOCAL_RANK", r)), (gradcomm.local_rank(), os.environ)
+
 for scenario in sys.argv[1:]:
     mode, compression = scenario.split(":", 1)
     if mode in ("ddp", "ddp0"):
         losses = run_ddp(compression, start_iter=1 if mode == "ddp" else 0)
+    elif mode == "ddpbig":
+        losses = run_ddp_big(compression)
     elif mode == "opt":
         losses = run_opt(compression)
+    elif mode == "optclip":
+        losses = run_opt_clip(compression)
     else:
         raise SystemExit(f"unknown mode {mode}")
     if r == 0:

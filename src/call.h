@@ -1,0 +1,72 @@
+// Call: one user call as issued, queued for the engine (engine.h), and WorkState,
+// what its Work handle and the engine share.
+//
+// Ownership. The issuing thread validates the arguments and fills a Call; from
+// then on only the engine thread reads it. `key` points into the communicator's
+// CompressionState (map nodes never move); the engine alone touches the key's
+// step, residual and device state, the issuing side only its numel and dtype.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "compressors/spec.h"
+#include "env.h"
+#include "gradcomm/types.h"
+#include "state.h"
+
+namespace gradcomm::detail {
+
+class Engine;
+
+// Asks the engine to stop waiting for more calls to fuse with the ones a caller
+// now waits on. Outlives the engine: ring() does nothing once it is gone.
+class Doorbell {
+ public:
+  void ring(uint64_t ticket);
+  void attach(Engine* engine);
+  void detach();
+
+ private:
+  std::mutex mutex_;
+  Engine* engine_ = nullptr;
+};
+
+struct WorkState {
+  uint64_t ticket = 0;  // issue order, over every call (collective or local)
+  std::shared_ptr<Doorbell> doorbell;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void complete(std::exception_ptr e);
+  void ask_to_start() const {
+    if (doorbell) doorbell->ring(ticket);
+  }
+};
+
+struct Call {
+  enum class Kind : uint8_t { kAllreduce, kAllgather, kBroadcast, kBarrier, kLocal };
+  Kind kind = Kind::kBarrier;
+  TensorView tensor{};  // allreduce, broadcast; allgather's input
+  TensorView out{};     // allgather's output
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int root = 0;
+  const CompressorSpec* spec = nullptr;  // allreduce: parsed once, owned by the communicator
+  KeyState* key = nullptr;               // allreduce with a key
+  std::string key_name;
+  uint64_t key_hash = 0;
+  void* stream = nullptr;                // CUDA stream (allreduce on device tensors)
+  std::function<void()> local;           // kLocal: runs on the engine thread, in issue order
+  Clock::time_point issued{};
+  std::shared_ptr<WorkState> work;
+};
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,271 @@
+#include "engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "comm_impl.h"
+#include "logging.h"
+
+namespace gradcomm::detail {
+
+namespace {
+// Longest sleep with nothing to do: the transport's own wake-ups (I/O, keepalive)
+// and interrupt() end it sooner.
+constexpr auto kIdleSleep = std::chrono::milliseconds(100);
+// The queue the engine looks at for a group: one more than a group may hold.
+constexpr size_t kViewCalls = 1025;
+}  // namespace
+
+Engine::Engine(CommunicatorImpl& comm, FusionConfig fusion)
+    : comm_(comm), fusion_(fusion), doorbell_(std::make_shared<Doorbell>()) {
+  doorbell_->attach(this);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { stop(); }
+
+std::shared_ptr<WorkState> Engine::submit(Call call) {
+  auto work = std::make_shared<WorkState>();
+  work->doorbell = doorbell_;
+  call.work = work;
+  call.issued = Clock::now();
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) {
+      throw InvalidArgument(fmt::format("rank {}: the communicator is being destroyed; no new calls", comm_.rank()));
+    }
+    work->ticket = next_ticket_++;
+    queue_.push_back(std::move(call));
+    ++generation_;
+  }
+  comm_.transport().interrupt();
+  return work;
+}
+
+void Engine::ring(uint64_t ticket) {
+  {
+    std::lock_guard lock(mutex_);
+    if (ticket <= flush_ticket_) return;
+    flush_ticket_ = ticket;
+    ++generation_;
+  }
+  comm_.transport().interrupt();
+}
+
+void Engine::stop() {
+  doorbell_->detach();  // no caller reaches this engine through a Work from now on
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+    ++generation_;
+  }
+  stopping_.store(true, std::memory_order_relaxed);
+  comm_.transport().interrupt();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<Call*> Engine::head(size_t max) {
+  std::vector<Call*> view;
+  std::lock_guard lock(mutex_);
+  for (auto it = queue_.begin(); it != queue_.end() && view.size() < max; ++it) view.push_back(&*it);
+  return view;
+}
+
+size_t Engine::queued() {
+  std::lock_guard lock(mutex_);
+  return queue_.size();
+}
+
+void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
+  Transport& transport = comm_.transport();
+  transport.progress();
+  auto& abort = comm_.pending_abort();
+  while (auto incoming = transport.poll_abort()) {
+    if (!abort) abort = std::move(*incoming);  // raised by the call it names, when it runs
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (generation_ != seen_generation) return;  // new work, a doorbell or stop since the loop looked
+  }
+  const auto now = Clock::now();
+  if (until <= now) return;
+  const auto wait = std::min<Clock::duration>(until - now, kIdleSleep);
+  transport.wait_for_event(std::chrono::duration_cast<std::chrono::microseconds>(wait) +
+                           std::chrono::microseconds(1));
+}
+
+void Engine::finish(size_t n, std::exception_ptr error) {
+  comm_.publish_stats();  // before the works complete: a waiter then sees its call counted
+  std::vector<std::shared_ptr<WorkState>> works;
+  {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < n && !queue_.empty(); ++i) {
+      works.push_back(std::move(queue_.front().work));
+      queue_.pop_front();
+    }
+  }
+  for (auto& work : works) work->complete(error);
+}
+
+void Engine::run_one(Call& call) {
+  std::exception_ptr error;
+  try {
+    comm_.execute(call);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  finish(1, error);
+}
+
+size_t Engine::run_group(std::span<Call* const> view, const FusionClass& cls) {
+  Call& first = *view.front();
+  const uint64_t seq = comm_.next_seq();
+  // The header of a group: a single call keeps its own (marked as planned).
+  const auto header_of = [&](std::span<Call* const> members) {
+    WireHeader fused = fused_header(members, cls, seq);
+    if (members.size() > 1) return fused;
+    WireHeader single = comm_.header_for(*members.front(), seq);
+    single.fused = 1;
+    single.fused_digest = fused.fused_digest;
+    return single;
+  };
+  const auto body = [&](Op& op, std::span<Call* const> members) {
+    if (members.size() == 1) {
+      comm_.run_body(op, *members.front());
+    } else {
+      run_fused(op, comm_.compression(), members, cls, fusion_buffer_);
+    }
+  };
+  size_t count = 0;
+  std::exception_ptr error;
+  try {
+    if (comm_.rank() == 0) {
+      const size_t n = fusable_prefix(view, cls, fusion_.bytes);
+      const std::span<Call* const> members = view.first(n);
+      count = n;
+      comm_.run_op(header_of(members), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+        op.send_plan(FusionPlan{seq, static_cast<uint32_t>(n)});
+        body(op, members);
+        return n;
+      });
+    } else {
+      WireHeader provisional = comm_.header_for(first, seq);
+      provisional.fused = 1;
+      comm_.run_op(provisional, Op::HeaderMode::kDeferred, [&](Op& op) -> size_t {
+        const FusionPlan plan = op.receive_plan();
+        count = plan.count;
+        op.wait_until([&] { return queued() >= plan.count; },
+                      "this rank's own calls of the fused group rank 0 planned (issue them)");
+        const std::vector<Call*> members = head(plan.count);
+        const size_t n = fusable_prefix(members, cls, fusion_.bytes);
+        if (n < plan.count) {
+          op.fail(ErrorCode::kMismatch,
+                  fmt::format("mismatched collective calls: rank 0 fused calls #{}-#{} into one collective, but on "
+                              "rank {} call #{} ({}) cannot travel with call #{} ({})",
+                              seq, seq + plan.count - 1, comm_.rank(), seq + n,
+                              comm_.header_for(*members[n], seq + n).describe(), seq,
+                              comm_.header_for(first, seq).describe()));
+        }
+        op.post_header(header_of(members));
+        body(op, members);
+        return plan.count;
+      });
+    }
+    comm_.mutable_stats().ops += count;
+    if (count > 1) comm_.mutable_stats().fused_calls += count;
+  } catch (...) {
+    error = std::current_exception();
+    count = std::max<size_t>(count, 1);
+  }
+  finish(count, error);
+  return count;
+}
+
+void Engine::fail_queued() {
+  std::deque<Call> left;
+  {
+    std::lock_guard lock(mutex_);
+    left.swap(queue_);
+  }
+  if (left.empty()) return;
+  const bool collective = std::any_of(left.begin(), left.end(), [](const Call& c) { return c.kind != Call::Kind::kLocal; });
+  if (collective) comm_.tell_peers_destroyed(comm_.next_seq());
+  const auto error = std::make_exception_ptr(InvalidArgument(
+      fmt::format("rank {}: the communicator was destroyed with this call outstanding (not yet started; call #{} "
+                  "or later); wait() on every call before destroying it",
+                  comm_.rank(), comm_.next_seq())));
+  comm_.publish_stats();
+  for (Call& call : left) call.work->complete(error);
+}
+
+void Engine::loop() {
+  while (true) {
+    uint64_t generation = 0, flush = 0;
+    bool stop = false;
+    {
+      std::lock_guard lock(mutex_);
+      generation = generation_;
+      flush = flush_ticket_;
+      stop = stop_;
+    }
+    if (stop) break;
+    const std::vector<Call*> view = head(kViewCalls);
+    if (view.empty()) {
+      idle(Clock::now() + kIdleSleep, generation);
+      continue;
+    }
+    Call& call = *view.front();
+    std::optional<FusionClass> cls;
+    if (call.kind != Call::Kind::kLocal && comm_.size() > 1 && fusion_.bytes > 0 && comm_.usable()) {
+      cls = fusion_class(call, fusion_.bytes);
+    }
+    if (!cls) {
+      run_one(call);
+      continue;
+    }
+    if (comm_.rank() == 0) {
+      // Rank 0 closes the group: the next call cannot join, the group is full, a
+      // caller waits on it, or its cycle is over. Until then more calls may come.
+      const size_t n = fusable_prefix(view, *cls, fusion_.bytes);
+      const Clock::time_point deadline = call.issued + fusion_.cycle;
+      const bool closed = n < view.size() || n + 1 >= kViewCalls || flush >= call.work->ticket ||
+                          Clock::now() >= deadline;
+      if (!closed) {
+        idle(deadline, generation);
+        continue;
+      }
+    }
+    run_group(view, *cls);
+  }
+  fail_queued();
+}
+
+// ---- Doorbell, WorkState ----------------------------------------------------------------
+
+void Doorbell::attach(Engine* engine) {
+  std::lock_guard lock(mutex_);
+  engine_ = engine;
+}
+
+void Doorbell::detach() {
+  std::lock_guard lock(mutex_);
+  engine_ = nullptr;
+}
+
+void Doorbell::ring(uint64_t ticket) {
+  std::lock_guard lock(mutex_);
+  if (engine_ != nullptr) engine_->ring(ticket);
+}
+
+void WorkState::complete(std::exception_ptr e) {
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+    error = std::move(e);
+  }
+  cv.notify_all();
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,219 @@
+#include "fusion.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <unordered_set>
+
+#include "collectives/collectives.h"
+#include "compression.h"
+#include "op.h"
+#include "reduce.h"
+
+namespace gradcomm::detail {
+
+namespace {
+// Members of one group at most (the plan and the header carry the count).
+constexpr size_t kMaxMembers = 1024;
+
+int64_t call_bytes(const Call& call) { return call.tensor.nbytes(); }
+
+// A compressed call that goes dense this step (warm-up, min_numel) is a dense
+// call whose residual is folded in first (CompressionEngine::allreduce's rule).
+bool goes_dense(const Call& call) {
+  const CompressorSpec& spec = *call.spec;
+  if (spec.id == CompressorId::kNone) return true;
+  const uint64_t step = call.key != nullptr ? call.key->step : 0;
+  return step < static_cast<uint64_t>(spec.warmup) || call.tensor.numel < spec.min_numel;
+}
+
+// Specs whose work scales with the elements, so one call over the members means
+// the same thing as one call per member: not an absolute top-k count, not the
+// sketch (its table and k are sized per tensor).
+bool fusable_spec(const CompressorSpec& spec) {
+  if (spec.id == CompressorId::kSketch) return false;
+  if (spec.id == CompressorId::kTopk && spec.k > 0) return false;
+  return true;
+}
+
+// A member's residual while the group runs: its slice of the group's.
+float* residual_of(const Call& call, const CompressorSpec& spec) {
+  if (!spec.ef || call.key == nullptr) return nullptr;
+  KeyState& key = *call.key;
+  if (key.device) {  // the key's state was on a GPU (NCCL path): take it back
+    key.residual = key.device->residual_to_host();
+    key.device.reset();
+  }
+  key.residual.resize(static_cast<size_t>(call.tensor.numel) * sizeof(float));  // zero-filled the first time
+  return reinterpret_cast<float*>(key.residual.data());
+}
+}  // namespace
+
+FusionConfig FusionConfig::from_env() {
+  FusionConfig config;
+  // GRADCOMM_FUSION_BYTES: the largest call that fuses, and the most one group
+  // holds. 4M: fusion buys one collective's latency per call it absorbs, and costs
+  // a copy in and out of the buffer, which outweighs that latency for large
+  // tensors on CPU (bench/results/e2e-2026-11-23.md). 0 turns fusion off.
+  config.bytes = env_bytes("GRADCOMM_FUSION_BYTES", int64_t{4} << 20, 0, int64_t{1} << 40);
+  // GRADCOMM_CYCLE_MS: how long rank 0 holds a group open for more calls after its
+  // first one was issued (Horovod's HOROVOD_CYCLE_TIME and its default, 1 ms).
+  if (auto text = env_string("GRADCOMM_CYCLE_MS")) {
+    char* end = nullptr;
+    const double ms = std::strtod(text->c_str(), &end);
+    if (end == text->c_str() || *end != '\0' || !std::isfinite(ms) || ms < 0 || ms > 60'000) {
+      throw InvalidArgument(fmt::format("GRADCOMM_CYCLE_MS='{}': expected milliseconds in [0, 60000]", *text));
+    }
+    config.cycle = std::chrono::microseconds(static_cast<int64_t>(std::llround(ms * 1000.0)));
+  }
+  return config;
+}
+
+bool FusionClass::operator==(const FusionClass& o) const {
+  if (compressed != o.compressed || reduce_op != o.reduce_op || dtype != o.dtype) return false;
+  return !compressed || spec == o.spec || spec->canonical() == o.spec->canonical();
+}
+
+std::optional<FusionClass> fusion_class(const Call& call, int64_t limit) {
+  if (call.kind != Call::Kind::kAllreduce || call.tensor.device.type != DeviceType::kCpu) return std::nullopt;
+  if (call.tensor.numel == 0 || call_bytes(call) > limit) return std::nullopt;
+  FusionClass cls;
+  cls.reduce_op = call.reduce_op;
+  cls.dtype = call.tensor.dtype;
+  if (goes_dense(call)) return cls;
+  if (!fusable_spec(*call.spec)) return std::nullopt;
+  cls.compressed = true;
+  cls.spec = call.spec;
+  return cls;
+}
+
+size_t fusable_prefix(std::span<Call* const> calls, const FusionClass& cls, int64_t limit) {
+  int64_t bytes = 0;
+  std::unordered_set<const KeyState*> keys;
+  std::map<uintptr_t, uintptr_t> ranges;  // start -> end of the members' tensors, disjoint
+  size_t n = 0;
+  for (; n < calls.size() && n < kMaxMembers; ++n) {
+    const Call& call = *calls[n];
+    const auto c = fusion_class(call, limit);
+    if (!c || !(*c == cls) || bytes + call_bytes(call) > limit) break;
+    if (call.key != nullptr && !keys.insert(call.key).second) break;  // a key's steps run one after another
+    // A call on memory an earlier member uses reads that member's result: it must
+    // run after it, not beside it.
+    const auto start = reinterpret_cast<uintptr_t>(call.tensor.data);
+    const uintptr_t end = start + static_cast<uintptr_t>(call_bytes(call));
+    auto next = ranges.lower_bound(start);
+    if (next != ranges.end() && next->first < end) break;
+    if (next != ranges.begin() && std::prev(next)->second > start) break;
+    ranges.emplace(start, end);
+    bytes += call_bytes(call);
+  }
+  return n;
+}
+
+std::array<uint8_t, FusionPlan::kBytes> FusionPlan::serialize() const {
+  std::array<uint8_t, kBytes> out{};
+  std::memcpy(out.data(), &kMagic, 4);
+  std::memcpy(out.data() + 4, &count, 4);
+  std::memcpy(out.data() + 8, &first_seq, 8);
+  return out;
+}
+
+std::optional<FusionPlan> FusionPlan::parse(const uint8_t* bytes, size_t size) {
+  uint32_t magic = 0;
+  FusionPlan plan;
+  if (size != kBytes) return std::nullopt;
+  std::memcpy(&magic, bytes, 4);
+  std::memcpy(&plan.count, bytes + 4, 4);
+  std::memcpy(&plan.first_seq, bytes + 8, 8);
+  if (magic != kMagic || plan.count < 1 || plan.count > kMaxMembers) return std::nullopt;
+  return plan;
+}
+
+WireHeader fused_header(std::span<Call* const> members, const FusionClass& cls, uint64_t first_seq) {
+  WireHeader header;
+  header.op = OpKind::kAllreduce;
+  header.dtype = cls.dtype;
+  header.reduce_op = cls.reduce_op;
+  header.seq = first_seq;
+  header.fused = static_cast<uint32_t>(members.size());
+  header.compressor = cls.compressed ? cls.spec->canonical() : "none";
+  header.compressor_hash = fnv1a32(header.compressor);
+  std::string digest;
+  for (const Call* call : members) {
+    header.numel += call->tensor.numel;
+    const uint64_t step = call->key != nullptr ? call->key->step : 0;
+    digest += fmt::format("{}|{}|{}|{};", call->tensor.numel, call->key_name, call->spec->canonical(), step);
+  }
+  header.fused_digest = fnv1a32(digest);
+  if (cls.compressed) header.step = members.front()->key != nullptr ? members.front()->key->step : 0;
+  return header;
+}
+
+void run_fused(Op& op, CompressionEngine& engine, std::span<Call* const> members, const FusionClass& cls,
+               std::vector<uint8_t>& buffer) {
+  const size_t elem = dtype_size(cls.dtype);
+  const int64_t total = op.header().numel;
+  if (buffer.size() < static_cast<size_t>(total) * elem) buffer.resize(static_cast<size_t>(total) * elem);
+  uint8_t* base = buffer.data();
+
+  // Pack. Dense members that are compressed calls going dense fold their residual in (and clear it).
+  {
+    Op::PhaseTimer timer(op, &Stats::reduce_s);
+    size_t at = 0;
+    for (const Call* call : members) {
+      std::memcpy(base + at, call->tensor.data, static_cast<size_t>(call->tensor.nbytes()));
+      if (!cls.compressed) {
+        if (float* residual = residual_of(*call, *call->spec)) {
+          reduce_inplace(base + at, residual, call->tensor.numel, DType::kFloat32, ReduceOp::kSum);
+          std::fill(residual, residual + call->tensor.numel, 0.0f);
+        }
+      }
+      at += static_cast<size_t>(call->tensor.nbytes());
+    }
+  }
+
+  if (!cls.compressed) {
+    dense_allreduce(op, base, total, cls.dtype, cls.reduce_op);
+  } else {
+    // One state for the group: its residual is the members' side by side, its
+    // random streams keyed by the members' digest (the same on every rank).
+    KeyState group;
+    group.step = op.header().step;
+    group.numel = total;
+    if (cls.spec->ef) {
+      group.residual.resize(static_cast<size_t>(total) * sizeof(float));
+      size_t at = 0;
+      for (const Call* call : members) {
+        if (const float* residual = residual_of(*call, *cls.spec)) {
+          std::memcpy(group.residual.data() + at, residual, static_cast<size_t>(call->tensor.nbytes()));
+        }
+        at += static_cast<size_t>(call->tensor.nbytes());
+      }
+    }
+    const uint64_t group_hash = (uint64_t{op.header().fused_digest} << 32) | op.header().fused;
+    engine.allreduce(op, reinterpret_cast<float*>(base), total, cls.reduce_op, *cls.spec, &group, group_hash);
+    if (cls.spec->ef) {
+      size_t at = 0;
+      for (const Call* call : members) {
+        if (float* residual = residual_of(*call, *cls.spec)) {
+          std::memcpy(residual, group.residual.data() + at, static_cast<size_t>(call->tensor.nbytes()));
+        }
+        at += static_cast<size_t>(call->tensor.nbytes());
+      }
+    }
+  }
+
+  // Unpack; every keyed member has taken one step.
+  Op::PhaseTimer timer(op, &Stats::reduce_s);
+  size_t at = 0;
+  for (const Call* call : members) {
+    std::memcpy(call->tensor.data, base + at, static_cast<size_t>(call->tensor.nbytes()));
+    at += static_cast<size_t>(call->tensor.nbytes());
+    if (call->key != nullptr) call->key->step += 1;
+  }
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,240 @@
+#include "op.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "comm_impl.h"
+#include "fusion.h"
+
+namespace gradcomm::detail {
+
+namespace {
+// Polls this many times without progress before sleeping in wait_for_event().
+// Small, because ranks often share cores: a spinning rank steals its peer's CPU.
+constexpr int kSpinBeforeSleep = 64;
+constexpr auto kMaxSleep = std::chrono::microseconds(20'000);
+
+int left_of(int rank, int size) { return (rank + size - 1) % size; }
+int right_of(int rank, int size) { return (rank + 1) % size; }
+
+// Headers travel on their own tag without the sequence number, so a rank that
+// skipped a call is caught by comparison instead of waiting on unmatched tags;
+// rank 0's fusion plans likewise, on a second sub-tag.
+constexpr uint64_t kHeaderTag = make_tag(TagKind::kHeader, 0, 0);
+constexpr uint64_t kPlanTag = make_tag(TagKind::kHeader, 0, 1);
+}  // namespace
+
+Op::Op(CommunicatorImpl& comm, const WireHeader& header, HeaderMode mode)
+    : comm_(comm),
+      header_(header),
+      rank_(comm.rank()),
+      size_(comm.size()),
+      deadline_(Deadline::after(comm.timeout())) {
+  if (size_ == 1) {
+    header_checked_ = true;
+    return;
+  }
+  header_recv_ = comm_.transport().irecv(left_of(rank_, size_), kHeaderTag, header_in_.data(), header_in_.size());
+  if (mode == HeaderMode::kPostNow) post_header(header_);
+}
+
+Op::~Op() = default;
+
+void Op::post_header(const WireHeader& header) {
+  header_ = header;
+  if (size_ == 1) return;
+  header_out_ = header_.serialize();
+  header_send_ = comm_.transport().isend(right_of(rank_, size_), kHeaderTag, header_out_.data(), header_out_.size());
+  auto& stats = comm_.mutable_stats();
+  stats.bytes_sent += header_out_.size();
+  stats.messages_sent += 1;
+}
+
+RequestPtr Op::send(int peer, uint32_t unit, const void* data, size_t bytes) {
+  auto& stats = comm_.mutable_stats();
+  stats.bytes_sent += bytes;
+  stats.messages_sent += 1;
+  return comm_.transport().isend(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
+}
+
+RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
+  // Counted when posted, like sends: a receive that then fails ends the communicator anyway.
+  comm_.mutable_stats().bytes_received += bytes;
+  return comm_.transport().irecv(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
+}
+
+// An abort names the call that failed on its origin rank. A call before that
+// one may still complete here (every rank was in it), so only the named call, or
+// a call whose own exchange fails, raises it: errors land on the call they concern.
+void Op::spin(const std::function<bool()>& ready, const Request* request, const char* what, int peer) {
+  Transport& transport = comm_.transport();
+  auto& abort = comm_.pending_abort();
+  int idle = 0;
+  while (true) {
+    const bool moved = transport.progress();
+    while (auto incoming = transport.poll_abort()) {
+      if (!abort) abort = std::move(*incoming);
+    }
+    const bool done = ready();
+    const bool failed = request != nullptr && !request->pending() && request->state() != RequestState::kDone;
+    if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
+    if (done) return;
+    if (comm_.stopping()) fail_destroyed();
+    if (deadline_.expired()) {
+      const std::string whom = peer >= 0 ? fmt::format("rank {}", peer) : std::string("the other ranks");
+      fail(ErrorCode::kTimeout, fmt::format("timed out after {:.1f} s waiting for {} ({})",
+                                            std::chrono::duration<double>(comm_.timeout()).count(), whom, what));
+    }
+    if (moved) {
+      idle = 0;
+    } else if (++idle >= kSpinBeforeSleep) {
+      transport.wait_for_event(std::min<std::chrono::microseconds>(kMaxSleep, deadline_.remaining()));
+    }
+  }
+}
+
+void Op::spin_until_done(Request& request, const char* what) {
+  spin([&] { return !request.pending(); }, &request, what, request.peer());
+  switch (request.state()) {
+    case RequestState::kDone:
+      break;
+    case RequestState::kPeerFailed:
+      fail(ErrorCode::kPeerFailure,
+           fmt::format("rank {} failed or disconnected ({}): {}", request.peer(), what, request.error()));
+    case RequestState::kTruncated:
+      fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a longer message than this call expects ({}): {}",
+                                                   request.peer(), what, request.error()));
+    default:
+      fail(ErrorCode::kTransport,
+           fmt::format("transport error with rank {} ({}): {}", request.peer(), what, request.error()));
+  }
+  if (request.bytes() != request.posted_bytes()) {
+    fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent {} bytes where this call expects {} ({})",
+                                                 request.peer(), request.bytes(), request.posted_bytes(), what));
+  }
+}
+
+void Op::wait_until(const std::function<bool()>& ready, const char* what) { spin(ready, nullptr, what, -1); }
+
+// Another rank failed first: raise its error here, without re-broadcasting.
+void Op::raise_abort(const ControlMessage& abort) {
+  const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_, header_.describe(),
+                                          abort.origin, abort.text);
+  const ErrorCode code = abort.code;
+  comm_.mark_failed(code, message);
+  comm_.transport().abandon_pending(kAbandonGrace);
+  throw_error(code, message);
+}
+
+// The communicator is being destroyed with this call outstanding: the caller's
+// error is a usage error here; the other ranks lose a peer, and are told so.
+void Op::fail_destroyed() {
+  const std::string message = fmt::format("rank {}: {}: the communicator was destroyed with this call outstanding "
+                                          "(wait() on every call before destroying it)",
+                                          rank_, header_.describe());
+  comm_.mark_failed(ErrorCode::kInvalidArgument, message);
+  comm_.tell_peers_destroyed(header_.seq);
+  throw InvalidArgument(message);
+}
+
+void Op::check_header() {
+  if (header_checked_) return;
+  header_checked_ = true;  // set first: failures below must not re-enter
+  spin_until_done(*header_recv_, "call header");
+  comm_.mutable_stats().bytes_received += header_in_.size();
+  const int left = left_of(rank_, size_);
+  auto theirs = WireHeader::parse(header_in_.data(), header_in_.size());
+  if (!theirs) {
+    fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a malformed call header", left));
+  }
+  if (!theirs->agrees_with(header_)) {
+    fail(ErrorCode::kMismatch, fmt::format("mismatched collective calls: rank {} called {}; rank {} called {}",
+                                           rank_, header_.describe(), left, theirs->describe()));
+  }
+}
+
+void Op::wait(Request& request, const char* what) {
+  check_header();
+  spin_until_done(request, what);
+}
+
+void Op::wait_all(std::vector<RequestPtr>& requests, const char* what) {
+  for (auto& request : requests) {
+    if (request) wait(*request, what);
+  }
+}
+
+void Op::count_wire(uint64_t sent, uint64_t received, uint64_t messages) {
+  auto& stats = comm_.mutable_stats();
+  stats.bytes_sent += sent;
+  stats.bytes_received += received;
+  stats.messages_sent += messages;
+}
+
+void Op::finish() {
+  check_header();
+  if (header_send_) spin_until_done(*header_send_, "call header to the right neighbour");
+  for (auto& plan : plan_sends_) spin_until_done(*plan, "fusion plan");
+}
+
+void Op::send_plan(const FusionPlan& plan) {
+  const auto bytes = plan.serialize();
+  plan_out_.assign(bytes.begin(), bytes.end());
+  for (int peer = 1; peer < size_; ++peer) {
+    plan_sends_.push_back(comm_.transport().isend(peer, kPlanTag, plan_out_.data(), plan_out_.size()));
+  }
+  count_wire(plan_out_.size() * static_cast<uint64_t>(size_ - 1), 0, static_cast<uint64_t>(size_ - 1));
+}
+
+// While the plan is awaited the left neighbour's header may arrive: rank 0 (or a
+// rank that got its plan first) has started. It must open the group that starts
+// at our call; anything else means the ranks called different things.
+void Op::check_early_header() {
+  if (early_header_seen_ || header_recv_->pending()) return;
+  early_header_seen_ = true;
+  if (header_recv_->state() != RequestState::kDone) return;  // spin_until_done reports it in check_header
+  auto theirs = WireHeader::parse(header_in_.data(), header_in_.size());
+  if (theirs && theirs->fused > 0 && theirs->seq == header_.seq) return;
+  const int left = left_of(rank_, size_);
+  fail(ErrorCode::kMismatch,
+       fmt::format("mismatched collective calls: rank {} called {} (a fused group's first call, waiting for rank 0's "
+                   "plan); rank {} called {}",
+                   rank_, header_.describe(), left, theirs ? theirs->describe() : std::string("a malformed header")));
+}
+
+FusionPlan Op::receive_plan() {
+  std::array<uint8_t, FusionPlan::kBytes + 1> in{};  // one spare byte: a longer message is a truncation
+  RequestPtr request = comm_.transport().irecv(0, kPlanTag, in.data(), FusionPlan::kBytes);
+  spin(
+      [&] {
+        check_early_header();
+        return !request->pending();
+      },
+      request.get(), "fusion plan", 0);
+  spin_until_done(*request, "fusion plan");
+  comm_.mutable_stats().bytes_received += FusionPlan::kBytes;
+  auto plan = FusionPlan::parse(in.data(), request->bytes());
+  if (!plan) fail(ErrorCode::kCorruptPayload, "rank 0 sent a malformed fusion plan");
+  if (plan->first_seq != header_.seq) {
+    fail(ErrorCode::kMismatch, fmt::format("mismatched collective calls: rank 0 fused calls #{}-#{}, while this "
+                                           "rank's next call is {}",
+                                           plan->first_seq, plan->first_seq + plan->count - 1, header_.describe()));
+  }
+  return *plan;
+}
+
+void Op::fail(ErrorCode code, const std::string& what) {
+  const std::string message = fmt::format("rank {}: {}: {}", rank_, header_.describe(), what);
+  comm_.mark_failed(code, message);
+  ControlMessage abort{code, rank_, header_.seq, message.substr(0, ControlMessage::kMaxText)};
+  comm_.transport().send_abort(abort);
+  comm_.transport().abandon_pending(kAbandonGrace);
+  throw_error(code, message);
+}
+
+Op::PhaseTimer::~PhaseTimer() {
+  op_.comm_.mutable_stats().*phase_ += std::chrono::duration<double>(Clock::now() - start_).count();
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,117 @@
+// Op: one collective call in flight on the engine thread (engine.h): its header,
+// deadline and the wait loop. Every blocking wait of an algorithm goes through
+// wait(), which drives the transport, watches the control channel for aborts,
+// enforces the deadline, notices the communicator's destruction, and turns a
+// failed request into an error naming the peer, the call and the step.
+//
+// Headers. Each rank sends its call's header to its right neighbour and checks
+// its left neighbour's; if every adjacent pair agrees, all ranks agree. A fused
+// group (fusion.h) is planned by rank 0: the other ranks open their Op with the
+// header deferred, learn the group from rank 0's plan (receive_plan), and only
+// then post the group's header.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <vector>
+
+#include "env.h"
+#include "gradcomm/communicator.h"
+#include "gradcomm/errors.h"
+#include "transport/transport.h"
+#include "wire.h"
+
+namespace gradcomm::detail {
+
+class CommunicatorImpl;
+struct FusionPlan;
+
+class Op {
+ public:
+  enum class HeaderMode : uint8_t { kPostNow, kDeferred };
+  Op(CommunicatorImpl& comm, const WireHeader& header, HeaderMode mode = HeaderMode::kPostNow);
+  ~Op();
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const WireHeader& header() const { return header_; }
+
+  // Data messages of this call; `unit` tells messages of one call apart (pipeline
+  // step and chunk). Byte counts go to Stats.
+  RequestPtr send(int peer, uint32_t unit, const void* data, size_t bytes);
+  RequestPtr recv(int peer, uint32_t unit, void* data, size_t bytes);
+
+  // Blocks until `request` completes; a receive must deliver exactly the bytes
+  // posted (anything else is CorruptPayload). `what` names the step for errors.
+  void wait(Request& request, const char* what);
+  void wait_all(std::vector<RequestPtr>& requests, const char* what);
+
+  // Drives the transport until `ready()` is true, with the deadline, aborts and
+  // shutdown watched as in wait(); `what` names the wait for a TimeoutError.
+  void wait_until(const std::function<bool()>& ready, const char* what);
+
+  // Wire traffic that did not go through send()/recv() (NCCL groups), for Stats.
+  void count_wire(uint64_t sent, uint64_t received, uint64_t messages);
+
+  // Adds the scope's wall time to one phase of Stats: &Stats::reduce_s,
+  // &Stats::encode_s or &Stats::decode_s.
+  class PhaseTimer {
+   public:
+    PhaseTimer(Op& op, double Stats::*phase) : op_(op), phase_(phase), start_(Clock::now()) {}
+    ~PhaseTimer();
+
+   private:
+    Op& op_;
+    double Stats::*phase_;
+    Clock::time_point start_;
+  };
+
+  // Checks the left neighbour's header (waiting for it if needed) and the right
+  // neighbour's receipt of ours, and that rank 0's plan reached every rank.
+  // Algorithms need not call it: wait() checks the header first, and the
+  // communicator calls finish() after the algorithm.
+  void finish();
+
+  // Checks the left neighbour's header now, before any data of this call leaves:
+  // for algorithms where a rank sends without first waiting on a receive (a
+  // broadcast's root), so a mismatch it can see stops its data going out.
+  void confirm_header() { check_header(); }
+
+  // Fusion (fusion.h). Rank 0 sends its plan to every other rank; the others
+  // wait for it (a deferred Op). While waiting, a header that arrives from the
+  // left neighbour must be the same group's (it may be ahead of us), or the calls
+  // disagree: MismatchError then, not a wait for a plan that will never come.
+  void send_plan(const FusionPlan& plan);
+  FusionPlan receive_plan();
+  // Deferred Op: the group's header, once the plan has fixed it.
+  void post_header(const WireHeader& header);
+
+  // Throws `code` with the call's context after telling the other ranks.
+  [[noreturn]] void fail(ErrorCode code, const std::string& what);
+
+ private:
+  void check_header();
+  void spin_until_done(Request& request, const char* what);
+  // The wait loop: progress, aborts, shutdown, deadline, sleep; `peer` (or -1)
+  // names who we wait for in a TimeoutError.
+  void spin(const std::function<bool()>& ready, const Request* request, const char* what, int peer);
+  [[noreturn]] void raise_abort(const ControlMessage& abort);
+  [[noreturn]] void fail_destroyed();
+  void check_early_header();
+
+  CommunicatorImpl& comm_;
+  WireHeader header_;
+  int rank_, size_;
+  Deadline deadline_;
+  std::array<uint8_t, WireHeader::kBytes> header_out_{};
+  std::array<uint8_t, WireHeader::kBytes> header_in_{};
+  RequestPtr header_send_, header_recv_;
+  bool header_checked_ = false;
+  bool early_header_seen_ = false;
+  std::vector<uint8_t> plan_out_;
+  std::vector<RequestPtr> plan_sends_;
+};
+
+}  // namespace gradcomm::detail
