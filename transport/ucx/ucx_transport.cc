@@ -52,6 +52,20 @@ static void prefer_large_tcp_segments(int world_size) {
   // loopback a third of its bandwidth.
   ::setenv("UCX_TCP_RX_SEG_SIZE", world_size == 2 ? "8M" : "1M", /*overwrite=*/0);
   ::setenv("UCX_TCP_RX_BUFS_GROW", "1", /*overwrite=*/0);
+  // A small socket send buffer facing a large receive window collapses TCP
+  // throughput: the sender's segments are too few for the receiver to acknowledge
+  // at once, and it waits for its delayed-ACK timer. ucx_perftest tag_bw, 1 MB
+  // messages over loopback (busy-polling, no gradcomm involved): SNDBUF 16K with a
+  // 128K-or-larger (or the kernel's autotuned) RCVBUF moves 1.5-2.7 MB/s, with 32K
+  // or 64K 1.8-2.8 GB/s; SNDBUF 64K: 17 MB/s against 1M, 2 GB/s against 256K. So
+  // when the user bounds the send buffer and leaves the receive buffer alone, the
+  // receive buffer gets at most 4x it. (A 4 MB allreduce over three ranks took
+  // 3.4 s with UCX_TCP_SNDBUF=16K alone.)
+  if (auto sndbuf = env_string("UCX_TCP_SNDBUF"); sndbuf && !env_string("UCX_TCP_RCVBUF")) {
+    if (auto bytes = parse_bytes(*sndbuf); bytes && *bytes > 0 && *bytes <= (int64_t{1} << 40)) {
+      ::setenv("UCX_TCP_RCVBUF", std::to_string(4 * *bytes).c_str(), /*overwrite=*/0);
+    }
+  }
 }
 
 // Settings applied to the ucp config unless the user set the UCX variable

@@ -1,0 +1,170 @@
+// Non-blocking calls across real processes over UCX (async_worker.cc under
+// gradcomm-run): with ten calls in flight, a killed, stopped or mismatched peer
+// makes every wait() raise the right error within seconds; destroying a
+// communicator with work outstanding returns promptly and fails the peers' calls;
+// and a rank that returns from a call and blocks elsewhere never starves its
+// peers, with small socket buffers too (UCX_TCP_SNDBUF=16K).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Job {
+  int exit_code = -1;
+  std::string output;
+  std::vector<std::map<std::string, std::string>> results;
+};
+
+Job run_job(int n, const std::string& args, const std::string& env = "", int limit_s = 150) {
+  const std::string command = fmt::format("{} timeout -k 5 {} {} -n {} --grace 5 -- {} {} 2>&1", env, limit_s,
+                                          GRADCOMM_RUN_PATH, n, ASYNC_WORKER_PATH, args);
+  Job job;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return job;
+  char buffer[4096];
+  while (fgets(buffer, sizeof buffer, pipe) != nullptr) job.output += buffer;
+  const int status = pclose(pipe);
+  job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  static const std::regex kResult(R"(RESULT (.*))");
+  static const std::regex kPair(R"((\w+)=(\S+))");
+  std::istringstream lines(job.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, kResult)) continue;
+    std::map<std::string, std::string> fields;
+    std::string rest = m[1];
+    if (const auto at = rest.find("message="); at != std::string::npos) {
+      fields["message"] = rest.substr(at + 8);
+      rest = rest.substr(0, at);
+    }
+    for (std::sregex_iterator it(rest.begin(), rest.end(), kPair), end; it != end; ++it) fields[(*it)[1]] = (*it)[2];
+    job.results.push_back(fields);
+  }
+  return job;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// Every survivor: ten outcomes, each ok (completed before the failure) or the
+// expected error class, at least one of them the error, all within `bound_s`.
+void expect_survivors(const Job& job, int survivors, const std::string& error, double bound_s) {
+  int reported = 0;
+  for (const auto& r : job.results) {
+    if (!r.count("outcomes")) continue;
+    ++reported;
+    const auto outcomes = split(r.at("outcomes"));
+    ASSERT_EQ(outcomes.size(), 10u) << job.output;
+    int failed = 0;
+    for (const auto& o : outcomes) {
+      EXPECT_TRUE(o == "ok" || o == error) << "rank " << r.at("rank") << ": " << o << "\n" << job.output;
+      failed += o == error;
+    }
+    EXPECT_GT(failed, 0) << "rank " << r.at("rank") << "\n" << job.output;
+    EXPECT_LT(std::stod(r.at("waits_s")), bound_s) << "rank " << r.at("rank") << "\n" << job.output;
+  }
+  EXPECT_EQ(reported, survivors) << job.output;
+  for (const auto& r : job.results) {
+    if (r.count("destroy_s")) EXPECT_LT(std::stod(r.at("destroy_s")), 2.0) << job.output;
+  }
+}
+
+TEST(MultiprocAsync, KilledPeerWithTenCallsOutstandingFailsEveryWaitWithPeerFailure) {
+  const Job job = run_job(3, "fault10 sigkill 1 60000");
+  expect_survivors(job, 2, "PeerFailure", 10.0);
+}
+
+TEST(MultiprocAsync, StoppedPeerWithTenCallsOutstandingTimesOutEveryWait) {
+  // A 2 s deadline: every survivor's waits end in TimeoutError well within 10 s.
+  const Job job = run_job(3, "fault10 sigstop 2 2000");
+  expect_survivors(job, 2, "TimeoutError", 10.0);
+}
+
+TEST(MultiprocAsync, MismatchWithTenCallsOutstandingFailsEveryRanksWaits) {
+  const Job job = run_job(3, "fault10 mismatch 1 60000");
+  expect_survivors(job, 3, "MismatchError", 10.0);
+}
+
+TEST(MultiprocAsync, DestroyWithWorkOutstandingReturnsPromptlyAndFailsThePeers) {
+  const Job job = run_job(3, "destroy10");
+  int peers = 0;
+  for (const auto& r : job.results) {
+    if (!r.count("outcomes")) continue;
+    const auto outcomes = split(r.at("outcomes"));
+    ASSERT_EQ(outcomes.size(), 10u) << job.output;
+    if (r.at("rank") == "0") {
+      EXPECT_LT(std::stod(r.at("destroy_s")), 2.0) << job.output;
+      for (const auto& o : outcomes) EXPECT_TRUE(o == "ok" || o == "InvalidArgument") << o << "\n" << job.output;
+    } else {
+      ++peers;
+      for (const auto& o : outcomes) EXPECT_TRUE(o == "ok" || o == "PeerFailure") << o << "\n" << job.output;
+      EXPECT_LT(std::stod(r.at("waits_s")), 10.0) << job.output;
+    }
+  }
+  EXPECT_EQ(peers, 2) << job.output;
+}
+
+// Issue [H]/[K]: rank 0 returns from each call and blocks outside gradcomm until
+// the others confirm theirs; with 16K socket buffers a call's last bytes can still
+// sit in rank 0's UCX send queue when it returns. The engine keeps driving the
+// transport, so the others finish. Cells where this starved the blocking library.
+struct StarveCase {
+  int n;
+  std::string spec;
+  int64_t bytes;
+  int reps;
+};
+
+void PrintTo(const StarveCase& c, std::ostream* os) { *os << "N=" << c.n << " " << c.spec << " " << c.bytes; }
+
+class MultiprocStarve : public ::testing::TestWithParam<StarveCase> {};
+
+TEST_P(MultiprocStarve, ARankBlockedElsewhereNeverStarvesItsPeers) {
+  const StarveCase& c = GetParam();
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("gradcomm-starve-{}-{}", getpid(), rand());
+  std::filesystem::create_directories(dir);
+  const Job job = run_job(c.n, fmt::format("starve {} {} {} {}", c.spec, c.bytes, c.reps, dir.string()),
+                          "UCX_TCP_SNDBUF=16K");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  int done = 0;
+  for (const auto& r : job.results) {
+    if (!r.count("reps")) continue;
+    ++done;
+    EXPECT_EQ(r.at("reps"), std::to_string(c.reps));
+    EXPECT_LT(std::stod(r.at("slowest_call_s")), 10.0) << job.output;
+  }
+  EXPECT_EQ(done, c.n) << job.output;
+}
+
+std::vector<StarveCase> starve_cases() {
+  std::vector<StarveCase> cases;
+  for (int n : {2, 3, 4}) {
+    cases.push_back({n, "none", 64 << 10, 100});
+    cases.push_back({n, "fp16", 1 << 20, 100});
+    cases.push_back({n, "quant:bits=4", 1 << 20, 100});
+    cases.push_back({n, "topk:ratio=0.01", 16 << 20, 20});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocStarve, ::testing::ValuesIn(starve_cases()),
+                         [](const auto& info) { return std::to_string(info.index); });
+
+}  // namespace
