@@ -119,6 +119,25 @@ def test_torch_tensors_in_place(world_of_one):
     gradcomm.broadcast(base[2:6], root=0)
 
 
+def test_async_calls_return_work_whose_wait_returns_the_result(world_of_one):
+    x = np.arange(8, dtype=np.float32)
+    work = gradcomm.allreduce_async(x, op="avg")
+    assert isinstance(work, gradcomm.Work)
+    assert work.wait() is x
+    assert work.is_completed()
+    assert work.wait(timeout=0) is x  # done: returns at once, again
+    gathered = gradcomm.allgather_async(x).wait()
+    assert gathered.shape == (1, 8)
+    y = np.ones(3, np.int64)
+    assert gradcomm.broadcast_async(y, root=0).wait() is y
+    with pytest.raises(ValueError, match="timeout"):
+        gradcomm.allreduce_async(x).wait(timeout=-1)
+    with pytest.raises(ValueError, match="not contiguous"):
+        gradcomm.allreduce_async(np.zeros((4, 4), np.float32)[:, ::2])
+    assert gradcomm.local_rank() == 0
+    assert "fused_calls" in gradcomm.stats()
+
+
 # ---- wrong inputs ------------------------------------------------------------------------
 
 def test_non_contiguous_is_value_error_naming_it(world_of_one):

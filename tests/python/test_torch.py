@@ -23,6 +23,11 @@ def test_ddp_hook_and_distributed_optimizer(n):
     expect_ok(result, n, "torch")
 
 
+def test_init_before_torch_leaves_master_port_to_torch():
+    result = launch(2, os.path.join(WORKERS, "init_order.py"))
+    expect_ok(result, 2, "init-order")
+
+
 def torchrun(script, *args, nproc=2):
     # Debian's torch 1.13 on Python 3.11 cannot parse torchrun's default "--redirects 0"
     # (enum.Flag iteration skips 0); "--redirects 1 --tee 1" sends stdout to the console.

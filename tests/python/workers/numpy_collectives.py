@@ -94,6 +94,28 @@ gradcomm.load_state_dict(saved)
 b = gradcomm.allreduce(g.copy(), op="avg", compression=f"topk:k={k}", name="w")
 assert a.tobytes() == b.tobytes()
 
+# ---- non-blocking: many calls in flight, waited in reverse; fused small calls -------
+xs = [(np.arange(1 + 37 * j) % 11 + r).astype(np.float32) for j in range(30)]
+works = [gradcomm.allreduce_async(x) for x in xs]
+gathered = gradcomm.allgather_async(np.full(4, r, np.int64))
+for j, work in reversed(list(enumerate(works))):
+    assert work.wait() is xs[j]
+    np.testing.assert_array_equal(xs[j], n * (np.arange(1 + 37 * j) % 11) + rank_sum, err_msg=f"async call {j}")
+np.testing.assert_array_equal(gathered.wait()[:, 0], np.arange(n))
+late = np.ones(10, np.float32)
+if r == 1:
+    time.sleep(0.3)
+work = gradcomm.allreduce_async(late)
+if r == 0:
+    try:  # rank 1 is still asleep: the wait times out, the call goes on
+        work.wait(timeout=0.01)
+        raise SystemExit("wait(timeout=0.01) returned before rank 1 called")
+    except gradcomm.Error:
+        raise
+    except TimeoutError:
+        pass
+assert work.wait() is late and late[0] == n
+
 # ---- the GIL is released while a collective waits --------------------------------------
 # Rank 0 waits ~0.5 s in allreduce for the late rank 1; a Python thread must keep running.
 ticks, stop = 0, False
