@@ -170,13 +170,19 @@ void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const c
 
 // ---- issuing side --------------------------------------------------------------------
 
-std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call) { return engine_->submit(std::move(call)); }
+std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call, const char* op) {
+  if (call.tensor.device.type == DeviceType::kCuda) {
+    std::lock_guard lock(issue_mutex_);
+    check_cuda_device(call.tensor.device.index, op);
+  }
+  return engine_->submit(std::move(call));
+}
 
 void CommunicatorImpl::run_local(std::function<void()> fn) {
   Call call;
   call.kind = Call::Kind::kLocal;
   call.local = std::move(fn);
-  std::shared_ptr<WorkState> work = submit(std::move(call));
+  std::shared_ptr<WorkState> work = submit(std::move(call), "local");
   work->ask_to_start();
   std::unique_lock lock(work->mutex);
   work->cv.wait(lock, [&] { return work->done; });
@@ -199,42 +205,43 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
   call.stream = options.stream;
   call.key_name = options.key;
   call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
-  std::lock_guard lock(issue_mutex_);
-  try {
-    call.spec = &compression_.spec(text);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
-  }
-  const CompressorSpec& spec = *call.spec;
-  if (t.device.type == DeviceType::kCuda) check_cuda_device(t.device.index, "allreduce");
-  if (spec.id != CompressorId::kNone) {
-    // Compressed: float32 gradients, summed or averaged, state under the caller's key.
-    if (t.dtype != DType::kFloat32) {
-      throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' takes float32 tensors, got {}", rank(),
-                                        text, dtype_name(t.dtype)));
+  {
+    std::lock_guard lock(issue_mutex_);
+    try {
+      call.spec = &compression_.spec(text);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
     }
-    if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
-      throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(),
-                                        text, reduce_op_name(reduce_op)));
-    }
-    if (options.key.empty() && CompressionEngine::stateful(spec)) {
-      throw InvalidArgument(fmt::format(
-          "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
-          "draws): set CompressOptions::key to a name unique to this tensor",
-          rank(), text));
-    }
-    if (!options.key.empty()) {
-      KeyState& key = state_.keys[options.key];  // map nodes never move: the engine may hold &key
-      if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
-        throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
-                                          rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
+    const CompressorSpec& spec = *call.spec;
+    if (spec.id != CompressorId::kNone) {
+      // Compressed: float32 gradients, summed or averaged, state under the caller's key.
+      if (t.dtype != DType::kFloat32) {
+        throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' takes float32 tensors, got {}", rank(),
+                                          text, dtype_name(t.dtype)));
       }
-      key.numel = t.numel;
-      key.dtype = t.dtype;
-      call.key = &key;
+      if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
+        throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(),
+                                          text, reduce_op_name(reduce_op)));
+      }
+      if (options.key.empty() && CompressionEngine::stateful(spec)) {
+        throw InvalidArgument(fmt::format(
+            "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
+            "draws): set CompressOptions::key to a name unique to this tensor",
+            rank(), text));
+      }
+      if (!options.key.empty()) {
+        KeyState& key = state_.keys[options.key];  // map nodes never move: the engine may hold &key
+        if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
+          throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
+                                            rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
+        }
+        key.numel = t.numel;
+        key.dtype = t.dtype;
+        call.key = &key;
+      }
     }
   }
-  return submit(std::move(call));
+  return submit(std::move(call), "allreduce");
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::allgather_async(TensorView in, TensorView out) {
@@ -259,11 +266,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::allgather_async(TensorView in, Tens
   call.kind = Call::Kind::kAllgather;
   call.tensor = in;
   call.out = out;
-  if (in.device.type == DeviceType::kCuda) {
-    std::lock_guard lock(issue_mutex_);
-    check_cuda_device(in.device.index, "allgather");
-  }
-  return submit(std::move(call));
+  return submit(std::move(call), "allgather");
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int root) {
@@ -276,18 +279,14 @@ std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int r
   call.kind = Call::Kind::kBroadcast;
   call.tensor = t;
   call.root = root;
-  if (t.device.type == DeviceType::kCuda) {
-    std::lock_guard lock(issue_mutex_);
-    check_cuda_device(t.device.index, "broadcast");
-  }
-  return submit(std::move(call));
+  return submit(std::move(call), "broadcast");
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::barrier_async() {
   check_usable();
   Call call;
   call.kind = Call::Kind::kBarrier;
-  return submit(std::move(call));
+  return submit(std::move(call), "barrier");
 }
 
 std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count, DType dtype,

@@ -117,7 +117,9 @@ class CommunicatorImpl {
  private:
   void check_usable() const;
   void check_tensor(const TensorView& t, const char* op, const char* name) const;
-  std::shared_ptr<WorkState> submit(Call call);
+  // Queues a checked call; a CUDA tensor's device must be the communicator's (the
+  // first CUDA call binds it).
+  std::shared_ptr<WorkState> submit(Call call, const char* op);
   // CUDA tensors (comm_impl_cuda.cc, CUDA builds only). gpu_setup runs the
   // numbered setup call at a communicator's first CUDA call (every rank's first
   // CUDA call must be the same call); the others run inside the call's Op and only

@@ -203,43 +203,51 @@ void Engine::fail_queued() {
 void Engine::loop() {
   while (true) {
     uint64_t generation = 0, flush = 0;
-    bool stop = false;
     {
       std::lock_guard lock(mutex_);
+      if (stop_) break;
       generation = generation_;
       flush = flush_ticket_;
-      stop = stop_;
     }
-    if (stop) break;
-    const std::vector<Call*> view = head(kViewCalls);
-    if (view.empty()) {
-      idle(Clock::now() + kIdleSleep, generation);
-      continue;
+    try {
+      step(generation, flush);
+    } catch (...) {
+      // Nothing in step() throws by design (calls catch their own errors); should
+      // something still escape, the head call fails with it rather than the thread.
+      finish(1, std::current_exception());
     }
-    Call& call = *view.front();
-    std::optional<FusionClass> cls;
-    if (call.kind != Call::Kind::kLocal && comm_.size() > 1 && fusion_.bytes > 0 && comm_.usable()) {
-      cls = fusion_class(call, fusion_.bytes);
-    }
-    if (!cls) {
-      run_one(call);
-      continue;
-    }
-    if (comm_.rank() == 0) {
-      // Rank 0 closes the group: the next call cannot join, the group is full, a
-      // caller waits on it, or its cycle is over. Until then more calls may come.
-      const size_t n = fusable_prefix(view, *cls, fusion_.bytes);
-      const Clock::time_point deadline = call.issued + fusion_.cycle;
-      const bool closed = n < view.size() || n + 1 >= kViewCalls || flush >= call.work->ticket ||
-                          Clock::now() >= deadline;
-      if (!closed) {
-        idle(deadline, generation);
-        continue;
-      }
-    }
-    run_group(view, *cls);
   }
   fail_queued();
+}
+
+void Engine::step(uint64_t generation, uint64_t flush) {
+  const std::vector<Call*> view = head(kViewCalls);
+  if (view.empty()) {
+    idle(Clock::now() + kIdleSleep, generation);
+    return;
+  }
+  Call& call = *view.front();
+  std::optional<FusionClass> cls;
+  if (call.kind != Call::Kind::kLocal && comm_.size() > 1 && fusion_.bytes > 0 && comm_.usable()) {
+    cls = fusion_class(call, fusion_.bytes);
+  }
+  if (!cls) {
+    run_one(call);
+    return;
+  }
+  if (comm_.rank() == 0) {
+    // Rank 0 closes the group: the next call cannot join, the group is full, a
+    // caller waits on it, or its cycle is over. Until then more calls may come.
+    const size_t n = fusable_prefix(view, *cls, fusion_.bytes);
+    const Clock::time_point deadline = call.issued + fusion_.cycle;
+    const bool closed =
+        n < view.size() || n + 1 >= kViewCalls || flush >= call.work->ticket || Clock::now() >= deadline;
+    if (!closed) {
+      idle(deadline, generation);
+      return;
+    }
+  }
+  run_group(view, *cls);
 }
 
 // ---- Doorbell, WorkState ----------------------------------------------------------------

@@ -58,6 +58,8 @@ class Engine {
 
  private:
   void loop();
+  // One turn of the loop: run the head call or group, or sleep until there is one.
+  void step(uint64_t generation, uint64_t flush);
   // Progresses the transport and sleeps until `until`, new work, a doorbell or I/O.
   // `seen_generation`: the queue's generation when the loop last looked.
   void idle(Clock::time_point until, uint64_t seen_generation);

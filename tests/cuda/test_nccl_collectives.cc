@@ -21,6 +21,7 @@
 #include "cuda_test_util.h"
 #include "gradcomm/gradcomm.h"
 #include "transport/inproc/inproc_transport.h"
+#include "unit/test_util.h"
 
 namespace gradcomm {
 namespace {
@@ -93,22 +94,12 @@ std::unique_ptr<Communicator> single_rank(const std::string& transport) {
 
 // N ranks as threads over the in-process transport; rank r on device device_of(r).
 void run_threads(int n, const std::string& transport, const std::function<void(Communicator&)>& fn) {
-  auto transports = detail::create_inproc_transports(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transports[r]), std::chrono::seconds(60));
-        impl->set_transport_preference(transport);
-        Communicator comm(std::move(impl));
-        fn(comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = testing::run_transport_threads(n, [&](int, std::unique_ptr<detail::Transport> t) {
+    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(t), std::chrono::seconds(60));
+    impl->set_transport_preference(transport);
+    Communicator comm(std::move(impl));
+    fn(comm);
+  });
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }

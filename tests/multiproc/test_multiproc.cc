@@ -15,42 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "multiproc/job.h"
+
 namespace {
 
-struct Job {
-  int exit_code = -1;
-  std::string output;
-  std::vector<std::map<std::string, std::string>> results;  // key=value pairs of each RESULT line
-};
+using gradcomm::testing::Job;
 
 // Runs gradcomm-run -n N -- worker ARGS with a hard wall-clock limit.
 Job run_job(int n, const std::string& args, int grace_s = 5) {
-  const std::string command = fmt::format("timeout -k 5 120 {} -n {} --grace {} -- {} {} 2>&1", GRADCOMM_RUN_PATH, n,
-                                          grace_s, WORKER_PATH, args);
-  Job job;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return job;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe) != nullptr) job.output += buffer;
-  const int status = pclose(pipe);
-  job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  static const std::regex kResult(R"(RESULT (.*))");
-  static const std::regex kPair(R"((\w+)=(\S+))");
-  std::istringstream lines(job.output);
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (!std::regex_search(line, m, kResult)) continue;
-    std::map<std::string, std::string> fields;
-    std::string rest = m[1];
-    const auto message_at = rest.find("message=");
-    if (message_at != std::string::npos) {
-      fields["message"] = rest.substr(message_at + 8);
-      rest = rest.substr(0, message_at);
-    }
-    for (std::sregex_iterator it(rest.begin(), rest.end(), kPair), end; it != end; ++it) fields[(*it)[1]] = (*it)[2];
-    job.results.push_back(fields);
-  }
-  return job;
+  return gradcomm::testing::run_command(fmt::format("timeout -k 5 120 {} -n {} --grace {} -- {} {} 2>&1",
+                                                    GRADCOMM_RUN_PATH, n, grace_s, WORKER_PATH, args));
 }
 
 class MultiprocCollectives : public ::testing::TestWithParam<int> {};

@@ -4,45 +4,21 @@
 // on machines without a GPU (the workers report it).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "multiproc/job.h"
+
 namespace {
 
-struct Job {
-  int exit_code = -1;
-  std::string output;
-  std::vector<std::map<std::string, std::string>> results;
-};
+using gradcomm::testing::Job;
 
 Job run_job(int n, const std::string& args) {
-  const std::string command =
-      fmt::format("timeout -k 5 600 {} -n {} -- {} {} 2>&1", GRADCOMM_RUN_PATH, n, CUDA_WORKER_PATH, args);
-  Job job;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return job;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe) != nullptr) job.output += buffer;
-  const int status = pclose(pipe);
-  job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  static const std::regex kResult(R"(RESULT (.*))");
-  static const std::regex kPair(R"((\w+)=(\S+))");
-  std::istringstream lines(job.output);
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (!std::regex_search(line, m, kResult)) continue;
-    std::map<std::string, std::string> fields;
-    const std::string rest = m[1];
-    for (std::sregex_iterator it(rest.begin(), rest.end(), kPair), end; it != end; ++it) fields[(*it)[1]] = (*it)[2];
-    job.results.push_back(fields);
-  }
-  return job;
+  return gradcomm::testing::run_command(
+      fmt::format("timeout -k 5 600 {} -n {} -- {} {} 2>&1", GRADCOMM_RUN_PATH, n, CUDA_WORKER_PATH, args));
 }
 
 class MultiprocCudaStaging : public ::testing::TestWithParam<int> {};

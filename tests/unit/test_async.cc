@@ -18,27 +18,6 @@ using std::chrono::milliseconds;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Like run_ranks, but each rank owns its communicator (to destroy it mid-test).
-std::vector<std::exception_ptr> run_ranks_owning(int n, const std::function<void(std::unique_ptr<Communicator>&)>& fn,
-                                                 milliseconds timeout = std::chrono::seconds(60)) {
-  auto transports = detail::create_inproc_transports(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto comm =
-            std::make_unique<Communicator>(std::make_unique<detail::CommunicatorImpl>(std::move(transports[r]), timeout));
-        fn(comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
 // One call of the mixed sequence: what it is and the bytes it ends with.
 struct MixedCall {
   enum Kind { kDense, kDense64, kCompressed, kAllgather, kBroadcast } kind;
@@ -227,7 +206,7 @@ TEST(Async, CallsRunInIssueOrderAcrossBlockingAndNonBlocking) {
 // A mismatch with ten calls outstanding: every wait() raises MismatchError (or
 // succeeds, for calls that completed before it), on every rank, in seconds.
 TEST(Async, MismatchWithTenCallsOutstandingRaisesFromEveryWait) {
-  const auto errors = run_ranks_owning(3, [](std::unique_ptr<Communicator>& comm) {
+  const auto errors = testing::run_ranks_owning(3, [](std::unique_ptr<Communicator>& comm) {
     const bool odd = comm->rank() == 1;
     std::vector<std::vector<float>> x(10, std::vector<float>(2000, 1.0f));
     std::vector<std::shared_ptr<Work>> works;
@@ -258,7 +237,7 @@ TEST(Async, MismatchWithTenCallsOutstandingRaisesFromEveryWait) {
 // outstanding wait raises TimeoutError at the deadline, not later. (Rank 0 may
 // fuse all ten; the stalled rank then times out waiting for its own calls.)
 TEST(Async, StalledPeerTimesOutEveryOutstandingWait) {
-  const auto errors = run_ranks_owning(
+  const auto errors = testing::run_ranks_owning(
       2,
       [](std::unique_ptr<Communicator>& comm) {
         std::vector<std::vector<float>> x(10, std::vector<float>(100, 1.0f));
@@ -290,7 +269,7 @@ TEST(Async, StalledPeerTimesOutEveryOutstandingWait) {
 // outlive the communicator.
 TEST(Async, DestroyWithWorkOutstandingFailsItPromptlyEverywhere) {
   std::vector<std::shared_ptr<Work>> orphans;
-  const auto errors = run_ranks_owning(
+  const auto errors = testing::run_ranks_owning(
       2,
       [&](std::unique_ptr<Communicator>& comm) {
         std::vector<std::vector<float>> x(10, std::vector<float>(50000, 1.0f));

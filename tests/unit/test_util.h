@@ -21,17 +21,18 @@
 
 namespace gradcomm::testing {
 
-// Runs fn(comm) on n threads; returns each rank's exception (null when it returned).
-inline std::vector<std::exception_ptr> run_ranks_collect(int n, const std::function<void(Communicator&)>& fn,
-                                                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+// Runs fn(rank, its in-process transport) on n threads; returns each rank's
+// exception (null when it returned). The building block of the helpers below and
+// of the CUDA tests' (which set a device and a transport preference first).
+inline std::vector<std::exception_ptr> run_transport_threads(
+    int n, const std::function<void(int rank, std::unique_ptr<detail::Transport>)>& fn) {
   auto transports = detail::create_inproc_transports(n);
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        Communicator comm(std::make_unique<detail::CommunicatorImpl>(std::move(transports[r]), timeout));
-        fn(comm);
+        fn(r, std::move(transports[r]));
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -39,6 +40,23 @@ inline std::vector<std::exception_ptr> run_ranks_collect(int n, const std::funct
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// Runs fn(comm) on n threads, each rank owning its communicator (to destroy it
+// mid-test); returns each rank's exception.
+inline std::vector<std::exception_ptr> run_ranks_owning(int n,
+                                                        const std::function<void(std::unique_ptr<Communicator>&)>& fn,
+                                                        std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return run_transport_threads(n, [&](int, std::unique_ptr<detail::Transport> transport) {
+    auto comm = std::make_unique<Communicator>(std::make_unique<detail::CommunicatorImpl>(std::move(transport), timeout));
+    fn(comm);
+  });
+}
+
+// Runs fn(comm) on n threads; returns each rank's exception (null when it returned).
+inline std::vector<std::exception_ptr> run_ranks_collect(int n, const std::function<void(Communicator&)>& fn,
+                                                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return run_ranks_owning(n, [&](std::unique_ptr<Communicator>& comm) { fn(*comm); }, timeout);
 }
 
 // Runs fn(comm) on n threads and rethrows the first rank's failure.
