@@ -59,7 +59,10 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
 // bit what zeroing out and calling decode_add_sparse on each payload in turn gives,
 // in one sequential write of out. Every payload is validated before out is written
 // (CorruptPayload, out untouched).
-void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out);
+// With divisor > 1 every element is then divided by it (x / float(divisor), as the
+// average's pass over the output would), tile by tile while the tile is in cache.
+void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out,
+                       int64_t divisor = 1);
 
 // Top-k by magnitude of acc[0, n). exact: the k largest |acc|, ties to the lower
 // index (radix select on |x|, no full sort). sample: DGC-style threshold estimated

@@ -136,7 +136,18 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
         payload = encode_sparse(CompressorId::kTopk, numel, selected, spec.values);
       }
       std::vector<int64_t> sizes;
-      const std::vector<uint8_t> all = ring_allgatherv_bytes(op, payload, sizes);
+      std::vector<uint8_t> all;
+      if (spec.select == TopkSelect::kExact) {
+        // Every rank selects exactly k of numel: its payload has this size everywhere,
+        // so no sizes are exchanged first (one latency-bound ring fewer). A payload of
+        // another size fails its receive (CorruptPayload).
+        sizes.assign(static_cast<size_t>(n), static_cast<int64_t>(payload.size()));
+        all.resize(payload.size() * static_cast<size_t>(n));
+        std::memcpy(all.data() + payload.size() * static_cast<size_t>(op.rank()), payload.data(), payload.size());
+        if (n > 1) ring_allgatherv(op, all.data(), sizes, 1, kSecondPhaseUnits);
+      } else {
+        all = ring_allgatherv_bytes(op, payload, sizes);
+      }
       // Every rank decodes every payload in rank order: bitwise identical sums.
       Op::PhaseTimer timer(op, &Stats::decode_s);
       std::vector<std::span<const uint8_t>> payloads;
@@ -145,8 +156,9 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
         payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(size)));
         at += static_cast<size_t>(size);
       }
-      decode_sum_sparse(CompressorId::kTopk, payloads, numel, data);
-      break;
+      // The average divides each tile as it is written, not in a pass after.
+      decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1);
+      return;
     }
     case CompressorId::kRandomk: {
       std::vector<uint64_t> indices;

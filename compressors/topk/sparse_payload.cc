@@ -169,7 +169,8 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
   for (uint64_t j = 0; j < v.count; ++j) out[v.index(j)] += v.value(j);  // only now is `out` written
 }
 
-void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out) {
+void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out,
+                       int64_t divisor) {
   std::vector<SparseView> views;
   views.reserve(payloads.size());
   for (const auto& p : payloads) views.push_back(validate_sparse(id, p, n, "decode_sum_sparse"));
@@ -189,6 +190,10 @@ void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>
       uint64_t j = next[p];
       for (uint64_t i; j < v.count && (i = v.index(j)) < tile_end; ++j) out[i] += v.value(j);
       next[p] = j;
+    }
+    if (divisor > 1) {  // the average, while the tile is in cache: the same x / d as a pass after
+      const auto d = static_cast<float>(divisor);
+      for (int64_t i = begin; i < end; ++i) out[i] = out[i] / d;
     }
   }
 }

@@ -2,9 +2,9 @@
 // gradcomm-run. Prints "RESULT key=value ..." lines the test parses.
 //
 //   fault10 KIND VICTIM TIMEOUT_MS   ten calls in flight on every rank, then the
-//            victim fails: sigkill | sigstop (100 ms after issuing) | mismatch (its
-//            sixth call has another numel). Survivors wait on all ten and report
-//            each wait's outcome and how long the waits took.
+//            victim fails: sigkill | sigstop (50 ms after issuing its first five) |
+//            mismatch (its sixth call has another numel). Survivors wait on all ten
+//            and report each wait's outcome and how long the waits took.
 //   destroy10                        rank 0 issues ten calls and destroys its
 //            communicator at once; the others wait on theirs.
 //   starve SPEC BYTES REPS DIR       REPS times: every rank allreduces BYTES under
@@ -42,9 +42,9 @@ struct Calls {
   std::vector<std::string> issue_errors;
 };
 
-Calls issue_ten(Communicator& comm, int odd_call) {
+Calls issue_ten(Communicator& comm, int odd_call, int count = 10) {
   Calls c;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < count; ++i) {
     const int64_t numel = i % 3 == 0 ? (int64_t{3} << 19) : (i % 3 == 1 ? 1000 : 100003);
     c.data.emplace_back(static_cast<size_t>(numel), 1.0f + static_cast<float>(comm.rank()));
     const auto t = TensorView::of(c.data.back().data(), i == odd_call ? numel - 1 : numel);
@@ -97,9 +97,11 @@ constexpr int kSawFailure = 10;
 
 int run_fault10(std::unique_ptr<Communicator> comm, const std::string& kind, int victim) {
   const bool me = comm->rank() == victim;
-  Calls c = issue_ten(*comm, kind == "mismatch" && me ? 5 : -1);
-  if (me && (kind == "sigkill" || kind == "sigstop")) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool dies = me && (kind == "sigkill" || kind == "sigstop");
+  // The victim issues only five: the others' last five can never complete.
+  Calls c = issue_ten(*comm, kind == "mismatch" && me ? 5 : -1, dies ? 5 : 10);
+  if (dies) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     fmt::print("RESULT dying rank={}\n", comm->rank());
     std::fflush(stdout);
     raise(kind == "sigkill" ? SIGKILL : SIGSTOP);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "reduce.h"
 #include "compressors/payload.h"
 #include "compressors/topk/topk_logic.h"
 #include "gradcomm/errors.h"
@@ -432,6 +433,11 @@ TEST(SparsePayload, DecodeSumMatchesZeroThenAddInOrder) {
       std::vector<std::span<const uint8_t>> spans(bytes.begin(), bytes.end());
       std::vector<float> got(static_cast<size_t>(n), 123.0f);  // every element must be overwritten
       decode_sum_sparse(CompressorId::kTopk, spans, n, got.data());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+      // With a divisor (the average): the bits of the sum divided afterwards.
+      divide_inplace(want.data(), n, DType::kFloat32, 3);
+      std::fill(got.begin(), got.end(), 123.0f);
+      decode_sum_sparse(CompressorId::kTopk, spans, n, got.data(), 3);
       ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
     }
   }
