@@ -183,6 +183,38 @@ TEST_F(TrainerProcess, SameSeedSameBytesOtherSeedOtherBytes) {
   }
 }
 
+// Overlap changes when each layer's allreduce starts, not what it computes: the same
+// calls with the same keys (fusion is off in the trainer), so the same bytes.
+TEST_F(TrainerProcess, OverlapAndNoOverlapWriteTheSameBytes) {
+  for (const char* compressor : {"none", "topk:ratio=0.05", "quant:bits=4"}) {
+    SCOPED_TRACE(compressor);
+    const fs::path a = dir(fmt::format("overlap-{}", compressor)), b = dir(fmt::format("serial-{}", compressor));
+    const std::string args = fmt::format("--compressor {} --checkpoint-dir ", compressor);
+    ASSERT_EQ(train(args + a.string(), 1).status, 0);
+    ASSERT_EQ(train(args + b.string() + " --no-overlap", 1).status, 0);
+    for (const char* name : {"rank0.ckpt", "rank1.ckpt"}) EXPECT_TRUE(bytes_of(a / name) == bytes_of(b / name)) << name;
+  }
+}
+
+// With overlap the log splits each step: compute, compression, exposed communication,
+// and the step time's median and p90.
+TEST_F(TrainerProcess, LogSplitsTheStepAndSaysWhichSchedule) {
+  const fs::path log = dir("log") / "run.jsonl";
+  for (const char* schedule : {"", " --no-overlap"}) {
+    const Result r = train(fmt::format("--compressor topk:ratio=0.05 --log {}{}", log.string(), schedule), 1);
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ifstream in(log);
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(field(line, "overlap"), *schedule ? "false" : "true") << line;
+    const double median = std::stod(field(line, "step_s_median")), p90 = std::stod(field(line, "step_s_p90"));
+    EXPECT_GT(median, 0.0) << line;
+    EXPECT_GE(p90, median) << line;
+    EXPECT_GE(std::stod(field(line, "comm_s")), 0.0) << line;
+    EXPECT_GT(std::stod(field(line, "compute_s")), 0.0) << line;
+  }
+}
+
 TEST_F(TrainerProcess, CorruptCheckpointIsRefused) {
   const fs::path d = dir("ckpt");
   ASSERT_EQ(train("--checkpoint-dir " + d.string(), 1).status, 0);
