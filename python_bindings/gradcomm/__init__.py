@@ -205,6 +205,17 @@ def shutdown():
 _atexit.register(shutdown)
 
 
+def _forget_after_fork():
+    """A forked child has no engine thread: its copy of the communicator is dropped
+    unused (gradcomm.init() there makes a new one)."""
+    global _init_source, _local_rank
+    _C.forget_after_fork()
+    _init_source = _local_rank = None
+
+
+_os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def is_initialized():
     return _C.is_initialized()
 

@@ -268,6 +268,10 @@ PYBIND11_MODULE(_gradcomm, m) {
         py::arg("timeout_ms"), py::arg("job_token"), py::arg("py_store"), py::arg("key_prefix"),
         py::arg("store_address"));
   m.def("shutdown", &shutdown);
+  // In a child of fork(): the communicator's engine thread and transport exist only in
+  // the parent. Destroying the copy would join a thread that is not there; it is
+  // forgotten instead (leaked), and the child starts without one.
+  m.def("forget_after_fork", [] { (void)session().comm.release(); });
   m.def("is_initialized", [] {
     // Release the GIL first, as every entry point does: init() holds the mutex while
     // its store callbacks wait for the GIL.

@@ -138,6 +138,19 @@ def test_async_calls_return_work_whose_wait_returns_the_result(world_of_one):
     assert "fused_calls" in gradcomm.stats()
 
 
+def test_forked_child_exits_without_touching_the_parents_communicator(world_of_one):
+    import os
+    pid = os.fork()
+    if pid == 0:  # the child: no engine thread here; exiting normally runs shutdown()
+        code = 0 if not gradcomm.is_initialized() else 1
+        gradcomm.shutdown()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    x = np.ones(3, np.float32)
+    assert gradcomm.allreduce(x) is x  # the parent's communicator still works
+
+
 # ---- wrong inputs ------------------------------------------------------------------------
 
 def test_non_contiguous_is_value_error_naming_it(world_of_one):
