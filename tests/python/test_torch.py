@@ -13,7 +13,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 SCENARIOS = ["ddp:none", "ddp:topk:ratio=0.05", "ddp0:topk:ratio=0.05", "ddp:qsgd:levels=16",
-             "ddpbig:none", "ddpbig:topk:ratio=0.01",
+             "ddpbig:topk:ratio=0.01",
              "opt:none", "opt:topk:ratio=0.05", "opt:qsgd:levels=16", "optclip:topk:ratio=0.05"]
 
 
