@@ -64,12 +64,13 @@ threaded_unit_targets() {
 }
 
 status=0
+summary=()
 for stage in "${stages[@]}"; do
   start=$SECONDS
   case $stage in
     asan)
       dir=${ASAN_BUILD_DIR:-build-asan}
-      configure "$dir" address,undefined || { status=1; continue; }
+      configure "$dir" address,undefined || { status=1; summary+=("asan: configure FAILED"); continue; }
       # With bench, CUDA and Python off, "all" is exactly the chosen tests and the
       # programs they start (gradcomm-run, gradcomm-test-worker, gradcomm-train).
       targets=(all)
@@ -79,7 +80,7 @@ for stage in "${stages[@]}"; do
       ;;
     tsan)
       dir=${TSAN_BUILD_DIR:-build-tsan}
-      configure "$dir" thread || { status=1; continue; }
+      configure "$dir" thread || { status=1; summary+=("tsan: configure FAILED"); continue; }
       mapfile -t targets < <(threaded_unit_targets)
       targets+=(sanitizer_canary)
       labels='^(unit|sanitizer)$'
@@ -99,12 +100,20 @@ for stage in "${stages[@]}"; do
   echo "test-sanitizers: $stage: building ${targets[*]} in $dir"
   if ! env "${stage_env[@]}" cmake --build "$dir" -j"$jobs" --target "${targets[@]}"; then
     echo "test-sanitizers: $stage: build failed" >&2
+    summary+=("$stage: build FAILED")
     status=1
     continue
   fi
   # Unit executables this stage does not build leave a "<target>_NOT_BUILT" entry.
-  (cd "$dir" && env "${stage_env[@]}" ctest --output-on-failure --no-tests=error -j"$jobs" -L "$labels" \
-    -E "_NOT_BUILT\$${exclude:+|$exclude}" ${CTEST_ARGS:-}) || status=1
+  if (cd "$dir" && env "${stage_env[@]}" ctest --output-on-failure --no-tests=error -j"$jobs" -L "$labels" \
+    -E "_NOT_BUILT\$${exclude:+|$exclude}" ${CTEST_ARGS:-}); then
+    summary+=("$stage: passed")
+  else
+    status=1
+    summary+=("$stage: FAILED")
+    while read -r line; do summary+=("  $line"); done < "$dir/Testing/Temporary/LastTestsFailed.log"
+  fi
   echo "test-sanitizers: $stage: build + tests took $((SECONDS - start)) s"
 done
+printf 'test-sanitizers: %s\n' "${summary[@]}"
 exit $status

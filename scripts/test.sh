@@ -22,8 +22,19 @@ set +e
 # mpirun refuses root without these; the MPI baseline in tests and benchmarks needs them.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 status=0
-(cd "$build_dir" && ctest --output-on-failure -j"$jobs" ${CTEST_ARGS:-}) || status=1
+plain_failed=()
+if ! (cd "$build_dir" && ctest --output-on-failure -j"$jobs" ${CTEST_ARGS:-}); then
+  status=1
+  # ctest's own list of what failed this run; printed again at the very end, where a
+  # log that keeps only its tail still shows it.
+  mapfile -t plain_failed < "$build_dir/Testing/Temporary/LastTestsFailed.log" 2>/dev/null
+fi
 if [[ ${SANITIZERS:-1} != 0 ]]; then
   JOBS=$jobs scripts/test-sanitizers.sh || status=1
 fi
+if ((${#plain_failed[@]})); then
+  echo "test.sh: plain build: ${#plain_failed[@]} test(s) failed:"
+  printf '  %s\n' "${plain_failed[@]}"
+fi
+echo "test.sh: $( ((status == 0)) && echo passed || echo FAILED )"
 exit "$status"

@@ -3,7 +3,7 @@
 //   gradcomm-run -n N [--timeout S] [--grace S] [--] PROGRAM [ARGS...]
 //
 // Every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/MASTER_PORT
-// (for torch.distributed and friends), GRADCOMM_STORE on a second free port (gradcomm's
+// (for torch.distributed and friends), GRADCOMM_STORE on MASTER_PORT + 1 (gradcomm's
 // own store, so both can run in one job) and a shared GRADCOMM_JOB_TOKEN. Each rank's
 // stdout and stderr come back through pipes and are re-emitted one whole line at a
 // time, prefixed "[R] ".

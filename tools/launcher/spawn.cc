@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <vector>
 
 #include "launcher.h"
 
@@ -22,30 +23,47 @@ namespace {
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-// Two distinct free TCP ports on 127.0.0.1. Both sockets stay bound until both ports
-// are known, so the kernel cannot hand out the same one twice. They are closed before
-// any rank starts; another process could grab a port in between, which no launcher
-// that passes ports (not sockets) can rule out.
-std::pair<int, int> pick_free_ports() {
-  int ports[2] = {0, 0};
-  int fds[2] = {-1, -1};
-  for (int k = 0; k < 2; ++k) {
-    fds[k] = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fds[k] < 0) die("socket: " + errno_text(errno));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = 0;
-    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    socklen_t len = sizeof addr;
-    if (::bind(fds[k], reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(fds[k], reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      die("cannot find a free port on 127.0.0.1: " + errno_text(errno));
-    }
-    ports[k] = ntohs(addr.sin_port);
+// Binds a TCP socket on 127.0.0.1:port (0: any free port); returns the fd and the port,
+// or {-1, 0} when that port is taken.
+std::pair<int, int> bind_loopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) die("socket: " + errno_text(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return {-1, 0};
   }
-  ::close(fds[0]);
-  ::close(fds[1]);
-  return {ports[0], ports[1]};
+  return {fd, ntohs(addr.sin_port)};
+}
+
+// Two consecutive free TCP ports on 127.0.0.1: MASTER_PORT and MASTER_PORT + 1, the
+// port that gradcomm.init() serves its store on when it has only MASTER_ADDR and
+// MASTER_PORT to go by (a program that drops GRADCOMM_STORE). Every socket stays bound
+// until a pair is found, so the kernel cannot offer a rejected port again. They are
+// closed before any rank starts; another process could grab a port in between, which
+// no launcher that passes ports (not sockets) can rule out.
+std::pair<int, int> pick_free_ports() {
+  std::vector<int> held;
+  int first = 0;
+  for (int attempt = 0; attempt < 64 && first == 0; ++attempt) {
+    auto [fd, port] = bind_loopback(0);
+    if (fd < 0) break;
+    held.push_back(fd);
+    if (port >= 65535) continue;
+    auto [next_fd, next_port] = bind_loopback(port + 1);
+    if (next_fd < 0) continue;
+    held.push_back(next_fd);
+    first = port;
+  }
+  int err = errno;
+  for (int fd : held) ::close(fd);
+  if (first == 0) die("cannot find two consecutive free ports on 127.0.0.1: " + errno_text(err));
+  return {first, first + 1};
 }
 
 // 32 bytes from the kernel's CSPRNG, as 64 lowercase hex digits.

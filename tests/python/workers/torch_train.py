@@ -166,7 +166,10 @@ def run_ddp_big(compression):
         opt.step()
         losses.append(loss.item())
         check_identical(model, f"ddpbig {compression} step {step}")
-    assert pending_at_return and all(pending_at_return), \
+    # A blocking hook returns a completed future every time. A rank that is descheduled
+    # right after issuing may, on a loaded machine, find the call already done; one step
+    # of four still running at return is the proof that the hook does not block.
+    assert len(pending_at_return) == 4 and any(pending_at_return), \
         f"ddpbig {compression}: the hook's future was already complete when it returned: {pending_at_return}"
     return losses
 
