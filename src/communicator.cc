@@ -7,6 +7,7 @@
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "logging.h"
+#include "store/rendezvous.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -43,10 +44,15 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
   store_options.timeout = config.timeout;
   detail::UcxOptions ucx_options;
   ucx_options.timeout = config.timeout;
-  ucx_options.key_prefix = "gradcomm";
+  ucx_options.key_prefix = "comm";  // inside the generation's namespace: gradcomm/g<G>/comm/ucx/addr/<r>
   try {
-    std::unique_ptr<detail::Store> store =
-        external_store ? std::move(external_store) : detail::create_store(store_options);
+    // This communicator's generation of the job's store: its own keys, framed and
+    // checked records, world-size and duplicate-rank errors (store/rendezvous.h).
+    const bool hosts_store = !external_store && config.rank == 0 && config.store.starts_with("tcp://");
+    std::unique_ptr<detail::Store> store = std::make_unique<detail::RendezvousStore>(
+        external_store ? std::move(external_store) : detail::create_store(store_options), config.rank,
+        config.world_size, config.job_token,
+        hosts_store);
     auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
     const std::string name = transport->name();
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 
 #include "gradcomm/errors.h"
@@ -83,7 +84,9 @@ std::vector<uint8_t> PythonStore::get(const std::string& key, std::chrono::milli
     py::list keys;
     keys.append(full);
     try {
-      s.attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+      // At least 1 ms: torch's stores read a zero wait as "no deadline".
+      const int64_t ms = std::max<int64_t>(timeout.count(), 1);
+      s.attr("wait")(keys, timedelta(py::arg("milliseconds") = ms));
     } catch (py::error_already_set& e) {
       rethrow(e, address_, "wait", full, true);
     }

@@ -54,4 +54,19 @@ bool auth_proof_matches(const AuthProof& expected, std::span<const uint8_t> rece
   return CRYPTO_memcmp(expected.data(), received.data(), expected.size()) == 0;
 }
 
+RecordTag make_record_tag(std::string_view token, std::span<const uint8_t> message) {
+  RecordTag tag{};
+  unsigned int length = 0;
+  const bool ok =
+      token.empty()
+          ? EVP_Digest(message.data(), message.size(), tag.data(), &length, EVP_sha256(), nullptr) == 1
+          : HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), message.data(), message.size(),
+                 tag.data(), &length) != nullptr;
+  if (!ok || length != tag.size()) {
+    throw TransportError(fmt::format("store record: {} failed: {}", token.empty() ? "SHA-256" : "HMAC-SHA256",
+                                     openssl_error()));
+  }
+  return tag;
+}
+
 }  // namespace gradcomm::detail

@@ -27,4 +27,9 @@ AuthProof make_auth_proof(std::string_view token, std::span<const uint8_t> nonce
 // many leading bytes of a guess were right.
 bool auth_proof_matches(const AuthProof& expected, std::span<const uint8_t> received);
 
+// Integrity tag of a record in the store: HMAC-SHA256(token, message) with a job token,
+// SHA-256(message) without one (a checksum: it catches garbage, not a forger).
+using RecordTag = std::array<uint8_t, 32>;
+RecordTag make_record_tag(std::string_view token, std::span<const uint8_t> message);
+
 }  // namespace gradcomm::detail

@@ -5,7 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <pthread.h>
+
 #include <charconv>
+#include <map>
+#include <mutex>
 
 #include "gradcomm/errors.h"
 #include "store/store_backends.h"
@@ -57,6 +61,56 @@ TcpEndpoint parse_tcp(const std::string& url, std::string_view rest) {
   return endpoint;
 }
 
+// Rank 0's server outlives the communicator that started it: a later create_store()
+// in this process for the same address and token uses it again, until the process
+// exits. Ranks that re-create their communicator before rank 0 has torn down its old
+// one publish into this server (communicator generations, store/rendezvous.h); were
+// it to stop with rank 0's old communicator, what they published would go with it.
+class JobServers {
+ public:
+  static JobServers& instance() {
+    static JobServers servers;
+    return servers;
+  }
+
+  std::shared_ptr<TcpStoreServer> get(const TcpEndpoint& endpoint, const StoreOptions& options) {
+    if (endpoint.port == 0) {  // an ephemeral port is nobody's to find again
+      return std::make_shared<TcpStoreServer>(endpoint.host, endpoint.port, options.job_token, options.limits);
+    }
+    std::lock_guard lock(mutex_);
+    auto key = std::make_pair(endpoint.host, endpoint.port);
+    auto found = servers_.find(key);
+    if (found != servers_.end()) {
+      if (found->second.token == options.job_token) return found->second.server;
+      servers_.erase(found);  // another job's token: its server goes, and the port with it
+    }
+    auto server = std::make_shared<TcpStoreServer>(endpoint.host, endpoint.port, options.job_token, options.limits);
+    servers_[key] = Entry{server, options.job_token};
+    return server;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<TcpStoreServer> server;
+    std::string token;
+  };
+  using Map = std::map<std::pair<std::string, uint16_t>, Entry>;
+
+  JobServers() {
+    // A forked child has none of the servers' threads: it must never stop (join) them.
+    ::pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
+                     [] {
+                       JobServers& self = instance();
+                       new Map(std::move(self.servers_));  // NOLINT: left alone on purpose
+                       self.servers_.clear();
+                       self.mutex_.unlock();
+                     });
+  }
+
+  std::mutex mutex_;
+  Map servers_;
+};
+
 }  // namespace
 
 std::unique_ptr<Store> create_store(const StoreOptions& options) {
@@ -68,10 +122,8 @@ std::unique_ptr<Store> create_store(const StoreOptions& options) {
   constexpr std::string_view kFile = "file://";
   if (url.starts_with(kTcp)) {
     TcpEndpoint endpoint = parse_tcp(url, std::string_view(url).substr(kTcp.size()));
-    std::unique_ptr<TcpStoreServer> server;
-    if (options.rank == 0) {
-      server = std::make_unique<TcpStoreServer>(endpoint.host, endpoint.port, options.job_token, options.limits);
-    }
+    std::shared_ptr<TcpStoreServer> server;
+    if (options.rank == 0) server = JobServers::instance().get(endpoint, options);
     return connect_tcp_store(endpoint.host, endpoint.port, options.job_token, options.timeout, std::move(server));
   }
   if (url.starts_with(kFile)) {

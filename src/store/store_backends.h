@@ -59,10 +59,10 @@ class TcpStoreServer {
 };
 
 // Connects a client, retrying until `timeout` (the server may start later).
-// When `server` is given the Store owns it and stops it after the client closes.
+// When `server` is given the Store holds a reference to it until the client closes.
 std::unique_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port, const std::string& job_token,
                                          std::chrono::milliseconds timeout,
-                                         std::unique_ptr<TcpStoreServer> server = nullptr);
+                                         std::shared_ptr<TcpStoreServer> server = nullptr);
 
 // A store in `dir` (created when missing); `timeout` bounds add()'s lock wait.
 std::unique_ptr<Store> open_file_store(const std::string& dir, std::chrono::milliseconds timeout);

@@ -57,7 +57,7 @@ std::string preview(const std::string& key) {
 class TcpStore final : public Store {
  public:
   TcpStore(std::string host, uint16_t port, std::string token, std::chrono::milliseconds timeout,
-           std::unique_ptr<TcpStoreServer> server)
+           std::shared_ptr<TcpStoreServer> server)
       : server_(std::move(server)),
         host_(std::move(host)),
         port_(port),
@@ -111,7 +111,7 @@ class TcpStore final : public Store {
   std::optional<ClientConnection> try_connect(const Deadline& deadline, std::string& last_error);
   bool handshake(ClientConnection& connection, const Deadline& deadline, std::string& last_error);
 
-  std::unique_ptr<TcpStoreServer> server_;  // first member: destroyed after every connection
+  std::shared_ptr<TcpStoreServer> server_;  // first member: released after every connection
   std::string host_;
   uint16_t port_;
   std::string token_;
@@ -337,7 +337,7 @@ bool TcpStore::handshake(ClientConnection& c, const Deadline& deadline, std::str
 }  // namespace
 
 std::unique_ptr<Store> connect_tcp_store(const std::string& host, uint16_t port, const std::string& job_token,
-                                         std::chrono::milliseconds timeout, std::unique_ptr<TcpStoreServer> server) {
+                                         std::chrono::milliseconds timeout, std::shared_ptr<TcpStoreServer> server) {
   return std::make_unique<TcpStore>(host, port, job_token, timeout, std::move(server));
 }
 

@@ -256,11 +256,11 @@ def test_python_store_wait_timeout_is_timeout_error():
     torch = pytest.importorskip("torch")
     store = torch.distributed.HashStore()
     prefix = f"gradcomm/init{gradcomm._python_store_inits}/"
-    with pytest.raises(gradcomm.TimeoutError, match=f"waiting for rank 1 .*{prefix}gradcomm/ucx/addr/1"):
+    with pytest.raises(gradcomm.TimeoutError, match=f"waiting for rank 1 .*{prefix}gradcomm/g1/comm/ucx/addr/1"):
         gradcomm.init(rank=0, world_size=2, store=store, timeout=0.5)
     assert not gradcomm.is_initialized()
     # Rank 0 published its address under our prefix, not a bare key torch might use.
-    assert len(store.get(f"{prefix}gradcomm/ucx/addr/0")) > 0
+    assert len(store.get(f"{prefix}gradcomm/g1/comm/ucx/addr/0")) > 0
     # A second init uses a new prefix: it can never read the first one's addresses.
     assert gradcomm._python_store_inits == int(prefix.split("init")[1].rstrip("/")) + 1
 
@@ -274,12 +274,13 @@ def test_python_store_failure_is_transport_error_naming_the_call():
             return b""
 
         def add(self, key, delta):
-            return 0
+            return 1
 
         def wait(self, keys, timeout):
             pass
 
-    with pytest.raises(gradcomm.TransportError, match=r"set\('gradcomm/init\d+/gradcomm/ucx/addr/0'\) raised: "
+    # The first set is this rank's join record in generation 1 (src/store/rendezvous.h).
+    with pytest.raises(gradcomm.TransportError, match=r"set\('gradcomm/init\d+/gradcomm/g1/join/0'\) raised: "
                                                       r"OSError: disk full$"):
         gradcomm.init(rank=0, world_size=2, store=FailingStore(), timeout=1)
     assert not gradcomm.is_initialized()

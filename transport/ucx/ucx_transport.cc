@@ -140,6 +140,8 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
           "ucx: rank {} timed out after {} ms waiting for rank {} to publish its worker address (key {} in store "
           "{}): {}",
           rank_, options.timeout.count(), r, key(r), store.address(), e.what()));
+    } catch (const Error& e) {  // a refused record, a mismatched world size: same class, with where
+      throw_error(e.code(), fmt::format("ucx: rank {} reading rank {}'s worker address: {}", rank_, r, e.what()));
     }
     if (theirs.empty()) {
       throw TransportError(fmt::format("ucx: rank {} found an empty worker address for rank {} (key {} in store {})",

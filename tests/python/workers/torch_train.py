@@ -30,11 +30,12 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 gradcomm.init()
 r, n = gradcomm.rank(), gradcomm.size()
 assert (r, n) == (dist.get_rank(), dist.get_world_size())
-# The rendezvous went through torch's store (no second port): our keys are there.
+# The rendezvous went through torch's store (no second port): our keys are there
+# (communicator generation 1's namespace, src/store/rendezvous.h).
 assert gradcomm._init_source == "torch.distributed", gradcomm._init_source
 store = dist.distributed_c10d._get_default_store()
 for q in range(n):
-    store.wait([f"gradcomm/init0/gradcomm/ucx/addr/{q}"], datetime.timedelta(seconds=5))
+    store.wait([f"gradcomm/init0/gradcomm/g1/comm/ucx/addr/{q}"], datetime.timedelta(seconds=5))
 
 
 def make_model(seed):
