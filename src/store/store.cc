@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <openssl/crypto.h>
 #include <pthread.h>
 
 #include <charconv>
@@ -97,6 +98,10 @@ class JobServers {
   using Map = std::map<std::pair<std::string, uint16_t>, Entry>;
 
   JobServers() {
+    // OpenSSL first: its exit handler (which retires the per-thread state of threads
+    // still running) is then registered before ours, so it runs after our destructor
+    // has stopped the servers' threads, and their state is freed, not leaked.
+    OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr);  // not 0: that returns before doing anything
     // A forked child has none of the servers' threads: it must never stop (join) them.
     ::pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
                      [] {

@@ -57,6 +57,7 @@
 //  - Every connection has a deadline: auth_timeout before the proof, idle_timeout
 //    since its last progress otherwise; a parked GET answers TIMEOUT at its own
 //    deadline instead. Anything unexpected from one client closes that client only.
+#include <openssl/crypto.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -234,6 +235,8 @@ void TcpStoreServer::Impl::run() {
     published_.open_connections = conns_.size();
     published_.keys = data_.size();
   }
+  // Free this thread's OpenSSL state (the nonces' RNG) as the thread ends.
+  OPENSSL_thread_stop();
 }
 
 void TcpStoreServer::Impl::loop_once() {
