@@ -186,7 +186,7 @@ void RendezvousStore::check_reported_error() {
 }
 
 void RendezvousStore::throw_world_size_mismatch(const RendezvousRecord& theirs) {
-  fail(fmt::format("world size mismatch: {} was started with world size {}, this rank ({}) with {}; every rank "
+  fail(fmt::format("world size mismatch: {} was started with world size {}, this rank, {}, with {}; every rank "
                    "must be given the same WORLD_SIZE",
                    who(theirs), theirs.world_size, who(self_), world_size_),
        {static_cast<int64_t>(generation_)});
