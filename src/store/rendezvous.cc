@@ -181,6 +181,8 @@ void RendezvousStore::fail(const std::string& message, std::initializer_list<int
 void RendezvousStore::check_reported_error() {
   std::optional<RendezvousRecord> report = peek(error_key(static_cast<int64_t>(generation_)), false);
   if (!report) return;
+  // Another rank found it; the others may not have read it yet.
+  if (hosts_store_) std::this_thread::sleep_for(kHostLinger);
   throw InvalidArgument(fmt::format("{} found: {}", who(*report),
                                     std::string(report->payload.begin(), report->payload.end())));
 }

@@ -23,7 +23,8 @@
 // with another world size; at its deadline it names the ranks that have not joined.
 // A rank that finds such a problem publishes it (gradcomm/g<g>/error), where every
 // waiting rank looks each slice, and the rank that hosts the store lingers kHostLinger
-// before it throws, so that they can read it before the store goes with it.
+// before it throws (whether it found the problem or read it), so that the others can
+// read it before the store goes with it.
 #pragma once
 
 #include <chrono>
