@@ -51,8 +51,7 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     const bool hosts_store = !external_store && config.rank == 0 && config.store.starts_with("tcp://");
     std::unique_ptr<detail::Store> store = std::make_unique<detail::RendezvousStore>(
         external_store ? std::move(external_store) : detail::create_store(store_options), config.rank,
-        config.world_size, config.job_token,
-        hosts_store);
+        config.world_size, config.job_token, hosts_store);
     auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
     const std::string name = transport->name();
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));

@@ -218,14 +218,10 @@ std::optional<RendezvousRecord> RendezvousStore::peek(const std::string& full_ke
 
 int64_t RendezvousStore::generation_of(int rank) { return base_->add(counter_key(rank), 0); }
 
-std::vector<int> RendezvousStore::diagnose() {
-  check_reported_error();
+std::vector<int> RendezvousStore::scan() {
   const auto g = static_cast<int64_t>(generation_);
   std::vector<int> missing;
-  bool others_behind = true;  // no other rank has reached this generation yet
   for (int r = 0; r < world_size_; ++r) {
-    const int64_t at = generation_of(r);
-    if (r != rank_ && at >= g) others_behind = false;
     std::optional<RendezvousRecord> here = r == rank_ ? self_ : peek(join_key(g, r));
     if (!here) {
       missing.push_back(r);
@@ -233,6 +229,7 @@ std::vector<int> RendezvousStore::diagnose() {
     }
     // Rank r joined this generation, and its counter has gone past it: one process
     // re-creating sooner than we do keeps its identity; a second process has another.
+    const int64_t at = generation_of(r);
     for (int64_t later = g + 1; later <= at; ++later) {
       std::optional<RendezvousRecord> again = peek(join_key(later, r));
       if (again && again->process != here->process) {
@@ -243,25 +240,28 @@ std::vector<int> RendezvousStore::diagnose() {
       }
     }
   }
-  // Seen from the second process: its previous generation belongs to another
-  // process, and nobody else has come this far.
-  if (g > 1 && others_behind && world_size_ > 1) {
-    std::optional<RendezvousRecord> before = peek(join_key(g - 1, rank_));
-    if (before && before->process != self_.process) {
-      fail(fmt::format("rank {} joined twice: this process (pid {} on {}) and {} both claim it; check RANK (or the "
-                       "launcher's rank assignment). (If that process died, this store still holds its "
-                       "registration: start the job with a fresh store.)",
-                       rank_, self_.pid, self_.host, who(*before)),
-           {g - 1, g});
-    }
-  }
   return missing;
+}
+
+void RendezvousStore::check_claimed_elsewhere() {
+  // Seen from the second process: its previous generation belongs to another process,
+  // and the job has not come this far (rank 0, or rank 1 for rank 0, is behind).
+  const auto g = static_cast<int64_t>(generation_);
+  if (g < 2 || world_size_ < 2 || generation_of(rank_ == 0 ? 1 : 0) >= g) return;
+  std::optional<RendezvousRecord> before = peek(join_key(g - 1, rank_));
+  if (before && before->process != self_.process) {
+    fail(fmt::format("rank {} joined twice: this process (pid {} on {}) and {} both claim it; check RANK (or the "
+                     "launcher's rank assignment). (If that process died, this store still holds its "
+                     "registration: start the job with a fresh store.)",
+                     rank_, self_.pid, self_.host, who(*before)),
+         {g - 1, g});
+  }
 }
 
 std::vector<uint8_t> RendezvousStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   const std::string full = prefix_ + key;
   const Deadline deadline = Deadline::after(timeout);
-  const Deadline diagnose_from = Deadline::after(kDiagnoseAfter);
+  Deadline next_scan = Deadline::after(kDiagnoseAfter);
   while (true) {
     try {
       return checked(base_->get(full, std::min(deadline.remaining(), kSlice)), full).payload;
@@ -269,7 +269,7 @@ std::vector<uint8_t> RendezvousStore::get(const std::string& key, std::chrono::m
       if (deadline.expired()) {
         std::vector<int> missing;
         try {
-          missing = diagnose();
+          missing = scan();
         } catch (const TimeoutError&) {
         }
         if (missing.empty()) throw;
@@ -277,10 +277,16 @@ std::vector<uint8_t> RendezvousStore::get(const std::string& key, std::chrono::m
                                        fmt::join(missing, ", ")));
       }
     }
-    if (diagnose_from.expired()) {
-      diagnose();
-    } else {
-      check_reported_error();
+    // Every slice: what another rank found. Once the wait is long enough to be odd,
+    // also this rank's own claim; and rank 0 alone scans every rank (a store round
+    // trip or two per rank), once per kDiagnoseAfter, so that a slow start at scale
+    // does not become N^2 requests on the store.
+    check_reported_error();
+    if (!next_scan.expired()) continue;
+    check_claimed_elsewhere();
+    if (rank_ == 0) {
+      scan();
+      next_scan = Deadline::after(kDiagnoseAfter);
     }
   }
 }

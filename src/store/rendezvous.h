@@ -18,9 +18,10 @@
 //
 // Joining. The constructor publishes a join record (rank, world size, process) in the
 // new generation. A value from a rank with another world size is InvalidArgument at
-// once, naming both sizes. A get() that has waited kDiagnoseAfter starts asking why,
-// once per slice: a rank claimed by two processes ("rank R joined twice"), a rank
-// with another world size; at its deadline it names the ranks that have not joined.
+// once, naming both sizes. A get() that has waited kDiagnoseAfter starts asking why:
+// a rank claimed by two processes ("rank R joined twice": rank 0 scans every rank's
+// record once per kDiagnoseAfter, and the second claimant sees its own); at its
+// deadline it names the ranks that have not joined.
 // A rank that finds such a problem publishes it (gradcomm/g<g>/error), where every
 // waiting rank looks each slice, and the rank that hosts the store lingers kHostLinger
 // before it throws (whether it found the problem or read it), so that the others can
@@ -91,9 +92,11 @@ class RendezvousStore final : public Store {
   [[noreturn]] void throw_world_size_mismatch(const RendezvousRecord& theirs);
   std::string who(const RendezvousRecord& record) const;
   int64_t generation_of(int rank);
-  // Throws when the join records say the job cannot come together; returns the ranks
-  // that have not joined this generation yet.
-  std::vector<int> diagnose();
+  // Every rank's join record in this generation: throws for a rank claimed by two
+  // processes; returns the ranks that have not joined.
+  std::vector<int> scan();
+  // Throws when this rank's previous generation belongs to another process.
+  void check_claimed_elsewhere();
 
   std::unique_ptr<Store> base_;
   int rank_;
