@@ -30,7 +30,7 @@
 namespace gradcomm::detail {
 namespace {
 
-constexpr std::string_view kAcceptedNames = "none, fp16, bf16, topk, randomk, qsgd, quant, sign, sketch";
+constexpr std::string_view kAcceptedNames = "none, fp16, bf16, topk, randomk, qsgd, quant, sign, sketch, powersgd";
 
 // Limits beyond the grammar: each keeps a parameter inside the integer type the
 // codecs and the 32-bit payload header fields (param0/param1) store it in.
@@ -40,6 +40,7 @@ constexpr int64_t kMaxRows = 64;
 constexpr int64_t kMinCols = 16;
 constexpr int64_t kMaxCols = int64_t{1} << 24;  // 64 rows x 2^24 cols x 4 B = 4 GiB table at most
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxPowersgdRank = 1024;  // P and Q are rows x rank and cols x rank fp32 matrices
 constexpr size_t kMaxShown = 100;  // characters of user text quoted in an error
 
 constexpr std::string_view kCastKeys[] = {"ef", "min_numel", "warmup", "seed"};
@@ -50,6 +51,8 @@ constexpr std::string_view kQuantKeys[] = {"bits", "bucket", "round", "ef", "min
 constexpr std::string_view kSignKeys[] = {"bucket", "ef", "min_numel", "warmup", "seed"};
 constexpr std::string_view kSketchKeys[] = {"rows",     "cols",   "k",    "ratio", "ef",
                                             "min_numel", "warmup", "seed", "values"};
+constexpr std::string_view kPowersgdKeys[] = {"rank",      "warm_start", "min_compression_rate", "start_iter", "ef",
+                                              "min_numel", "warmup",     "seed"};
 
 struct Family {
   CompressorId id;
@@ -67,6 +70,7 @@ constexpr Family kFamilies[] = {
     {CompressorId::kQuant, kQuantKeys, false},
     {CompressorId::kSign, kSignKeys, true},
     {CompressorId::kSketch, kSketchKeys, true},
+    {CompressorId::kPowersgd, kPowersgdKeys, true},
 };
 
 // A quotable form of untrusted text: control and non-ASCII bytes escaped, cut after
@@ -161,6 +165,19 @@ class SpecParser {
         parse_ratio_or_k(s);
         break;
       }
+      case CompressorId::kPowersgd: {
+        // torch's PowerSGDState defaults: rank 1, warm start, min_compression_rate 2.
+        s.rank = static_cast<int>(integer("rank", 1, kMaxPowersgdRank, 1));
+        s.warm_start = choice<bool>("warm_start", {{"0", false}, {"1", true}}, true);
+        s.min_compression_rate = 2.0;
+        if (const auto rate = take("min_compression_rate")) s.min_compression_rate = parse_rate(*rate);
+        // start_iter is torch's name (start_powerSGD_iter) for the common warmup.
+        if (const auto start = take("start_iter")) {
+          if (take("warmup")) fail(fmt::format("{}: give start_iter or warmup (the same setting), not both", name_));
+          s.warmup = parse_integer("start_iter", *start, 0, kMaxInt64);
+        }
+        break;
+      }
       case CompressorId::kNone: break;
     }
     return s;
@@ -238,6 +255,16 @@ class SpecParser {
                      whole && std::isfinite(v) ? "is out of range" : "is not a finite number"));
   }
 
+  // min_compression_rate: a finite number >= 1 (1 compresses whatever is smaller at all).
+  double parse_rate(std::string_view value) const {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    const bool whole = ec == std::errc() && end == value.data() + value.size();
+    if (whole && std::isfinite(v) && v >= 1.0 && v <= 1e9) return v;
+    fail(fmt::format("{}: min_compression_rate='{}' {}; accepted: a number in [1, 1e9], e.g. 2", name_, shown(value),
+                     whole && std::isfinite(v) ? "is out of range" : "is not a finite number"));
+  }
+
   template <class T>
   T choice(std::string_view key, std::initializer_list<std::pair<std::string_view, T>> options, T fallback) const {
     const auto value = take(key);
@@ -309,6 +336,10 @@ std::string CompressorSpec::canonical() const {
                          round == Rounding::kStochastic ? "stochastic" : "nearest");
       break;
     case CompressorId::kSign: out += fmt::format("bucket={},", bucket); break;
+    case CompressorId::kPowersgd:
+      out += fmt::format("rank={},warm_start={},min_compression_rate={},", rank, warm_start ? 1 : 0,
+                         min_compression_rate);
+      break;
     case CompressorId::kSketch:
       out += fmt::format("rows={},cols={},", rows, cols);
       ratio_or_k();

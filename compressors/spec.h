@@ -21,6 +21,7 @@ enum class CompressorId : uint8_t {
   kQuant = 6,
   kSign = 7,
   kSketch = 8,
+  kPowersgd = 9,
 };
 constexpr const char* compressor_name(CompressorId id) {
   switch (id) {
@@ -33,6 +34,7 @@ constexpr const char* compressor_name(CompressorId id) {
     case CompressorId::kQuant: return "quant";
     case CompressorId::kSign: return "sign";
     case CompressorId::kSketch: return "sketch";
+    case CompressorId::kPowersgd: return "powersgd";
   }
   return "unknown";
 }
@@ -62,6 +64,14 @@ struct CompressorSpec {
   int64_t bucket = 0;         // qsgd, quant, sign: elements per bucket (scale/norm unit)
 
   int rows = 0, cols = 0;     // sketch table
+
+  // powersgd (compressors/powersgd/powersgd_logic.h): the approximation's rank, whether
+  // Q carries over from step to step, and how much smaller than a matrix its P and Q
+  // must be for it to be compressed (torch's min_compression_rate). torch's
+  // start_powerSGD_iter is the common `warmup` (spelled `start_iter` in a spec).
+  int rank = 0;
+  bool warm_start = true;
+  double min_compression_rate = 0.0;
 
   // The spec with every key spelled out in a fixed order, e.g.
   // "topk:ratio=0.01,select=exact,ef=1,min_numel=0,warmup=0,seed=0,values=fp32".

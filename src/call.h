@@ -14,7 +14,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
 #include "env.h"
 #include "gradcomm/types.h"
@@ -63,6 +65,8 @@ struct Call {
   KeyState* key = nullptr;               // allreduce with a key
   std::string key_name;
   uint64_t key_hash = 0;
+  std::vector<powersgd::Part> parts;     // allreduce: the tensor's shape(s), when the caller gave them
+  uint32_t parts_digest = 0;             // fingerprint of parts, compared across ranks (0: none given)
   void* stream = nullptr;                // CUDA stream (allreduce on device tensors)
   std::function<void()> local;           // kLocal: runs on the engine thread, in issue order
   Clock::time_point issued{};

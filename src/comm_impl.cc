@@ -9,6 +9,7 @@
 #include "engine.h"
 #include "fusion.h"
 #include "logging.h"
+#include "shape.h"
 
 #if GRADCOMM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -205,6 +206,12 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
   call.stream = options.stream;
   call.key_name = options.key;
   call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+  try {
+    call.parts = tensor_parts(options.shape, options.parts, t.numel);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
+  }
+  call.parts_digest = parts_digest(call.parts);
   {
     std::lock_guard lock(issue_mutex_);
     try {
@@ -234,6 +241,14 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
         if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
           throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
                                             rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
+        }
+        if (spec.id == CompressorId::kPowersgd) {  // its Q is sized by the shapes
+          if (key.parts_digest != 0 && key.parts_digest != call.parts_digest) {
+            throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' was used with other shapes before (now "
+                                              "{}); a key's shapes must not change",
+                                              rank(), options.key, describe_parts(call.parts)));
+          }
+          key.parts_digest = call.parts_digest;
         }
         key.numel = t.numel;
         key.dtype = t.dtype;
@@ -425,6 +440,8 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
       header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
       header.compressor_hash = fnv1a32(header.compressor);
       if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
+      // A compressor that views the tensor as matrices: ranks must agree on the shapes.
+      if (call.spec->id == CompressorId::kPowersgd) header.fused_digest = call.parts_digest;
       break;
     case Call::Kind::kAllgather:
       header.op = OpKind::kAllgather;
@@ -462,7 +479,7 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
 #if GRADCOMM_WITH_CUDA
       if (cuda) {
         const std::function<void(float*)> engine = [&](float* host) {
-          compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash);
+          compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash, &call.parts);
         };
         const GpuCompressed compressed{&spec, call.key, call.key_hash, &engine};
         gpu_allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
@@ -471,7 +488,8 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
       }
 #endif
       if (t.numel > 0) {
-        compression_.allreduce(op, static_cast<float*>(t.data), t.numel, call.reduce_op, spec, call.key, call.key_hash);
+        compression_.allreduce(op, static_cast<float*>(t.data), t.numel, call.reduce_op, spec, call.key, call.key_hash,
+                               &call.parts);
       }
       if (call.key != nullptr) call.key->step += 1;
       break;

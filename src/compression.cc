@@ -54,7 +54,8 @@ bool CompressionEngine::stateful(const CompressorSpec& spec) {
   switch (spec.id) {
     case CompressorId::kNone: return false;
     case CompressorId::kRandomk:
-    case CompressorId::kQsgd: return true;  // draws must change from step to step
+    case CompressorId::kQsgd:     // draws must change from step to step
+    case CompressorId::kPowersgd: return true;  // and Q carries over (or is redrawn each step)
     case CompressorId::kQuant:
       if (spec.round == Rounding::kStochastic) return true;
       break;
@@ -74,13 +75,10 @@ const DenseCodec& CompressionEngine::codec(const CompressorSpec& spec) {
 }
 
 void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
-                                  KeyState* key, uint64_t key_hash) {
+                                  KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts) {
   const int n = op.size();
   const uint64_t step = key != nullptr ? key->step : 0;
-  if (key != nullptr && key->device) {  // the key's state was on a GPU (NCCL path): take it back
-    key->residual = key->device->residual_to_host();
-    key->device.reset();
-  }
+  if (key != nullptr) take_back_from_device(*key);  // the key's state was on a GPU (NCCL path)
   float* residual = nullptr;
   if (spec.ef && key != nullptr) {
     key->residual.resize(static_cast<size_t>(numel) * sizeof(float));  // zero-filled the first time
@@ -201,6 +199,10 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       scatter(data, numel, indices, values.data());
       break;
     }
+    case CompressorId::kPowersgd:
+      powersgd_allreduce(op, data, numel, reduce_op, spec, parts != nullptr ? *parts : std::vector<powersgd::Part>{},
+                         key, key_hash, residual);
+      return;
     case CompressorId::kNone:
       fold_residual(data, numel, residual);
       dense_allreduce(op, data, numel, DType::kFloat32, reduce_op);

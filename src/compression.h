@@ -7,6 +7,8 @@
 //   randomk                       -> dense allreduce of the k shared-index values
 //   sketch                        -> dense allreduce of the count-sketch table, then
 //                                    of the exact values at the recovered indices
+//   powersgd                      -> dense allreduce of every matrix's P (and the
+//                                    dense parts), then of every Q (powersgd_allreduce.cc)
 //
 // Error feedback (spec.ef): acc = grad + residual enters the collective, and the
 // residual becomes what this rank's encodes dropped (acc - decode(payload) for
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
 #include "gradcomm/types.h"
 #include "state.h"
@@ -38,9 +41,10 @@ class CompressionEngine {
   static bool stateful(const CompressorSpec& spec);
 
   // Allreduces data[0, numel) (fp32, in place) with `spec`; `key` (may be null for
-  // stateless specs) provides the residual and step; `key_hash` seeds the streams.
+  // stateless specs) provides the residual and step; `key_hash` seeds the streams;
+  // `parts` (may be null) the tensor's shapes, for powersgd.
   void allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
-                 KeyState* key, uint64_t key_hash);
+                 KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts = nullptr);
 
  private:
   const DenseCodec& codec(const CompressorSpec& spec);
@@ -53,5 +57,8 @@ class CompressionEngine {
 // The collectives the engine runs (in src/collectives/).
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
                                const PhiloxStream& rng, float* residual);
+// `residual` (null without error feedback) still holds last step's; data becomes the result.
+void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
+                        const std::vector<powersgd::Part>& parts, KeyState* key, uint64_t key_hash, float* residual);
 
 }  // namespace gradcomm::detail

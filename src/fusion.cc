@@ -32,9 +32,10 @@ bool goes_dense(const Call& call) {
 
 // Specs whose work scales with the elements, so one call over the members means
 // the same thing as one call per member: not an absolute top-k count, not the
-// sketch (its table and k are sized per tensor).
+// sketch (its table and k are sized per tensor), not powersgd (each tensor is its own
+// matrices; its two allreduces already batch every matrix of a call).
 bool fusable_spec(const CompressorSpec& spec) {
-  if (spec.id == CompressorId::kSketch) return false;
+  if (spec.id == CompressorId::kSketch || spec.id == CompressorId::kPowersgd) return false;
   if (spec.id == CompressorId::kTopk && spec.k > 0) return false;
   return true;
 }
@@ -43,10 +44,7 @@ bool fusable_spec(const CompressorSpec& spec) {
 float* residual_of(const Call& call, const CompressorSpec& spec) {
   if (!spec.ef || call.key == nullptr) return nullptr;
   KeyState& key = *call.key;
-  if (key.device) {  // the key's state was on a GPU (NCCL path): take it back
-    key.residual = key.device->residual_to_host();
-    key.device.reset();
-  }
+  take_back_from_device(key);  // the key's state was on a GPU (NCCL path)
   key.residual.resize(static_cast<size_t>(call.tensor.numel) * sizeof(float));  // zero-filled the first time
   return reinterpret_cast<float*>(key.residual.data());
 }

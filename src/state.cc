@@ -10,7 +10,9 @@ namespace gradcomm::detail {
 namespace {
 
 constexpr uint32_t kStateMagic = 0x31534347;  // "GCS1"
-constexpr uint16_t kStateVersion = 1;
+constexpr uint16_t kStateVersion = 2;
+constexpr uint16_t kOldestVersion = 1;
+constexpr uint64_t kMaxExtraBytes = uint64_t{1} << 40;
 constexpr size_t kMaxKeyBytes = 4096;
 
 class Writer {
@@ -67,6 +69,13 @@ uint64_t fnv1a64(std::span<const uint8_t> bytes) {
   return h;
 }
 
+void take_back_from_device(KeyState& key) {
+  if (!key.device) return;
+  key.residual = key.device->residual_to_host();
+  key.extra = key.device->extra_to_host();
+  key.device.reset();
+}
+
 std::vector<uint8_t> serialize_state(const CompressionState& state, int rank, int world_size) {
   Writer w;
   w.put<uint32_t>(kStateMagic);
@@ -85,6 +94,10 @@ std::vector<uint8_t> serialize_state(const CompressionState& state, int rank, in
     const std::vector<uint8_t>& residual = entry.device ? on_device : entry.residual;
     w.put<uint64_t>(residual.size());
     w.put_bytes(residual.data(), residual.size());
+    const std::vector<uint8_t> extra_on_device = entry.device ? entry.device->extra_to_host() : std::vector<uint8_t>{};
+    const std::vector<uint8_t>& extra = entry.device ? extra_on_device : entry.extra;
+    w.put<uint64_t>(extra.size());
+    w.put_bytes(extra.data(), extra.size());
   }
   w.put<uint64_t>(fnv1a64(w.bytes()));
   return std::move(w.bytes());
@@ -101,9 +114,10 @@ CompressionState parse_state(std::span<const uint8_t> bytes, int rank, int world
   if (const auto magic = r.get<uint32_t>("magic"); magic != kStateMagic) {
     throw CorruptPayload(fmt::format("load_state: bad magic {:#010x}, expected {:#010x}", magic, kStateMagic));
   }
-  if (const auto version = r.get<uint16_t>("version"); version != kStateVersion) {
-    throw CorruptPayload(fmt::format("load_state: format version {} unsupported (this build reads {})", version,
-                                     kStateVersion));
+  const auto version = r.get<uint16_t>("version");
+  if (version < kOldestVersion || version > kStateVersion) {
+    throw CorruptPayload(fmt::format("load_state: format version {} unsupported (this build reads {} to {})", version,
+                                     kOldestVersion, kStateVersion));
   }
   r.get<uint16_t>("reserved");
   if (const uint64_t actual = fnv1a64(body); actual != stored) {
@@ -142,6 +156,15 @@ CompressionState parse_state(std::span<const uint8_t> bytes, int rank, int world
     }
     const uint8_t* p = r.take(residual_bytes, "residual");
     entry.residual.assign(p, p + residual_bytes);
+    if (version >= 2) {
+      const auto extra_bytes = r.get<uint64_t>("extra length");
+      if (extra_bytes > kMaxExtraBytes || extra_bytes % 4 != 0) {
+        throw CorruptPayload(fmt::format("load_state: key '{}': compressor state of {} bytes (a multiple of 4 up to "
+                                         "2^40 expected)", key, extra_bytes));
+      }
+      const uint8_t* x = r.take(extra_bytes, "compressor state");
+      entry.extra.assign(x, x + extra_bytes);
+    }
     if (!state.keys.emplace(std::move(key), std::move(entry)).second) {
       throw CorruptPayload(fmt::format("load_state: entry {}: duplicate key", i));
     }

@@ -5,7 +5,9 @@
 //   entry count u64 | entries... | checksum u64 (FNV-1a 64 of every byte before it)
 //   entry: key length u32 | key bytes | step u64 | dtype u8 | numel i64 |
 //          residual length u64 | residual bytes (numel * dtype size, or 0 when the
-//          key has no residual)
+//          key has no residual) | extra length u64 | extra bytes (KeyState::extra;
+//          version 2 on, at most kMaxExtraBytes)
+// Version 1 (no extra) still loads.
 //
 // Everything little-endian. The parser treats its input as untrusted: every length
 // is checked against the bytes that remain before anything is allocated.
@@ -33,6 +35,8 @@ class DeviceKeyState {
   // The residual's bytes (numel * 4, or empty when the key has none), after the
   // GPU work that writes it has completed (waits with the communicator's deadline).
   virtual std::vector<uint8_t> residual_to_host() const = 0;
+  // KeyState::extra's bytes (the compressor's own state, e.g. PowerSGD's Q), likewise.
+  virtual std::vector<uint8_t> extra_to_host() const = 0;
 };
 
 struct KeyState {
@@ -40,8 +44,14 @@ struct KeyState {
   DType dtype = DType::kFloat32;
   int64_t numel = 0;
   std::vector<uint8_t> residual;  // empty, or numel * dtype_size(dtype) bytes
-  std::shared_ptr<DeviceKeyState> device;  // set while the state lives on a GPU (then `residual` is empty)
+  std::vector<uint8_t> extra;     // a compressor's own state beyond the residual (powersgd: the warm-start Q, fp32)
+  std::shared_ptr<DeviceKeyState> device;  // set while the state lives on a GPU (then `residual` and `extra` are empty)
+  uint32_t parts_digest = 0;  // the shapes of the key's powersgd calls (shape.h), checked at issue; not saved
 };
+
+// Moves a key's state from the GPU back into `key` (residual and extra), when it is
+// there: for a CPU call on a key the NCCL path used before.
+void take_back_from_device(KeyState& key);
 
 struct CompressionState {
   std::map<std::string, KeyState> keys;  // ordered: the serialized bytes are deterministic

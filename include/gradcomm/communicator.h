@@ -17,6 +17,14 @@ struct CompressOptions {
   std::string compressor = "none";  // spec string (DESIGN.md section 5)
   std::string key;                  // names this tensor's state; required for stateful compressors
   void* stream = nullptr;           // cudaStream_t for device tensors; null = default stream
+  // The tensor's shape, for compressors that view it as a matrix (powersgd: rows =
+  // shape[0], cols = the rest; fewer than 2 dimensions goes dense). Empty: 1-D. Its
+  // product must be the tensor's numel.
+  std::vector<int64_t> shape;
+  // Or: the tensor holds these tensors laid end to end (a DDP bucket's parameters),
+  // each viewed on its own; their numels must add up to the tensor's. At most one of
+  // shape and parts may be given. Every rank must pass the same (MismatchError).
+  std::vector<std::vector<int64_t>> parts;
 };
 
 struct InitOptions {  // unset fields come from the environment (see README, "Launching")

@@ -42,6 +42,8 @@ class GpuKeyState final : public DeviceKeyState {
   explicit GpuKeyState(GpuContext& gpu) : gpu_(&gpu) {}
   // Waits for every call enqueued so far (GpuContext::synchronize), then copies.
   std::vector<uint8_t> residual_to_host() const override;
+  // No GPU compressor keeps state beyond the residual yet: empty.
+  std::vector<uint8_t> extra_to_host() const override { return {}; }
 
   bool has_residual = false;
   int64_t numel = 0;

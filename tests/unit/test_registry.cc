@@ -168,7 +168,7 @@ TEST(Registry, SketchRowsColsAndHeavyHitters) {
 
 TEST(Registry, UnknownCompressorListsAccepted) {
   expect_error("topkk",
-               {"compressor 'topkk' unknown", "accepted: none, fp16, bf16, topk, randomk, qsgd, quant, sign, sketch"});
+               {"compressor 'topkk' unknown", "accepted: none, fp16, bf16, topk, randomk, qsgd, quant, sign, sketch, powersgd"});
   expect_error("TOPK:ratio=0.1", {"compressor 'TOPK' unknown"});
   expect_error(":ratio=0.1", {"compressor '' unknown"});
   EXPECT_NE(error_of("").find("empty spec"), std::string::npos);

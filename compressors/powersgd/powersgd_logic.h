@@ -1,0 +1,111 @@
+// PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019): the rules both engines
+// (CPU: powersgd.cc; CUDA: gpu_powersgd.cu) follow, so they choose the same
+// matrices, ranks, buffer offsets and initial Q. GRADCOMM_HD where a kernel needs it.
+//
+// Which tensors are matrices (torch's powerSGD_hook rules). A call's tensor is one
+// tensor of the given shape, or several laid end to end (a DDP bucket). Each part:
+//  - with fewer than 2 dimensions goes dense (biases, norms);
+//  - otherwise is viewed as rows = shape[0] by cols = numel / rows (row-major), with
+//    rank r = min(spec rank, rows, cols), and is compressed only when
+//    (rows + cols) * r * min_compression_rate < rows * cols; otherwise dense.
+// A call with no shape at all is one 1-D tensor: all dense.
+//
+// One step for a call (every rank, in this order):
+//   acc = grad + residual                        (error feedback, when on)
+//   P_i = M_i Q_i for each matrix i; one allreduce of [P_1 .. P_m, dense parts]
+//   orthonormalize each P_i's columns (Gram-Schmidt, below)
+//   Q_i = M_i^T P_i; one allreduce of [Q_1 .. Q_m]
+//   out_i = P_i Q_i^T (divided by N for avg); dense parts: their sum (or mean)
+//   residual_i = acc_i - P_i Q_i^T / N           (this rank's share of what was sent)
+// Q_i is kept (the summed one) as the next step's start when warm_start=1. The first
+// Q (and every Q when warm_start=0) is drawn from Philox: element e of the call's Q
+// buffer is uniform_from_bits(philox_bits(s, e)) - 0.5 with s = (seed,
+// philox_stream_id(key, warm_start ? 0 : step, -1)), the same on every rank and
+// device, then orthonormalized. (torch draws normals; the distribution does not
+// matter once the columns are orthonormalized, exactness across devices does.)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "compressors/philox.h"
+#include "half.h"  // GRADCOMM_HD
+
+namespace gradcomm::detail::powersgd {
+
+// torch's orthogonalization_epsilon safeguard: a column is divided by its norm + eps,
+// so an all-zero column (a zero gradient) stays zero instead of becoming NaN.
+inline constexpr float kEpsilon = 1e-8f;
+
+// One part of a call's tensor, as the caller described it: `rows` = shape[0] for a
+// tensor of 2 or more dimensions, 0 for one of fewer.
+struct Part {
+  int64_t numel = 0;
+  int64_t rows = 0;
+  bool operator==(const Part&) const = default;
+};
+
+// Where one part goes in a step: a matrix (rank > 0) or dense (rank == 0).
+struct Entry {
+  int64_t offset = 0;  // in the call's tensor
+  int64_t numel = 0;
+  int64_t rows = 0, cols = 0;
+  int rank = 0;
+  int64_t p_offset = 0;  // floats into the P buffer (matrices) or the dense block after the Ps
+  int64_t q_offset = 0;  // floats into the Q buffer (matrices)
+};
+
+// The rank a part of rows x cols is compressed at under the spec, 0 when it goes dense.
+GRADCOMM_HD int matrix_rank(int64_t rows, int64_t cols, int spec_rank, double min_compression_rate) {
+  // BLAS takes int dimensions: a larger matrix goes dense.
+  if (rows < 2 || cols < 1 || rows > INT32_MAX || cols > INT32_MAX) return 0;
+  const int64_t r = std::min<int64_t>(spec_rank, std::min(rows, cols));
+  const double compressed = static_cast<double>(rows + cols) * static_cast<double>(r) * min_compression_rate;
+  return compressed < static_cast<double>(rows) * static_cast<double>(cols) ? static_cast<int>(r) : 0;
+}
+
+struct Plan {
+  std::vector<Entry> entries;
+  int64_t p_floats = 0;      // sum of rows * rank over the matrices
+  int64_t dense_floats = 0;  // sum of numel over the dense parts (after the Ps in one buffer)
+  int64_t q_floats = 0;      // sum of cols * rank over the matrices
+  int matrices = 0;
+};
+
+// The plan for a call's parts (their numels sum to the tensor's).
+inline Plan make_plan(const std::vector<Part>& parts, int spec_rank, double min_compression_rate) {
+  Plan plan;
+  int64_t offset = 0;
+  for (const Part& part : parts) {
+    Entry e;
+    e.offset = offset;
+    e.numel = part.numel;
+    if (part.rows >= 2 && part.numel > 0 && part.numel % part.rows == 0) {
+      e.rows = part.rows;
+      e.cols = part.numel / part.rows;
+      e.rank = matrix_rank(e.rows, e.cols, spec_rank, min_compression_rate);
+    }
+    if (e.rank > 0) {
+      e.p_offset = plan.p_floats;
+      e.q_offset = plan.q_floats;
+      plan.p_floats += e.rows * e.rank;
+      plan.q_floats += e.cols * e.rank;
+      ++plan.matrices;
+    }
+    plan.entries.push_back(e);
+    offset += part.numel;
+  }
+  for (Entry& e : plan.entries) {
+    if (e.rank == 0) {
+      e.p_offset = plan.p_floats + plan.dense_floats;
+      plan.dense_floats += e.numel;
+    }
+  }
+  return plan;
+}
+
+// Element e of the initial Q buffer: uniform in [-0.5, 0.5), exact in fp32.
+GRADCOMM_HD float initial_q(const PhiloxStream& s, uint64_t e) { return uniform_from_bits(philox_bits(s, e)) - 0.5f; }
+
+}  // namespace gradcomm::detail::powersgd
