@@ -8,6 +8,7 @@
 #include <new>
 #include <vector>
 
+#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
 #include "env.h"
 #include "gradcomm/errors.h"
@@ -256,8 +257,38 @@ int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count
   return wrong;
 }
 
+// PowerSGD sends P P^T S for the exact sum S (P orthonormal, up to the 1e-8 epsilon
+// and fp32 rounding): an orthogonal projection, so ||out|| <= ||S|| (counted as one
+// wrong value when broken). The check input's rows repeat with period 7, so S has rank
+// at most 7: at rank >= min(7, rows, cols) the projection is S itself, and every
+// element must be within 1e-4 of the largest exact value. A message that is not a
+// compressed matrix (1-D, or too small to pay off) goes dense and must be exact.
+template <class Exact>
+int64_t count_wrong_powersgd(const detail::CompressorSpec& spec, const float* out, int64_t count, int64_t rows,
+                             Exact exact) {
+  const int64_t cols = rows > 0 ? count / rows : 0;
+  const int r = rows > 0 ? detail::powersgd::matrix_rank(rows, cols, spec.rank, spec.min_compression_rate) : 0;
+  double s_max = 0, out_norm = 0, exact_norm = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    s_max = std::max(s_max, exact(i));
+    out_norm += static_cast<double>(out[i]) * out[i];
+    exact_norm += exact(i) * exact(i);
+  }
+  const double tolerance = r == 0 ? 0.0 : r >= std::min<int64_t>({7, rows, cols}) ? 1e-4 * s_max : -1.0;
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(out[i])) {
+      ++wrong;
+    } else if (tolerance >= 0) {
+      wrong += !(std::abs(out[i] - exact(i)) <= tolerance);
+    }
+  }
+  if (!(std::sqrt(out_norm) <= std::sqrt(exact_norm) * (1 + 1e-5))) ++wrong;
+  return wrong;
+}
+
 int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_text, int64_t count, int world_size,
-                               Device device) {
+                               Device device, int64_t rows) {
   using detail::CompressorId, detail::Rounding, detail::TopkSelect;
   const detail::CompressorSpec spec = detail::parse_compressor_spec(spec_text);
   HostView host(buf, count * 4, device);
@@ -274,6 +305,7 @@ int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_t
     for (int64_t i = 0; i < count; ++i) wrong += out[i] != exact(i);
     return wrong;
   }
+  if (spec.id == CompressorId::kPowersgd) return count_wrong_powersgd(spec, out, count, rows, exact);
   double bound = -1;  // per-element |out - exact| bound for the compressed ring
   int64_t max_nonzero = 0;
   const auto selected = [&](double ratio, int64_t k) {
@@ -297,6 +329,7 @@ int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_t
       break;
     case CompressorId::kRandomk: max_nonzero = selected(spec.ratio, 0); break;
     case CompressorId::kSketch: max_nonzero = selected(spec.ratio, spec.k); break;
+    case CompressorId::kPowersgd: break;  // handled above
   }
   int64_t wrong = 0, nonzero = 0;
   for (int64_t i = 0; i < count; ++i) {

@@ -61,9 +61,10 @@ int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count
 // element is wrong when it breaks the compressor's own error bound, which for the
 // compressed ring is a per-encode bound times the N encodes an element goes
 // through; the sparsifiers must give 0 or the exact sum, with at most as many
-// non-zeros as they select. See bench_data.cc for each bound.
+// non-zeros as they select; powersgd (the message a rows x count/rows matrix) must be
+// an orthogonal projection of the exact sum. See bench_data.cc for each bound.
 int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec, int64_t count, int world_size,
-                               Device device);
+                               Device device, int64_t rows = 0);
 int64_t count_wrong_allgather(const BenchBuffer& out, DType dtype, int64_t count_per_rank, int world_size,
                               Device device);
 

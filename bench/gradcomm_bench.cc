@@ -62,6 +62,7 @@ struct Options {
   std::string json;
   std::string baseline = "none";
   std::string input = "gradient";
+  int64_t rows = 0;  // --rows: each message is a rows x (count / rows) matrix (powersgd); 0 = 1-D
 };
 
 // What the options mean once validated.
@@ -105,6 +106,7 @@ Plan validate(const Options& o) {
   if (p.op == BenchOp::kAllgather && o.compressor != "none") {
     throw InvalidArgument(fmt::format("--compressor '{}': compressors apply to allreduce only", o.compressor));
   }
+  if (o.rows < 0) throw InvalidArgument(fmt::format("--rows {}: must be >= 0 (0: the message is 1-D)", o.rows));
   if (o.check && o.compressor != "none" && p.dtype != DType::kFloat32) {
     throw InvalidArgument(fmt::format("--compressor '{}' takes float32 (--dtype float32)", o.compressor));
   }
@@ -181,7 +183,7 @@ void Bench::gradcomm_op(const BenchBuffer& in, const BenchBuffer& out, int64_t c
 
 int64_t Bench::count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank) const {
   if (p_.op == BenchOp::kAllreduce && o_.compressor != "none") {
-    return count_wrong_compressed(in, o_.compressor, count, comm_.size(), p_.device);
+    return count_wrong_compressed(in, o_.compressor, count, comm_.size(), p_.device, o_.rows);
   }
   if (p_.op == BenchOp::kAllreduce) return count_wrong_allreduce(in, p_.dtype, count, comm_.size(), p_.device);
   return count_wrong_allgather(out, p_.dtype, per_rank, comm_.size(), p_.device);
@@ -196,6 +198,14 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   CompressOptions copts;
   copts.compressor = o_.compressor;
   copts.key = fmt::format("bench/{}", count * elt);
+  if (o_.rows > 0 && !gather) {
+    if (count % o_.rows != 0) {
+      throw InvalidArgument(fmt::format("--rows {}: a message of {} elements is not a whole number of rows; pick "
+                                        "sizes that are multiples of {} elements",
+                                        o_.rows, count, o_.rows));
+    }
+    copts.shape = {o_.rows, count / o_.rows};
+  }
   const bool cuda = p_.device.type == DeviceType::kCuda;
   const int rank = comm_.rank();
   RankSample s;
@@ -454,6 +464,10 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", o.dtype, "Element type")->capture_default_str();
   app.add_option("--device", o.device, "Where the buffers live")
       ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--rows", o.rows,
+                 "View each allreduce message as a matrix of this many rows (for powersgd; 0: 1-D, sent dense by "
+                 "powersgd)")
       ->capture_default_str();
   app.add_flag("--check", o.check, "Verify results on closed-form inputs (once per size, not timed)");
   app.add_flag("--phases", o.phases, "Print gradcomm's per-phase time split (reduce/encode/decode/comm)");

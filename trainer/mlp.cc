@@ -27,8 +27,8 @@ MlpLayout MlpLayout::make(int64_t inputs, const std::vector<int64_t>& hidden, in
   int64_t at = 0;
   for (size_t l = 0; l + 1 < m.sizes.size(); ++l) {
     Layer layer{m.sizes[l], m.sizes[l + 1], at, at + m.sizes[l] * m.sizes[l + 1]};
-    m.ranges.push_back({fmt::format("fc{}.weight", l + 1), layer.w_offset, layer.in * layer.out});
-    m.ranges.push_back({fmt::format("fc{}.bias", l + 1), layer.b_offset, layer.out});
+    m.ranges.push_back({fmt::format("fc{}.weight", l + 1), layer.w_offset, layer.in * layer.out, {layer.out, layer.in}});
+    m.ranges.push_back({fmt::format("fc{}.bias", l + 1), layer.b_offset, layer.out, {layer.out}});
     at = layer.b_offset + layer.out;
     m.layers.push_back(layer);
   }

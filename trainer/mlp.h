@@ -23,6 +23,7 @@ struct Layer {
 struct ParamRange {
   std::string name;
   int64_t offset = 0, numel = 0;
+  std::vector<int64_t> shape;  // {out, in} for a weight (powersgd compresses it as a matrix), {out} for a bias
 };
 
 struct MlpLayout {

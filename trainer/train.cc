@@ -122,6 +122,14 @@ class Trainer {
   void end_epoch();
   void save_checkpoint();
   std::vector<uint8_t> agree_nonfinite(bool finite);
+  // The allreduce options of one parameter: the compressor, its key, and its shape.
+  CompressOptions options_for(const ParamRange& r) const {
+    CompressOptions o;
+    o.compressor = c_.compressor;
+    o.key = r.name;
+    o.shape = r.shape;
+    return o;
+  }
 
   const Config& c_;
   Communicator& comm_;
@@ -378,7 +386,7 @@ bool Trainer::step_blocking(double& loss) {
   t0 = Clock::now();
   const Stats before = comm_.stats();
   for (const ParamRange& r : layout_.ranges) {
-    comm_.allreduce(TensorView::of(grads + r.offset, r.numel), ReduceOp::kAvg, {c_.compressor, r.name});
+    comm_.allreduce(TensorView::of(grads + r.offset, r.numel), ReduceOp::kAvg, options_for(r));
     // What the dense ring sends for this tensor: 2(N-1)/N of its bytes.
     s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
   }
@@ -413,7 +421,7 @@ bool Trainer::step_overlapped(double& loss) {
         finite = false;
         std::fill(host, host + r.numel, 0.0f);
       }
-      works[i] = comm_.allreduce_async(TensorView::of(host, r.numel), ReduceOp::kAvg, {c_.compressor, r.name});
+      works[i] = comm_.allreduce_async(TensorView::of(host, r.numel), ReduceOp::kAvg, options_for(r));
       s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
     }
   };

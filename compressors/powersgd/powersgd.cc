@@ -17,11 +17,24 @@ void multiply_transposed(const float* m, int64_t rows, int64_t cols, const float
               1.0f, m, static_cast<int>(cols), p, r, 0.0f, q, r);
 }
 
+namespace {
+double column_norm(const float* a, int64_t rows, int r, int j) {
+  double norm2 = 0;
+  for (int64_t i = 0; i < rows; ++i) norm2 += static_cast<double>(a[i * r + j]) * a[i * r + j];
+  return std::sqrt(norm2);
+}
+}  // namespace
+
 void orthonormalize(float* a, int64_t rows, int r) {
+  std::vector<double> before(static_cast<size_t>(r));
+  for (int j = 0; j < r; ++j) before[static_cast<size_t>(j)] = column_norm(a, rows, r, j);
   for (int j = 0; j < r; ++j) {
-    double norm2 = 0;
-    for (int64_t i = 0; i < rows; ++i) norm2 += static_cast<double>(a[i * r + j]) * a[i * r + j];
-    const float scale = 1.0f / (static_cast<float>(std::sqrt(norm2)) + kEpsilon);
+    const double norm = column_norm(a, rows, r, j);
+    if (norm <= kRankTolerance * before[static_cast<size_t>(j)]) {  // nothing left but rounding: drop it
+      for (int64_t i = 0; i < rows; ++i) a[i * r + j] = 0.0f;
+      continue;
+    }
+    const float scale = 1.0f / (static_cast<float>(norm) + kEpsilon);
     for (int64_t i = 0; i < rows; ++i) a[i * r + j] *= scale;
     for (int k = j + 1; k < r; ++k) {
       double dot = 0;

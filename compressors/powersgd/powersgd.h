@@ -16,10 +16,10 @@ void multiply(const float* m, int64_t rows, int64_t cols, const float* q, int r,
 // q (cols x r) = m^T (cols x rows) * p (rows x r).
 void multiply_transposed(const float* m, int64_t rows, int64_t cols, const float* p, int r, float* q);
 
-// Orthonormalizes the r columns of a (rows x r) in place: modified Gram-Schmidt,
-// column j divided by its norm + kEpsilon, then removed from the later columns
-// (torch's _orthogonalize_gram_schmidt). Dot products accumulate in double, in
-// row order: deterministic for given input.
+// Orthonormalizes the r columns of a (rows x r) in place: modified Gram-Schmidt
+// with torch's epsilon, and columns of rounding error zeroed (powersgd_logic.h).
+// Norms and dot products accumulate in double, in row order: deterministic for a
+// given input.
 void orthonormalize(float* a, int64_t rows, int r);
 
 // acc holds this rank's rows x cols matrix (grad + residual) and receives the result:

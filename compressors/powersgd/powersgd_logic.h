@@ -34,9 +34,18 @@
 
 namespace gradcomm::detail::powersgd {
 
-// torch's orthogonalization_epsilon safeguard: a column is divided by its norm + eps,
-// so an all-zero column (a zero gradient) stays zero instead of becoming NaN.
+// Gram-Schmidt (orthonormalize in powersgd.h, and the CUDA kernel): for j = 0..r-1,
+// column j, already made orthogonal to columns 0..j-1, is divided by its norm +
+// kEpsilon (torch's orthogonalization_epsilon safeguard: a zero column stays zero
+// instead of becoming NaN), then its projection is removed from columns j+1..r-1.
+// One step beyond torch: a column whose norm fell below kRankTolerance times its
+// norm before any projection was removed is set to zero instead. It held no new
+// direction, only rounding error (the matrix has rank < r: a sum of few rank-one
+// gradients, a tiny layer); normalized, that error would be a random unit vector
+// outside the matrix's span, and P P^T M would add garbage to the result. A zero
+// column adds nothing. Every rank holds the same P, so every rank zeroes the same columns.
 inline constexpr float kEpsilon = 1e-8f;
+inline constexpr double kRankTolerance = 1e-4;
 
 // One part of a call's tensor, as the caller described it: `rows` = shape[0] for a
 // tensor of 2 or more dimensions, 0 for one of fewer.

@@ -21,6 +21,7 @@ For PyTorch: gradcomm.torch has the DDP communication hook
 import atexit as _atexit
 import builtins as _builtins
 import datetime as _datetime
+import operator as _operator
 import os as _os
 import socket as _socket
 import sys as _sys
@@ -266,32 +267,49 @@ class Work:
         return self._work.is_completed()
 
 
-def _allreduce_args(x, op, compression, name, call):
+def _shape_list(value, call, what):
+    try:
+        return [_operator.index(d) for d in value]
+    except TypeError:
+        raise TypeError(f"gradcomm.{call}: {what} must be a sequence of ints, got {value!r}") from None
+
+
+def _allreduce_args(x, op, compression, name, parts, call):
     _check_str(op, call, "op")
     _check_str(compression, call, "compression")
     if name is not None:
         _check_str(name, call, "name")
     b = _tensors.describe(x, call, "tensor", writable=True)
-    return (b.data, b.numel, b.dtype, b.device, b.device_index, b.stream, op, compression, name or "")
+    if parts is None:
+        shape, part_list = [int(d) for d in x.shape], []
+    else:
+        if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+            raise TypeError(f"gradcomm.{call}: parts must be a list of shapes, got {type(parts).__name__}")
+        shape, part_list = [], [_shape_list(p, call, "each of parts") for p in parts]
+    return (b.data, b.numel, b.dtype, b.device, b.device_index, b.stream, op, compression, name or "", shape,
+            part_list)
 
 
-def allreduce(x, op="sum", compression="none", name=None):
+def allreduce(x, op="sum", compression="none", name=None, parts=None):
     """Reduces `x` across ranks in place and returns it.
 
     op: "sum" | "avg" | "min" | "max" (min/max dense only). compression: a spec
-    string ("topk:ratio=0.01", "qsgd:levels=16", ...; compressors take float32).
-    name: the key of this tensor's compression state (error feedback, step
-    counter); required for stateful compressors, the same on every rank.
+    string ("topk:ratio=0.01", "qsgd:levels=16", "powersgd:rank=4", ...; compressors
+    take float32). name: the key of this tensor's compression state (error
+    feedback, step counter); required for stateful compressors, the same on every
+    rank. x's shape goes with the call (powersgd views a tensor of 2+ dimensions as
+    shape[0] rows); parts: instead, the shapes of several tensors laid end to end
+    in a flat x (a DDP bucket), each viewed on its own.
     """
-    _C.allreduce_async(*_allreduce_args(x, op, compression, name, "allreduce")).wait()
+    _C.allreduce_async(*_allreduce_args(x, op, compression, name, parts, "allreduce")).wait()
     return x
 
 
-def allreduce_async(x, op="sum", compression="none", name=None):
+def allreduce_async(x, op="sum", compression="none", name=None, parts=None):
     """allreduce() without waiting: returns a Work whose wait() returns `x`. Do not
     read or write `x` until then. Small calls issued together may travel as one
     (fusion: GRADCOMM_FUSION_BYTES, GRADCOMM_CYCLE_MS)."""
-    work = _C.allreduce_async(*_allreduce_args(x, op, compression, name, "allreduce_async"))
+    work = _C.allreduce_async(*_allreduce_args(x, op, compression, name, parts, "allreduce_async"))
     return Work(work, x, (x,))
 
 

@@ -133,6 +133,17 @@ class _FutureCompleter:
 _completer = _FutureCompleter()
 
 
+def _bucket_parts(bucket, buffer):
+    """The shapes of the bucket's gradients, laid end to end in its flat buffer (so
+    powersgd compresses each parameter's matrix, as torch's PowerSGD hook does)."""
+    parts = [tuple(g.shape) for g in bucket.gradients()]
+    total = sum(g.numel() for g in bucket.gradients())
+    if total != buffer.numel():
+        raise RuntimeError(f"gradcomm: DDP bucket {bucket.index()} holds {buffer.numel()} elements but its "
+                           f"gradients {total}; cannot tell the parameters' shapes apart")
+    return parts
+
+
 def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages the bucket over all ranks with gradcomm,
     compressed as `state` says. Register with
@@ -149,7 +160,8 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
     else:
         key = state.bucket_key(bucket)
         state.keys.add(key)
-        work = gradcomm.allreduce_async(buffer, op="avg", compression=state.compression, name=key)
+        work = gradcomm.allreduce_async(buffer, op="avg", compression=state.compression, name=key,
+                                        parts=_bucket_parts(bucket, buffer))
     if bucket.is_last():
         state.iter += 1
     future = torch.futures.Future()

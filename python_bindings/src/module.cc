@@ -9,12 +9,14 @@
 // thread; waits hold neither (a Work outlives its communicator: destroying it
 // fails the outstanding work, whose wait() then raises).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <fmt/format.h>
 
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "communicator_factory.h"
 #include "gradcomm/gradcomm.h"
@@ -204,13 +206,16 @@ void shutdown() {
 // outside it, with the GIL released, so other Python threads can issue meanwhile.
 std::shared_ptr<Work> allreduce_async(uintptr_t data, int64_t numel, const std::string& dtype,
                                       const std::string& device, int index, uintptr_t stream, const std::string& op,
-                                      const std::string& compression, const std::string& key) {
+                                      const std::string& compression, const std::string& key,
+                                      std::vector<int64_t> shape, std::vector<std::vector<int64_t>> parts) {
   const TensorView t = view(data, numel, dtype, device, index);
   const ReduceOp reduce_op = parse_op(op);
   CompressOptions options;
   options.compressor = compression;
   options.key = key;
   options.stream = reinterpret_cast<void*>(stream);
+  options.shape = std::move(shape);
+  options.parts = std::move(parts);
   py::gil_scoped_release release;
   std::lock_guard lock(session().mutex);
   return communicator("allreduce").allreduce_async(t, reduce_op, options);
@@ -297,7 +302,8 @@ PYBIND11_MODULE(_gradcomm, m) {
       })
       .def("failed", [](const Work& w) { return static_cast<bool>(w.error()); });
   m.def("allreduce_async", &allreduce_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
-        py::arg("device_index"), py::arg("stream"), py::arg("op"), py::arg("compression"), py::arg("key"));
+        py::arg("device_index"), py::arg("stream"), py::arg("op"), py::arg("compression"), py::arg("key"),
+        py::arg("shape") = std::vector<int64_t>{}, py::arg("parts") = std::vector<std::vector<int64_t>>{});
   m.def("allgather_async", &allgather_async, py::arg("input"), py::arg("output"), py::arg("numel"),
         py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"));
   m.def("broadcast_async", &broadcast_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),

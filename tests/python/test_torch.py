@@ -13,8 +13,8 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 SCENARIOS = ["ddp:none", "ddp:topk:ratio=0.05", "ddp0:topk:ratio=0.05", "ddp:qsgd:levels=16",
-             "ddpbig:topk:ratio=0.01",
-             "opt:none", "opt:topk:ratio=0.05", "opt:qsgd:levels=16", "optclip:topk:ratio=0.05"]
+             "ddpbig:topk:ratio=0.01", "ddp:powersgd:rank=2",
+             "opt:none", "opt:topk:ratio=0.05", "opt:qsgd:levels=16", "opt:powersgd:rank=2", "optclip:topk:ratio=0.05"]
 
 
 @pytest.mark.parametrize("n", [2, 4])

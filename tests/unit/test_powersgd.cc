@@ -105,6 +105,15 @@ TEST(PowersgdMath, OrthonormalizeGivesOrthonormalColumnsAndKeepsZeroColumnsZero)
   std::vector<float> zero(static_cast<size_t>(rows) * 2, 0.0f);
   psgd::orthonormalize(zero.data(), rows, 2);
   for (float v : zero) ASSERT_EQ(v, 0.0f);  // torch's epsilon: no NaN from a zero gradient
+  // A dependent column (c2 = c0 - 3 c1) holds only rounding error once c0 and c1 are
+  // removed: it is zeroed, not normalized into a random direction.
+  auto dep = normal(rows * 3, 6);
+  for (int64_t i = 0; i < rows; ++i) dep[i * 3 + 2] = dep[i * 3] - 3.0f * dep[i * 3 + 1];
+  psgd::orthonormalize(dep.data(), rows, 3);
+  for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(dep[i * 3 + 2], 0.0f) << i;
+  double norm1 = 0;
+  for (int64_t i = 0; i < rows; ++i) norm1 += double{dep[i * 3 + 1]} * dep[i * 3 + 1];
+  EXPECT_NEAR(norm1, 1.0, 1e-5);
 }
 
 // Every rank's matrix lies in one rank-R column space, so the sum has rank R and a
@@ -128,18 +137,19 @@ TEST(Powersgd, RecoversALowRankSumExactly) {
         }
       }
     }
-    std::vector<std::vector<float>> out(n);
-    testing::run_ranks(n, [&](Communicator& comm) {
-      for (int step = 0; step < 3; ++step) {  // the first step and two warm-started ones
-        auto g = local[comm.rank()];
-        comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kSum,
-                       matrix(fmt::format("powersgd:rank={},ef=0", R), "m", rows, cols));
-        out[comm.rank()] = g;
-        if (comm.rank() == 0) {
-          EXPECT_LT(rel_error(g, sum), 2e-5) << "N=" << n << " step " << step;
+    // At rank R, and at rank R + 3, whose extra columns of P hold only rounding error.
+    for (int rank : {R, R + 3}) {
+      testing::run_ranks(n, [&](Communicator& comm) {
+        for (int step = 0; step < 3; ++step) {  // the first step and two warm-started ones
+          auto g = local[comm.rank()];
+          comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kSum,
+                         matrix(fmt::format("powersgd:rank={},ef=0", rank), "m", rows, cols));
+          if (comm.rank() == 0) {
+            EXPECT_LT(rel_error(g, sum), 2e-5) << "N=" << n << " rank " << rank << " step " << step;
+          }
         }
-      }
-    });
+      });
+    }
   }
 }
 
