@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
@@ -40,7 +41,7 @@ constexpr int64_t kMaxRows = 64;
 constexpr int64_t kMinCols = 16;
 constexpr int64_t kMaxCols = int64_t{1} << 24;  // 64 rows x 2^24 cols x 4 B = 4 GiB table at most
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
-constexpr int64_t kMaxPowersgdRank = 1024;  // P and Q are rows x rank and cols x rank fp32 matrices
+constexpr int64_t kMaxPowersgdRank = powersgd::kMaxRank;
 constexpr size_t kMaxShown = 100;  // characters of user text quoted in an error
 
 constexpr std::string_view kCastKeys[] = {"ef", "min_numel", "warmup", "seed"};

@@ -481,7 +481,7 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
         const std::function<void(float*)> engine = [&](float* host) {
           compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash, &call.parts);
         };
-        const GpuCompressed compressed{&spec, call.key, call.key_hash, &engine};
+        const GpuCompressed compressed{&spec, call.key, call.key_hash, &engine, &call.parts};
         gpu_allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
         if (call.key != nullptr) call.key->step += 1;
         break;

@@ -131,6 +131,7 @@ class CommunicatorImpl {
     KeyState* key;  // null for stateless specs without a key
     uint64_t key_hash;
     const std::function<void(float* host)>* host_engine;
+    const std::vector<powersgd::Part>* parts;  // the tensor's shapes (powersgd)
   };
   void gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream, const GpuCompressed* compressed);
   void gpu_allgather(Op& op, TensorView in, TensorView out);

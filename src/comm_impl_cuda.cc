@@ -27,13 +27,11 @@ void CommunicatorImpl::gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, v
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   op.finish();  // every rank agrees on the call before anything is enqueued for it
   gpu.begin(stream, "allreduce");
-  // PowerSGD has no GPU implementation yet: it runs on the staging path's host copy.
-  const bool gpu_codecs = compressed != nullptr && compressed->spec->id != CompressorId::kPowersgd;
-  if (gpu_codecs && gpu.path() == GpuPath::kNccl) {
+  if (compressed != nullptr && gpu.path() == GpuPath::kNccl) {
     // The GPU codecs on NCCL, stream-ordered, state on the device
     // (collectives/nccl_compressed.h).
     nccl_compressed_allreduce(op, gpu, static_cast<float*>(t.data), t.numel, reduce_op, *compressed->spec,
-                              compressed->key, compressed->key_hash, stream);
+                              compressed->key, compressed->key_hash, compressed->parts, stream);
   } else if (compressed != nullptr) {
     // Staging: the CPU compression engine (the reference codecs, the same payload
     // bytes, error feedback state on the host as for CPU tensors) on a pinned host

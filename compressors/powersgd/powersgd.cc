@@ -30,7 +30,7 @@ void orthonormalize(float* a, int64_t rows, int r) {
   for (int j = 0; j < r; ++j) before[static_cast<size_t>(j)] = column_norm(a, rows, r, j);
   for (int j = 0; j < r; ++j) {
     const double norm = column_norm(a, rows, r, j);
-    if (norm <= kRankTolerance * before[static_cast<size_t>(j)]) {  // nothing left but rounding: drop it
+    if (only_rounding_left(norm, before[static_cast<size_t>(j)])) {  // no new direction: drop it
       for (int64_t i = 0; i < rows; ++i) a[i * r + j] = 0.0f;
       continue;
     }

@@ -44,8 +44,13 @@ namespace gradcomm::detail::powersgd {
 // gradients, a tiny layer); normalized, that error would be a random unit vector
 // outside the matrix's span, and P P^T M would add garbage to the result. A zero
 // column adds nothing. Every rank holds the same P, so every rank zeroes the same columns.
+inline constexpr int kMaxRank = 1024;  // the largest rank a spec may ask for (registry.cc)
 inline constexpr float kEpsilon = 1e-8f;
 inline constexpr double kRankTolerance = 1e-4;
+
+// Whether column j, once orthogonal to the columns before it, holds only rounding
+// error: its norm `now` against its norm `before` any projection was removed.
+GRADCOMM_HD bool only_rounding_left(double now, double before) { return now <= kRankTolerance * before; }
 
 // One part of a call's tensor, as the caller described it: `rows` = shape[0] for a
 // tensor of 2 or more dimensions, 0 for one of fewer.
@@ -66,7 +71,7 @@ struct Entry {
 };
 
 // The rank a part of rows x cols is compressed at under the spec, 0 when it goes dense.
-GRADCOMM_HD int matrix_rank(int64_t rows, int64_t cols, int spec_rank, double min_compression_rate) {
+inline int matrix_rank(int64_t rows, int64_t cols, int spec_rank, double min_compression_rate) {
   // BLAS takes int dimensions: a larger matrix goes dense.
   if (rows < 2 || cols < 1 || rows > INT32_MAX || cols > INT32_MAX) return 0;
   const int64_t r = std::min<int64_t>(spec_rank, std::min(rows, cols));

@@ -6,14 +6,17 @@
 //   topk                          -> sparse allgather(v) of payloads, decoded in rank order
 //   randomk                       -> NCCL dense ring on the k shared-index values
 //   sketch                        -> NCCL dense ring on the table, then on the exact values
+//   powersgd                      -> NCCL dense ring on every P (and the dense parts), then
+//                                    on every Q (nccl_powersgd_allreduce.cc)
 // (nccl_compressed_allreduce.cc holds the dispatch, error feedback and the sparse
 // families.) Every decision the CPU engine (src/compression.cc) makes is made the
 // same way here: warm-up and min_numel go dense, the Philox streams are
 // philox_stream_id(key_hash, step, rank) and (key_hash, step, -1), EF folds and
 // residual rules are the same element arithmetic. So results equal the CPU path's
-// bytes, except the sketch (the GPU table is summed with atomics) and the small
+// bytes, except the sketch (the GPU table is summed with atomics), the small
 // dense allreduces of randomk/sketch for N > 2 (the CPU uses recursive doubling for
-// small tensors, NCCL the ring).
+// small tensors, NCCL the ring), and powersgd, within the tolerance stated in
+// compressors/powersgd/gpu_powersgd.h (cuBLAS and OpenBLAS sum in other orders).
 //
 // Payload faults found by the GPU decoders are reported by GpuContext's payload
 // checks (CorruptPayload at the next call or synchronize(), naming the call and peer).
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "comm_impl.h"
+#include "compressors/powersgd/gpu_powersgd.h"
 #include "compressors/quantize/gpu_dense_codec.h"
 #include "compressors/spec.h"
 #include "compressors/topk/gpu_sparse.h"
@@ -35,15 +39,14 @@
 
 namespace gradcomm::detail {
 
-// One key's state on the GPU (KeyState::device): the residual and the cached,
-// grow-only workspaces, so a warm key allocates nothing.
+// One key's state on the GPU (KeyState::device): the residual, PowerSGD's Q and the
+// cached, grow-only workspaces, so a warm key allocates nothing.
 class GpuKeyState final : public DeviceKeyState {
  public:
   explicit GpuKeyState(GpuContext& gpu) : gpu_(&gpu) {}
-  // Waits for every call enqueued so far (GpuContext::synchronize), then copies.
+  // Both wait for every call enqueued so far (GpuContext::synchronize), then copy.
   std::vector<uint8_t> residual_to_host() const override;
-  // No GPU compressor keeps state beyond the residual yet: empty.
-  std::vector<uint8_t> extra_to_host() const override { return {}; }
+  std::vector<uint8_t> extra_to_host() const override;  // the kept Q's bytes, or empty
 
   bool has_residual = false;
   int64_t numel = 0;
@@ -52,15 +55,27 @@ class GpuKeyState final : public DeviceKeyState {
   DeviceBuffer values;        // capacity floats: gathered values (randomk, sketch)
   DeviceBuffer table;         // rows x cols floats (sketch)
   DeviceBuffer payload;       // fp16 values on the wire (values=fp16)
+  DeviceBuffer q;             // powersgd, warm start: the Q kept from the last step (q_floats)
+  int64_t q_floats = 0;       // 0: no Q kept (KeyState::extra empty)
+  // The context's cuBLAS handle. Only the keyless state (GpuContext::keyless_state, one
+  // per context, destroyed with it) holds one: see context_blas().
+  std::unique_ptr<GpuBlas> blas;
 
  private:
   GpuContext* gpu_;
 };
 
 // In place on `data` (numel > 0 fp32 device floats), kSum or kAvg, after op.finish().
-// `key` may be null for stateless specs.
+// `key` may be null for stateless specs; `parts` (may be null) the tensor's shapes.
 void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t numel, ReduceOp reduce_op,
-                               const CompressorSpec& spec, KeyState* key, uint64_t key_hash, cudaStream_t stream);
+                               const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
+                               const std::vector<powersgd::Part>* parts, cudaStream_t stream);
+
+// PowerSGD's step (nccl_powersgd_allreduce.cc), on `data` with `residual` (null without
+// error feedback) still holding last step's; the Q state is `ks`'s; `blas` the context's.
+void nccl_powersgd_allreduce(Op& op, GpuContext& gpu, GpuKeyState& ks, GpuBlas& blas, float* data, int64_t numel,
+                             ReduceOp reduce_op, const CompressorSpec& spec, const std::vector<powersgd::Part>& parts,
+                             KeyState* key, uint64_t key_hash, float* residual, cudaStream_t stream);
 
 // The compressed ring for N >= 2 (nccl_compressed_ring.cc). `residual` (may be
 // null) collects every encode's loss (ResidualMode::kAccumulate); decoders record

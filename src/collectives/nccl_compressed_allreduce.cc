@@ -1,7 +1,8 @@
 // The GPU compression engine on the NCCL path (see nccl_compressed.h): per-key
 // device state, warm-up and min_numel, error feedback, and the three sparse
 // families (top-k's sparse allgather, random-k and the sketch on the NCCL dense
-// ring). The dense codecs' ring is nccl_compressed_ring.cc.
+// ring). The dense codecs' ring is nccl_compressed_ring.cc; PowerSGD's step is
+// nccl_powersgd_allreduce.cc.
 //
 // Each branch mirrors src/compression.cc step for step (same counts, same Philox
 // streams, same EF arithmetic), so the two can be read side by side.
@@ -25,9 +26,10 @@ namespace {
 constexpr size_t kBlockAlign = 16;
 size_t round_up(size_t v) { return (v + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
 
-// The key's device state, created at its first GPU call. A residual already on
-// the host (load_state, or earlier CPU calls with this key) moves to the device
-// once; from then on the device copy is the key's residual (state.h).
+// The key's device state, created at its first GPU call. A residual (and PowerSGD's
+// Q, KeyState::extra) already on the host (load_state, or earlier CPU calls with
+// this key) moves to the device once; from then on the device copies are the key's
+// state (state.h).
 GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, cudaStream_t stream) {
   std::shared_ptr<DeviceKeyState>& slot = key != nullptr ? key->device : gpu.keyless_state();
   if (!slot) {
@@ -46,6 +48,16 @@ GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, c
       state->has_residual = true;
       key->residual = {};
     }
+    if (key != nullptr && !key->extra.empty()) {
+      // Its size is checked against the call's shapes where it is used (a multiple of
+      // 4 bytes: parse_state and the CPU engine only ever store floats).
+      const size_t bytes = key->extra.size();
+      state->q = DeviceBuffer(bytes);
+      GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(state->q.data(), key->extra.data(), bytes, cudaMemcpyHostToDevice, stream));
+      GRADCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      state->q_floats = static_cast<int64_t>(bytes / sizeof(float));
+      key->extra = {};
+    }
     state->numel = numel;
     slot = std::move(state);
   }
@@ -56,6 +68,15 @@ GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, c
     state.has_residual = true;
   }
   return state;
+}
+
+// The context's cuBLAS handle, made at its first PowerSGD call. It lives in the
+// keyless state: the one piece of per-context storage this engine owns (GpuContext
+// destroys it with the context).
+GpuBlas& context_blas(GpuContext& gpu, cudaStream_t stream) {
+  GpuKeyState& shared = key_state(gpu, nullptr, 0, /*ef=*/false, stream);
+  if (!shared.blas) shared.blas = std::make_unique<GpuBlas>();
+  return *shared.blas;
 }
 
 // acc = data + residual into data; the residual is then zero, free to collect this
@@ -160,8 +181,18 @@ std::vector<uint8_t> GpuKeyState::residual_to_host() const {
   return out;
 }
 
+std::vector<uint8_t> GpuKeyState::extra_to_host() const {
+  if (q_floats == 0) return {};
+  gpu_->synchronize("save_state");
+  DeviceGuard guard(gpu_->device());
+  std::vector<uint8_t> out(static_cast<size_t>(q_floats) * sizeof(float));
+  GRADCOMM_CUDA_CHECK(cudaMemcpy(out.data(), q.data(), out.size(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
 void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t numel, ReduceOp reduce_op,
-                               const CompressorSpec& spec, KeyState* key, uint64_t key_hash, cudaStream_t stream) {
+                               const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
+                               const std::vector<powersgd::Part>* parts, cudaStream_t stream) {
   const int n = op.size();
   const uint64_t step = key != nullptr ? key->step : 0;
   GpuKeyState& ks = key_state(gpu, key, numel, spec.ef, stream);
@@ -229,6 +260,12 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
                          status + op.rank(), stream);
       break;
     }
+    case CompressorId::kPowersgd:
+      // Two dense rings of its own, no payloads to check; the average is its own.
+      nccl_powersgd_allreduce(op, gpu, ks, context_blas(gpu, stream), data, numel, reduce_op, spec,
+                              parts != nullptr ? *parts : std::vector<powersgd::Part>{}, key, key_hash, residual,
+                              stream);
+      return;
     case CompressorId::kNone:
       nccl_ring_allreduce(op, gpu, data, numel, DType::kFloat32, reduce_op, stream);
       return;
