@@ -7,7 +7,7 @@ momentum, Fashion-MNIST (rank r trains on examples r, r+N, ...). torch.distribut
 process group from the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; the harness
 sets GLOO_SOCKET_IFNAME=eth0), one thread per rank.
 
-    ddp_step.py VARIANT [--warmup W] [--steps S] [--out FILE] [--profile] [--grads keep|free]
+    ddp_step.py VARIANT [--warmup W] [--steps S] [--out FILE] [--profile] [--grads keep|free] [--eval N]
 
 VARIANT:
   gloo             DDP, no hook (gloo allreduce)
@@ -69,6 +69,9 @@ def parse_args(argv):
                    help="between steps, zero the gradients in place (keep; default) or free them "
                         "(zero_grad(set_to_none=True): the allocator then returns and refaults them)")
     p.add_argument("--profile", action="store_true", help="per hook call timings (gradcomm variants)")
+    p.add_argument("--eval", type=int, default=0, metavar="N",
+                   help="after the last step, rank 0 records the test accuracy on the first N test examples")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="torch's PowerSGD matrix_approximation_rank")
     p.add_argument("--out", help="write rank 0's JSON record here (default: stdout)")
     a = p.parse_args(argv)
     if a.variant.startswith("powersgd:buckets="):  # the variant names the bucket layout
@@ -105,6 +108,23 @@ def load_shard(data_dir, rank, world):
     x = read_idx(images, 2051)[rank::world]
     y = read_idx(labels, 2049)[rank::world]
     return x, y
+
+
+def load_test(data_dir, count):
+    x = read_idx(os.path.join(data_dir, "t10k-images-idx3-ubyte.gz"), 2051)[:count]
+    y = read_idx(os.path.join(data_dir, "t10k-labels-idx1-ubyte.gz"), 2049)[:count]
+    return (torch.from_numpy((x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.2860) / 0.3530),
+            torch.from_numpy(y.astype(np.int64)))
+
+
+def test_accuracy(model, data_dir, count):
+    """Fraction of the first `count` test examples the model classifies correctly."""
+    x, y = load_test(data_dir, count)
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), 1000):
+            correct += int((model(x[i:i + 1000]).argmax(dim=1) == y[i:i + 1000]).sum())
+    return correct / len(x)
 
 
 def batches(x, y, batch_size, count):
@@ -196,10 +216,10 @@ def setup(args, model):
         if args.powersgd_buckets == "one":
             dist._DEFAULT_FIRST_BUCKET_BYTES = 1024 * 2**20  # read by DDP's constructor
         ddp = DDP(model, **kw)
-        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
                                    start_powerSGD_iter=args.powersgd_start)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        notes.update(powersgd_buckets=args.powersgd_buckets, matrix_approximation_rank=4,
+        notes.update(powersgd_buckets=args.powersgd_buckets, matrix_approximation_rank=args.powersgd_rank,
                      start_powerSGD_iter=args.powersgd_start)
         return ddp, None, None, notes
     ddp = DDP(model)
@@ -293,6 +313,9 @@ def main(argv):
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         record = summarize(args, world, n_params, notes, everyone)
+        if args.eval > 0:  # every rank holds the same parameters: rank 0's model is the model
+            record.update(seed=args.seed, eval_examples=args.eval,
+                          test_accuracy=test_accuracy(model, args.data, args.eval))
         text = json.dumps(record)
         if args.out:
             with open(args.out, "w") as f:

@@ -65,7 +65,8 @@ def summarize(records):
                     "wire": median([r.get("wire_bytes_per_step") for r in ok]),
                     "loss": median([r.get("final_loss") for r in ok]),
                     "cpu": median([r.get("cpu_s_per_step") for r in ok]),
-                    "kind": ok[0].get("kind") if ok else None}
+                    "kind": ok[0].get("kind") if ok else None,
+                    "acc": [(r.get("seed"), r["test_accuracy"]) for r in ok if r.get("test_accuracy") is not None]}
             phases = [r.get("gradcomm_per_step") for r in ok if r.get("gradcomm_per_step")]
             if phases:
                 cell["gradcomm"] = {k: median([p[k] for p in phases]) for k in phases[0]}
@@ -94,21 +95,26 @@ def markdown(records, table, title):
              "communication, same CPU contention). CPU/rank: a rank's CPU seconds per step (all its threads); "
              "with more ranks than cores a step takes at least ranks × CPU / cores. Wire: bytes each rank "
              "sent per step on eth0 (all protocols; gradcomm-train: gradcomm's own count).", ""]
+    with_acc = any(c.get("acc") for cells in table.values() for c in cells.values())
+    if with_acc:
+        lines += [f"Test accuracy (`ddp_step.py --eval`): after the run's last step, on the first "
+                  f"{first.get('eval_examples', '?')} test examples, per run as seed: accuracy.", ""]
     for rate, cells in table.items():
         gloo = cells.get("gloo", {}).get("median")
         psgd = cells.get("powersgd", {}).get("median")
         floor = cells.get("compute", {}).get("median")
         lines += [f"## {rate}", "",
                   "| variant | runs ok | step (ms) | range (ms) | p90 (ms) | ×gloo | ×PowerSGD | over compute (ms) "
-                  "| CPU/rank (ms) | wire (MB/step) | final loss |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| CPU/rank (ms) | wire (MB/step) | final loss |" + (" test accuracy |" if with_acc else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
         for v, c in cells.items():
             over = "–" if floor is None or c["median"] is None or v == "compute" else ms(c["median"] - floor)
             rng = "–" if c["lo"] is None else f"{ms(c['lo'])}–{ms(c['hi'])}"
             loss = "–" if c["loss"] is None else f"{c['loss']:.3f}"
             lines.append(f"| `{v}` | {c['ok']}/{c['runs']} | {ms(c['median'])} | {rng} | {ms(c['p90'])} | "
                          f"{ratio(gloo, c['median'])} | {ratio(psgd, c['median'])} | {over} | {ms(c['cpu'])} | {mb(c['wire'])} | "
-                         f"{loss} |")
+                         f"{loss} |" + (f" {', '.join(f'{sd}: {a:.4f}' for sd, a in sorted(c['acc'], key=str))} |"
+                                        if with_acc else ""))
         gc = [(v, c) for v, c in cells.items() if "gradcomm" in c]
         if gc:
             lines += ["", "gradcomm.stats() per step and rank (medians over rounds of the per-run means):", "",

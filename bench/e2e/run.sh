@@ -34,11 +34,13 @@ Options:
                      (default bench/results/e2e-<date>)
   --timeout S        deadline of one run, every rank (default 300)
   --profile          per hook call timings in the gradcomm records (ddp_step.py --profile)
+  --ddp-args "ARGS"  more ddp_step.py options for the DDP variants, e.g. "--eval 2000 --seed 2"
+                     (test accuracy after the last step, in the records; see ddp_step.py --help)
 EOF
 }
 
 ranks=4 rates=1gbit,10gbit rounds=3 steps=30 warmup=5 variants=$default_variants build=build
-out="" timeout_s=300 profile=""
+out="" timeout_s=300 profile="" ddp_args=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
@@ -51,17 +53,22 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --profile) profile=--profile; shift ;;
+    --ddp-args) ddp_args=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "e2e/run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
 die() { echo "e2e/run.sh: $*" >&2; exit 1; }
+# A rank stuck where its peers are not prints its Python stacks before theirs time out
+# (GRADCOMM_TIMEOUT_S=120 below) and the run is torn down: at 100 s, or at 90 % of a
+# shorter --timeout.
 py=/usr/bin/python3
 [[ $ranks =~ ^[0-9]+$ && $ranks -ge 2 && $ranks -le 64 ]] || die "--ranks must be 2..64, got '$ranks'"
 for n in rounds steps timeout_s; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${n%_s} must be a positive integer"; done
 [[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be an integer >= 0"
 build=$(realpath "$build") || die "no build directory '$build'"
+hang_dump_s=$((timeout_s * 9 / 10 < 100 ? timeout_s * 9 / 10 : 100))
 out=$(realpath -m "${out:-$here/../results/e2e-$(date +%F)}")
 "$py" -c 'import torch, numpy' 2>/dev/null || die "$py cannot import torch and numpy (Debian: python3-torch)"
 
@@ -125,8 +132,8 @@ run_variant() {
           --log "$logs.rank{rank}.jsonl" "${extra[@]}" >"$logs.rank$r.log" 2>&1 &
     else
       netns_exec "$r" MASTER_PORT="$port" PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 \
-        GRADCOMM_TIMEOUT_S=120 GRADCOMM_E2E_HANG_DUMP_S=$((timeout_s * 9 / 10)) timeout --signal=KILL "$timeout_s" \
-          "$py" "$here/ddp_step.py" "$v" --warmup "$warmup" --steps "$steps" --out "$rec" $profile \
+        GRADCOMM_TIMEOUT_S=120 GRADCOMM_E2E_HANG_DUMP_S=$hang_dump_s timeout --signal=KILL "$timeout_s" \
+          "$py" "$here/ddp_step.py" "$v" --warmup "$warmup" --steps "$steps" --out "$rec" $profile $ddp_args \
           >"$logs.rank$r.log" 2>&1 &
     fi
     pids+=($!)

@@ -119,6 +119,11 @@ inline Plan make_plan(const std::vector<Part>& parts, int spec_rank, double min_
   return plan;
 }
 
+// The plan of a call on `numel` elements with the caller's parts (none: one 1-D part).
+inline Plan make_call_plan(const std::vector<Part>& parts, int64_t numel, int spec_rank, double min_compression_rate) {
+  return make_plan(parts.empty() ? std::vector<Part>{{numel, 0}} : parts, spec_rank, min_compression_rate);
+}
+
 // Element e of the initial Q buffer: uniform in [-0.5, 0.5), exact in fp32.
 GRADCOMM_HD float initial_q(const PhiloxStream& s, uint64_t e) { return uniform_from_bits(philox_bits(s, e)) - 0.5f; }
 

@@ -45,9 +45,7 @@ void nccl_powersgd_allreduce(Op& op, GpuContext& gpu, GpuKeyState& ks, GpuBlas& 
                              KeyState* key, uint64_t key_hash, float* residual, cudaStream_t stream) {
   const int n = op.size();
   const bool average = reduce_op == ReduceOp::kAvg;
-  const powersgd::Plan plan =
-      powersgd::make_plan(parts.empty() ? std::vector<powersgd::Part>{{numel, 0}} : parts, spec.rank,
-                          spec.min_compression_rate);
+  const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, spec.rank, spec.min_compression_rate);
   const uint64_t step = key != nullptr ? key->step : 0;
   const auto f32 = DType::kFloat32;
 

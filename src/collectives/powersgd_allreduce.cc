@@ -42,9 +42,7 @@ void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, 
   using powersgd::Entry;
   const int n = op.size();
   const bool average = reduce_op == ReduceOp::kAvg;
-  const powersgd::Plan plan =
-      powersgd::make_plan(parts.empty() ? std::vector<powersgd::Part>{{numel, 0}} : parts, spec.rank,
-                          spec.min_compression_rate);
+  const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, spec.rank, spec.min_compression_rate);
   const uint64_t step = key != nullptr ? key->step : 0;
 
   std::vector<float> pbuf(static_cast<size_t>(plan.p_floats + plan.dense_floats));

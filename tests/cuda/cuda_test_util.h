@@ -3,7 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm_impl.h"
 #include "cuda/device.h"
+#include "gradcomm/gradcomm.h"
+#include "unit/test_util.h"
 
 #define SKIP_WITHOUT_CUDA_DEVICE()                                                 \
   do {                                                                             \
@@ -11,3 +18,23 @@
       GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();             \
     }                                                                              \
   } while (0)
+
+namespace gradcomm::testing {
+
+// N ranks as threads over the in-process transport, rank r on device device_of(r),
+// each preferring `transport` ("nccl", "ucx", "auto"); rethrows the first rank's error.
+inline void run_device_threads(int n, const std::string& transport, const std::function<int(int)>& device_of,
+                               const std::function<void(Communicator&, int device)>& fn) {
+  const auto errors = run_transport_threads(n, [&](int r, std::unique_ptr<detail::Transport> t) {
+    detail::DeviceGuard guard(device_of(r));
+    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(t), std::chrono::seconds(60));
+    impl->set_transport_preference(transport);
+    Communicator comm(std::move(impl));
+    fn(comm, device_of(r));
+  });
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace gradcomm::testing

@@ -124,21 +124,6 @@ TEST(NcclCompressed, SaveAndLoadStateCarryDeviceResiduals) {
   EXPECT_EQ(std::memcmp(y.data(), z.data(), numel * 4), 0);
 }
 
-// N ranks as threads, rank r on device device_of(r).
-void run_threads(int n, const std::string& transport, const std::function<int(int)>& device_of,
-                 const std::function<void(Communicator&, int device)>& fn) {
-  const auto errors = testing::run_transport_threads(n, [&](int r, std::unique_ptr<detail::Transport> t) {
-    detail::DeviceGuard guard(device_of(r));
-    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(t), std::chrono::seconds(60));
-    impl->set_transport_preference(transport);
-    Communicator comm(std::move(impl));
-    fn(comm, device_of(r));
-  });
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
 TEST(NcclCompressedThreads, EveryCompressorIsBitwiseIdenticalAcrossRanksAndMatchesTheCpuRing) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const int devices = cuda_device_count();
@@ -152,7 +137,7 @@ TEST(NcclCompressedThreads, EveryCompressorIsBitwiseIdenticalAcrossRanksAndMatch
       CompressOptions options;
       options.compressor = spec;
       options.key = "grad";
-      run_threads(n, "nccl", [](int r) { return r; }, [&](Communicator& comm, int device) {
+      testing::run_device_threads(n, "nccl", [](int r) { return r; }, [&](Communicator& comm, int device) {
         detail::DeviceBuffer t(numel * 4);
         for (int step = 0; step < 3; ++step) {
           std::vector<float> x(numel);
@@ -165,7 +150,7 @@ TEST(NcclCompressedThreads, EveryCompressorIsBitwiseIdenticalAcrossRanksAndMatch
         gpu_out[comm.rank()].resize(numel);
         GRADCOMM_CUDA_CHECK(cudaMemcpy(gpu_out[comm.rank()].data(), t.data(), numel * 4, cudaMemcpyDeviceToHost));
       });
-      run_threads(n, "ucx", [](int) { return 0; }, [&](Communicator& comm, int) {
+      testing::run_device_threads(n, "ucx", [](int) { return 0; }, [&](Communicator& comm, int) {
         std::vector<float> x(numel);
         for (int step = 0; step < 3; ++step) {
           for (int64_t i = 0; i < numel; ++i) x[i] = input(comm.rank(), step, i, heavy);

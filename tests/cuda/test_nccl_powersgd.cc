@@ -18,6 +18,7 @@
 #include "cuda/buffer.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "common/spiked_matrix.h"
 #include "cuda_test_util.h"
 #include "gradcomm/gradcomm.h"
 #include "state.h"
@@ -72,14 +73,7 @@ std::vector<float> gradient(int rank, int step) {
     const auto u = normal(static_cast<size_t>(rows * 3), seed, 1.0f / std::sqrt(static_cast<float>(rows)));
     const auto v = normal(static_cast<size_t>(cols * 3), seed + 500, 1.0f / std::sqrt(static_cast<float>(cols)));
     const auto noise = normal(static_cast<size_t>(numel), fresh, 0.01f / std::sqrt(static_cast<float>(cols)));
-    const float sigma[3] = {4.0f, 2.0f, 1.0f};
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        float x = noise[static_cast<size_t>(i * cols + j)];
-        for (int l = 0; l < 3; ++l) x += sigma[l] * u[static_cast<size_t>(i * 3 + l)] * v[static_cast<size_t>(j * 3 + l)];
-        g.push_back(x);
-      }
-    }
+    testing::append_spiked(g, rows, cols, u, v, noise);
   }
   return g;
 }
@@ -221,21 +215,6 @@ TEST(NcclPowersgd, WarmKeyRefusesOtherShapes) {
   EXPECT_THROW(on_gpu(*gpu, normal(64 * 48, 2, 1.0f), options, ReduceOp::kSum), InvalidArgument);
 }
 
-// N ranks as threads, rank r on device device_of(r).
-void run_threads(int n, const std::string& transport, const std::function<int(int)>& device_of,
-                 const std::function<void(Communicator&, int device)>& fn) {
-  const auto errors = testing::run_transport_threads(n, [&](int r, std::unique_ptr<detail::Transport> t) {
-    detail::DeviceGuard guard(device_of(r));
-    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(t), std::chrono::seconds(60));
-    impl->set_transport_preference(transport);
-    Communicator comm(std::move(impl));
-    fn(comm, device_of(r));
-  });
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
 TEST(NcclPowersgdThreads, RanksAreBitwiseIdenticalAndNearTheCpuEngine) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const int devices = cuda_device_count();
@@ -246,7 +225,7 @@ TEST(NcclPowersgdThreads, RanksAreBitwiseIdenticalAndNearTheCpuEngine) {
       SCOPED_TRACE(fmt::format("N={} {}", n, spec));
       const CompressOptions options = powersgd(spec, "grad");
       std::vector<std::vector<float>> gpu_out(n), cpu_out(n), gpu_q(n);
-      run_threads(n, "nccl", [](int r) { return r; }, [&](Communicator& comm, int device) {
+      testing::run_device_threads(n, "nccl", [](int r) { return r; }, [&](Communicator& comm, int device) {
         std::vector<float> x;
         for (int step = 0; step < 4; ++step) {
           x = on_gpu(comm, gradient(comm.rank(), step), options, step % 2 == 0 ? ReduceOp::kAvg : ReduceOp::kSum,
@@ -257,7 +236,7 @@ TEST(NcclPowersgdThreads, RanksAreBitwiseIdenticalAndNearTheCpuEngine) {
         const auto q = floats(state.keys.at("grad").extra);
         gpu_q[comm.rank()].assign(q.begin(), q.end());
       });
-      run_threads(n, "ucx", [](int) { return 0; }, [&](Communicator& comm, int) {
+      testing::run_device_threads(n, "ucx", [](int) { return 0; }, [&](Communicator& comm, int) {
         std::vector<float> x;
         for (int step = 0; step < 4; ++step) {
           x = gradient(comm.rank(), step);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "compressors/philox.h"
+#include "common/spiked_matrix.h"
 #include "compressors/powersgd/gpu_powersgd_logic.h"
 #include "compressors/powersgd/powersgd.h"
 #include "gradcomm/gradcomm.h"
@@ -317,14 +318,7 @@ std::vector<float> gradient(const std::vector<Part>& parts, int step) {
     const auto v = random_floats(static_cast<size_t>(cols * 3), seed + 50, 1.0f / std::sqrt(static_cast<float>(cols)));
     const auto noise = random_floats(static_cast<size_t>(part.numel), seed * 13 + static_cast<uint32_t>(step),
                                      0.01f / std::sqrt(static_cast<float>(cols)));
-    const float sigma[3] = {4.0f, 2.0f, 1.0f};
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        float x = noise[static_cast<size_t>(i * cols + j)];
-        for (int l = 0; l < 3; ++l) x += sigma[l] * u[static_cast<size_t>(i * 3 + l)] * v[static_cast<size_t>(j * 3 + l)];
-        g.push_back(x);
-      }
-    }
+    testing::append_spiked(g, rows, cols, u, v, noise);
   }
   return g;
 }

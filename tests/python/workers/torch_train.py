@@ -83,12 +83,19 @@ def run_ddp(compression, start_iter):
         ref = DDP(make_model(1), bucket_cap_mb=0.004)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.5)
     losses, keys_after = [], []
+    n_params = sum(p.numel() for p in model.parameters())
     for step, (x, y) in enumerate(batches(7)):
+        sent0 = gradcomm.stats()["bytes_sent"] if gradcomm.is_initialized() else 0
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if compression.startswith("powersgd") and step == STEPS - 1:
+            # The hook passed each parameter's shape: the two weight matrices went as
+            # rank-2 factors, well under the dense buffer (all dense: >= 1x its bytes).
+            sent = gradcomm.stats()["bytes_sent"] - sent0
+            assert sent < 0.4 * 4 * n_params, f"ddp {compression}: {sent} bytes in a step, {4 * n_params} dense"
         check_identical(model, f"ddp {compression} step {step}")
         keys_after.append(set(state.keys))
         if ref is not None:
