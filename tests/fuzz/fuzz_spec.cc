@@ -23,6 +23,7 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
       "sign:bucket=1024",
       "sketch:rows=5,cols=1024,k=100",
       "sketch:ratio=0.5",
+      "powersgd:rank=4,warm_start=0,min_compression_rate=1.5,start_iter=3,seed=7",
   };
   int i = 0;
   for (const char* spec : specs) seeds.add("spec" + std::to_string(i++), std::string(spec));

@@ -29,6 +29,7 @@ std::vector<uint8_t> seed_state_body(int keys, bool residual, int rank, int worl
     entry.dtype = gradcomm::DType::kFloat32;
     entry.numel = 3;
     if (residual) entry.residual.assign(12, static_cast<uint8_t>(i + 1));
+    if (i % 2 == 1) entry.extra.assign(8, static_cast<uint8_t>(0x40 + i));  // a compressor's own state (PowerSGD's Q)
     state.keys.emplace("layer" + std::to_string(i) + ".weight", std::move(entry));
   }
   std::vector<uint8_t> bytes = gradcomm::detail::serialize_state(state, rank, world);
@@ -74,7 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto it = again.keys.find(key);
     GRADCOMM_FUZZ_CHECK(it != again.keys.end(), "key lost in round trip");
     GRADCOMM_FUZZ_CHECK(it->second.step == entry.step && it->second.dtype == entry.dtype &&
-                            it->second.numel == entry.numel && it->second.residual == entry.residual,
+                            it->second.numel == entry.numel && it->second.residual == entry.residual &&
+                            it->second.extra == entry.extra,
                         "key '%s' changed in round trip", key.c_str());
   }
   return 0;
