@@ -100,7 +100,8 @@ std::string WireHeader::describe() const {
   switch (op) {
     case OpKind::kAllreduce:
       if (compressor != "none") {  // compressed calls also agree on the key's step (and shapes, for powersgd)
-        const std::string shapes = fused_digest != 0 ? fmt::format(", shapes {:08x}", fused_digest) : "";
+        // A plain call's digest is its shapes' (powersgd); a planned group of one carries its member's.
+        const std::string shapes = fused == 0 && fused_digest != 0 ? fmt::format(", shapes {:08x}", fused_digest) : "";
         return fmt::format("allreduce(numel={}, {}, {}, {}, step={}{}) #{}", numel, dtype_name(dtype),
                            reduce_op_name(reduce_op), compressor, step, shapes, seq);
       }
