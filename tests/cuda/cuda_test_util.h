@@ -37,4 +37,14 @@ inline void run_device_threads(int n, const std::string& transport, const std::f
   }
 }
 
+// A world of one over the real transports, preferring `transport` for CUDA tensors.
+inline std::unique_ptr<Communicator> single_rank(const std::string& transport) {
+  InitOptions options;
+  options.rank = 0;
+  options.world_size = 1;
+  options.transport = transport;
+  options.timeout = std::chrono::seconds(60);
+  return Communicator::create(options);
+}
+
 }  // namespace gradcomm::testing

@@ -83,15 +83,6 @@ class GuardedDevice {
   detail::DeviceBuffer memory_;
 };
 
-std::unique_ptr<Communicator> single_rank(const std::string& transport) {
-  InitOptions options;
-  options.rank = 0;
-  options.world_size = 1;
-  options.transport = transport;
-  options.timeout = std::chrono::seconds(60);
-  return Communicator::create(options);
-}
-
 // N ranks as threads over the in-process transport; rank r on device device_of(r).
 void run_threads(int n, const std::string& transport, const std::function<void(Communicator&)>& fn) {
   const auto errors = testing::run_transport_threads(n, [&](int, std::unique_ptr<detail::Transport> t) {
@@ -108,7 +99,7 @@ void run_threads(int n, const std::string& transport, const std::function<void(C
 // ---- without a GPU ----------------------------------------------------------------------------
 
 TEST(CudaTensors, OnAMachineWithoutThatDeviceAreUnsupported) {
-  auto comm = single_rank("auto");
+  auto comm = testing::single_rank("auto");
   float dummy = 0;
   const int missing = cuda_device_count();  // one past the last device (0 when there is none)
   TensorView t{&dummy, 1, DType::kFloat32, {DeviceType::kCuda, missing}};
@@ -127,7 +118,7 @@ class SingleRank : public ::testing::TestWithParam<std::string> {};  // "auto" (
 
 TEST_P(SingleRank, DenseAllreduceEveryDtypeOpAndSize) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto comm = single_rank(GetParam());
+  auto comm = testing::single_rank(GetParam());
   for (DType dtype : kDtypes) {
     for (ReduceOp op : kOps) {
       for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000003}}) {
@@ -144,7 +135,7 @@ TEST_P(SingleRank, DenseAllreduceEveryDtypeOpAndSize) {
 
 TEST_P(SingleRank, AllgatherAndBroadcast) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto comm = single_rank(GetParam());
+  auto comm = testing::single_rank(GetParam());
   for (int64_t numel : {int64_t{0}, int64_t{5}, int64_t{300001}}) {
     const auto input = host_input(DType::kInt32, 0, numel);
     GuardedDevice in(0, input);
@@ -160,8 +151,8 @@ TEST_P(SingleRank, AllgatherAndBroadcast) {
 
 TEST_P(SingleRank, CompressorsGiveTheCpuPathsBytes) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto gpu = single_rank(GetParam());
-  auto cpu = single_rank("ucx");
+  auto gpu = testing::single_rank(GetParam());
+  auto cpu = testing::single_rank("ucx");
   const int64_t numel = 10007;
   for (const char* spec : {"fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.05", "qsgd:levels=16,bucket=512",
                            "quant:bits=4,bucket=256,round=stochastic", "sign:bucket=128", "sketch:rows=3,k=50"}) {
@@ -185,7 +176,7 @@ TEST_P(SingleRank, CompressorsGiveTheCpuPathsBytes) {
 
 TEST_P(SingleRank, CallsAreOrderedOnTheCallersStream) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto comm = single_rank(GetParam());
+  auto comm = testing::single_rank(GetParam());
   detail::Stream stream;
   const int64_t numel = 1 << 22;
   GuardedDevice t(0, host_input(DType::kFloat32, 0, numel));
@@ -215,7 +206,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, SingleRank, ::testing::Values("auto", "ucx"));
 TEST(SingleRankDevice, ALaterTensorOnAnotherDeviceIsInvalid) {
   SKIP_WITHOUT_CUDA_DEVICE();
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  auto comm = single_rank("auto");
+  auto comm = testing::single_rank("auto");
   GuardedDevice a(0, host_input(DType::kFloat32, 0, 10));
   GuardedDevice b(1, host_input(DType::kFloat32, 0, 10));
   comm->allreduce(a.view(DType::kFloat32));
@@ -224,7 +215,7 @@ TEST(SingleRankDevice, ALaterTensorOnAnotherDeviceIsInvalid) {
 
 TEST(SingleRankDevice, HostMemoryLabelledCudaIsInvalidAndLeavesTheCommunicatorUsable) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto comm = single_rank("auto");
+  auto comm = testing::single_rank("auto");
   float host[4] = {1, 2, 3, 4};
   EXPECT_THROW(comm->allreduce(TensorView::of(host, 4, Device{DeviceType::kCuda, 0})), InvalidArgument);
   GuardedDevice t(0, host_input(DType::kFloat32, 0, 4));

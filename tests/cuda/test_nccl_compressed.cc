@@ -48,15 +48,6 @@ float input(int rank, int step, int64_t i, bool heavy) {
   return heavy && i % 97 == 0 ? base + 1000.0f + static_cast<float>(i) : base;
 }
 
-std::unique_ptr<Communicator> single_rank(const std::string& transport) {
-  InitOptions options;
-  options.rank = 0;
-  options.world_size = 1;
-  options.transport = transport;
-  options.timeout = std::chrono::seconds(60);
-  return Communicator::create(options);
-}
-
 // Runs `body` as the allreduce of host values `x` on a CUDA copy, returns the result.
 std::vector<float> on_gpu(Communicator& comm, std::vector<float> x, const CompressOptions& options, ReduceOp op) {
   detail::DeviceBuffer t(x.size() * sizeof(float));
@@ -70,8 +61,8 @@ std::vector<float> on_gpu(Communicator& comm, std::vector<float> x, const Compre
 
 TEST(NcclCompressed, SingleRankEveryCompressorGivesTheCpuPathsBytesOverSteps) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto gpu = single_rank("nccl");
-  auto cpu = single_rank("ucx");
+  auto gpu = testing::single_rank("nccl");
+  auto cpu = testing::single_rank("ucx");
   const int64_t numel = 10007;
   for (const char* spec : kSpecs) {
     SCOPED_TRACE(spec);
@@ -101,8 +92,8 @@ TEST(NcclCompressed, SaveAndLoadStateCarryDeviceResiduals) {
   for (int64_t i = 0; i < numel; ++i) host[i] = input(0, 0, i, false);
   // Two GPU steps, save, continue on a fresh communicator that loaded the state,
   // against the CPU path doing the same.
-  auto a = single_rank("nccl");
-  auto cpu = single_rank("ucx");
+  auto a = testing::single_rank("nccl");
+  auto cpu = testing::single_rank("ucx");
   for (int step = 0; step < 2; ++step) {
     on_gpu(*a, host, options, ReduceOp::kSum);
     std::vector<float> x = host;
@@ -110,7 +101,7 @@ TEST(NcclCompressed, SaveAndLoadStateCarryDeviceResiduals) {
   }
   const std::vector<uint8_t> saved = a->save_state();
   ASSERT_EQ(saved, cpu->save_state());
-  auto b = single_rank("nccl");
+  auto b = testing::single_rank("nccl");
   b->load_state(saved);
   std::vector<float> x = host;
   cpu->allreduce(TensorView::of(x.data(), numel), ReduceOp::kSum, options);

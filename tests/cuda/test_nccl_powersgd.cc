@@ -105,15 +105,6 @@ void expect_state_near(Communicator& got, Communicator& want, const std::string&
   EXPECT_LE(relative_error(floats(x.extra), floats(y.extra)), kTolerance) << "Q";
 }
 
-std::unique_ptr<Communicator> single_rank(const std::string& transport) {
-  InitOptions options;
-  options.rank = 0;
-  options.world_size = 1;
-  options.transport = transport;
-  options.timeout = std::chrono::seconds(60);
-  return Communicator::create(options);
-}
-
 std::vector<float> on_gpu(Communicator& comm, std::vector<float> x, const CompressOptions& options, ReduceOp op,
                           int device = 0) {
   detail::DeviceBuffer t(x.size() * sizeof(float));
@@ -138,8 +129,8 @@ const char* const kSpecs[] = {"powersgd:rank=2", "powersgd:rank=1,warm_start=0",
 
 TEST(NcclPowersgd, SingleRankMatchesTheCpuEngineWithinToleranceOverSteps) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto gpu = single_rank("nccl");
-  auto cpu = single_rank("ucx");
+  auto gpu = testing::single_rank("nccl");
+  auto cpu = testing::single_rank("ucx");
   const auto numel = static_cast<size_t>(numel_of(kShapes));
   for (const char* spec : kSpecs) {
     SCOPED_TRACE(spec);
@@ -159,8 +150,8 @@ TEST(NcclPowersgd, SingleRankMatchesTheCpuEngineWithinToleranceOverSteps) {
 
 TEST(NcclPowersgd, AllDenseCallsAreTheCpuEnginesBytes) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto gpu = single_rank("nccl");
-  auto cpu = single_rank("ucx");
+  auto gpu = testing::single_rank("nccl");
+  auto cpu = testing::single_rank("ucx");
   // No shape: one 1-D tensor, dense; a shape too small to compress: dense as well.
   for (const bool shaped : {false, true}) {
     CompressOptions options = powersgd("powersgd:rank=4", shaped ? "tiny" : "flat", false);
@@ -181,8 +172,8 @@ TEST(NcclPowersgd, SaveLoadAndCpuCallsCarryTheDeviceQ) {
   SKIP_WITHOUT_CUDA_DEVICE();
   const CompressOptions options = powersgd("powersgd:rank=2", "w");
   const auto numel = static_cast<int64_t>(numel_of(kShapes));
-  auto a = single_rank("nccl");
-  auto cpu = single_rank("ucx");
+  auto a = testing::single_rank("nccl");
+  auto cpu = testing::single_rank("ucx");
   for (int step = 0; step < 2; ++step) {
     std::vector<float> x = gradient(0, step);
     on_gpu(*a, x, options, ReduceOp::kSum);
@@ -190,7 +181,7 @@ TEST(NcclPowersgd, SaveLoadAndCpuCallsCarryTheDeviceQ) {
   }
   expect_state_near(*a, *cpu, "w");
   // A fresh GPU communicator continues from the saved Q and residual (host -> device).
-  auto b = single_rank("nccl");
+  auto b = testing::single_rank("nccl");
   b->load_state(a->save_state());
   std::vector<float> want = gradient(0, 2);
   const std::vector<float> got = on_gpu(*b, want, options, ReduceOp::kSum);
@@ -207,7 +198,7 @@ TEST(NcclPowersgd, SaveLoadAndCpuCallsCarryTheDeviceQ) {
 
 TEST(NcclPowersgd, WarmKeyRefusesOtherShapes) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto gpu = single_rank("nccl");
+  auto gpu = testing::single_rank("nccl");
   CompressOptions options = powersgd("powersgd:rank=2", "w", false);
   options.shape = {64, 48};
   on_gpu(*gpu, normal(64 * 48, 1, 1.0f), options, ReduceOp::kSum);
