@@ -207,11 +207,10 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
   call.key_name = options.key;
   call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
   try {
-    call.parts = tensor_parts(options.shape, options.parts, t.numel);
+    call.parts = tensor_parts(options.shape, options.parts, t.numel);  // checked whatever the compressor
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
   }
-  call.parts_digest = parts_digest(call.parts);
   {
     std::lock_guard lock(issue_mutex_);
     try {
@@ -243,6 +242,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
                                             rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
         }
         if (spec.id == CompressorId::kPowersgd) {  // its Q is sized by the shapes
+          call.parts_digest = parts_digest(call.parts);  // only powersgd reads the shapes
           if (key.parts_digest != 0 && key.parts_digest != call.parts_digest) {
             throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' was used with other shapes before (now "
                                               "{}); a key's shapes must not change",
