@@ -223,7 +223,12 @@ TEST(Fusion, CallsThatCannotFollowThePlanRaiseMismatchOnEveryRank) {
     std::vector<std::shared_ptr<Work>> works;
     for (int c = 0; c < 6; ++c) {
       const ReduceOp op = comm.rank() == 1 && c == 2 ? ReduceOp::kMax : ReduceOp::kSum;
-      works.push_back(comm.allreduce_async(TensorView::of(x[c].data(), 40), op));
+      try {
+        works.push_back(comm.allreduce_async(TensorView::of(x[c].data(), 40), op));
+      } catch (const MismatchError& e) {  // a late thread: the others already failed the group
+        messages[comm.rank()] = e.what();
+        break;
+      }
     }
     for (auto& w : works) {
       try {
