@@ -48,10 +48,26 @@ struct SparseVector {
   std::vector<float> values;
 };
 
-// Payload: header (param0/param1 = count low/high 32 bits, flags bit0 = u64
-// indices, bit1 = fp16 values),
-// indices (u32 when n < 2^32, else u64), values (fp32 or fp16). See FORMAT.md.
-std::vector<uint8_t> encode_sparse(CompressorId id, int64_t n, const SparseVector& v, ValueType values);
+// How a sparse payload carries its entries: values as fp32, fp16 or bf16, indices raw
+// (u32, or u64 from n = 2^32) or Elias–Fano coded (compressors/topk/sparse_code.h).
+struct SparseFormat {
+  ValueType values = ValueType::kFp32;
+  bool coded = false;
+};
+// The format a top-k spec sends.
+inline SparseFormat sparse_format(const CompressorSpec& spec) { return SparseFormat{spec.values, spec.coded_indices}; }
+
+// Payload bytes for `count` entries of an n-element vector; depends on nothing else.
+size_t sparse_payload_bytes(int64_t n, int64_t count, SparseFormat format);
+// Payload: header (param0/param1 = count low/high 32 bits, flags: sparse_code.h), the
+// values, then the indices. See FORMAT.md. InvalidArgument for a selection the decoder
+// would refuse (an index >= n, indices not strictly increasing, sizes that differ).
+std::vector<uint8_t> encode_sparse(CompressorId id, int64_t n, const SparseVector& v, SparseFormat format);
+// The same into out[0, sparse_payload_bytes(n, count, format)), for a selection already
+// known to be valid (no checks).
+void encode_sparse_into(CompressorId id, int64_t n, const SparseVector& v, SparseFormat format, uint8_t* out);
+// The entries of a payload (values widened to fp32). CorruptPayload as decode_add_sparse.
+SparseVector decode_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n);
 // out[indices[j]] += values[j]. CorruptPayload on bad header, truncation, an index
 // >= n or indices not strictly increasing; nothing is written before validation.
 void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n, float* out);

@@ -45,7 +45,8 @@ constexpr int64_t kMaxPowersgdRank = powersgd::kMaxRank;
 constexpr size_t kMaxShown = 100;  // characters of user text quoted in an error
 
 constexpr std::string_view kCastKeys[] = {"ef", "min_numel", "warmup", "seed"};
-constexpr std::string_view kTopkKeys[] = {"ratio", "k", "select", "ef", "min_numel", "warmup", "seed", "values"};
+constexpr std::string_view kTopkKeys[] = {"ratio",     "k",      "select", "indices", "algo",
+                                          "ef",        "min_numel", "warmup", "seed",    "values"};
 constexpr std::string_view kRandomkKeys[] = {"ratio", "ef", "min_numel", "warmup", "seed", "values"};
 constexpr std::string_view kQsgdKeys[] = {"levels", "bucket", "ef", "min_numel", "warmup", "seed"};
 constexpr std::string_view kQuantKeys[] = {"bits", "bucket", "round", "ef", "min_numel", "warmup", "seed"};
@@ -138,6 +139,12 @@ class SpecParser {
         parse_ratio_or_k(s);
         s.select = choice<TopkSelect>("select", {{"exact", TopkSelect::kExact}, {"sample", TopkSelect::kSample}},
                                       TopkSelect::kExact);
+        s.coded_indices = choice<bool>("indices", {{"coded", true}, {"raw", false}}, true);
+        s.algo = choice<SparseAlgo>("algo",
+                                    {{"auto", SparseAlgo::kAuto},
+                                     {"allgather", SparseAlgo::kAllgather},
+                                     {"reduce_scatter", SparseAlgo::kReduceScatter}},
+                                    SparseAlgo::kAuto);
         break;
       case CompressorId::kRandomk: {
         const auto ratio = take("ratio");
@@ -305,7 +312,12 @@ class SpecParser {
       }
       s.seed = v;
     }
-    s.values = choice<ValueType>("values", {{"fp32", ValueType::kFp32}, {"fp16", ValueType::kFp16}}, ValueType::kFp32);
+    // Top-k's values are summed in fp32 after they arrive, so bf16 (fp32's range, no
+    // overflow) costs only rounding, which error feedback keeps; random-k and the sketch
+    // sum their values on the wire, where 16-bit sums lose more, so they stay fp32.
+    s.values = choice<ValueType>("values",
+                                 {{"fp32", ValueType::kFp32}, {"fp16", ValueType::kFp16}, {"bf16", ValueType::kBf16}},
+                                 s.id == CompressorId::kTopk ? ValueType::kBf16 : ValueType::kFp32);
   }
 
   std::string_view spec_;
@@ -328,7 +340,9 @@ std::string CompressorSpec::canonical() const {
   switch (id) {
     case CompressorId::kTopk:
       ratio_or_k();
-      out += fmt::format(",select={},", select == TopkSelect::kExact ? "exact" : "sample");
+      out += fmt::format(",select={},indices={},algo={},", select == TopkSelect::kExact ? "exact" : "sample",
+                         coded_indices ? "coded" : "raw",
+                         algo == SparseAlgo::kAuto ? "auto" : algo == SparseAlgo::kAllgather ? "allgather" : "reduce_scatter");
       break;
     case CompressorId::kRandomk: out += fmt::format("ratio={},", ratio); break;
     case CompressorId::kQsgd: out += fmt::format("levels={},bucket={},", levels, bucket); break;
@@ -350,7 +364,9 @@ std::string CompressorSpec::canonical() const {
   }
   out += fmt::format("ef={},min_numel={},warmup={},seed={}", ef ? 1 : 0, min_numel, warmup, seed);
   if (id == CompressorId::kTopk || id == CompressorId::kRandomk || id == CompressorId::kSketch) {
-    out += fmt::format(",values={}", values == ValueType::kFp32 ? "fp32" : "fp16");
+    out += fmt::format(",values={}", values == ValueType::kFp32   ? "fp32"
+                                     : values == ValueType::kFp16 ? "fp16"
+                                                                  : "bf16");
   }
   return out;
 }

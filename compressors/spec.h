@@ -41,7 +41,10 @@ constexpr const char* compressor_name(CompressorId id) {
 
 enum class TopkSelect : uint8_t { kExact = 0, kSample = 1 };
 enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
-enum class ValueType : uint8_t { kFp32 = 0, kFp16 = 1 };  // how sparse values travel
+enum class ValueType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };  // how sparse values travel
+// How top-k's selections are combined (compressors/topk/sparse_algo.h): every rank's
+// payload to every rank, or the index space split among the ranks.
+enum class SparseAlgo : uint8_t { kAuto = 0, kAllgather = 1, kReduceScatter = 2 };
 
 struct CompressorSpec {
   CompressorId id = CompressorId::kNone;
@@ -51,12 +54,14 @@ struct CompressorSpec {
   int64_t min_numel = 0;      // smaller tensors go dense
   int64_t warmup = 0;         // the first `warmup` steps of a key go dense
   uint64_t seed = 0;          // Philox seed (stochastic rounding, random-k, sketch hashes)
-  ValueType values = ValueType::kFp32;  // sparse values on the wire (topk, randomk, sketch)
+  ValueType values = ValueType::kFp32;  // sparse values on the wire (topk: bf16; randomk, sketch: fp32)
 
   // topk: exactly one of ratio / k is set (k = 0 means "use ratio").
   double ratio = 0.0;         // topk, randomk, sketch: fraction of elements, (0, 1]
   int64_t k = 0;              // topk: absolute count; sketch: heavy hitters to recover
   TopkSelect select = TopkSelect::kExact;
+  bool coded_indices = true;  // topk: Elias–Fano coded indices (indices=coded), else raw u32/u64
+  SparseAlgo algo = SparseAlgo::kAuto;  // topk
 
   int levels = 0;             // qsgd: quantization levels s >= 1
   int bits = 0;               // quant: 1, 2, 4 or 8
@@ -74,7 +79,7 @@ struct CompressorSpec {
   double min_compression_rate = 0.0;
 
   // The spec with every key spelled out in a fixed order, e.g.
-  // "topk:ratio=0.01,select=exact,ef=1,min_numel=0,warmup=0,seed=0,values=fp32".
+  // "topk:ratio=0.01,select=exact,indices=coded,algo=auto,ef=1,min_numel=0,warmup=0,seed=0,values=bf16".
   std::string canonical() const;
 };
 

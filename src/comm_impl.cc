@@ -229,6 +229,12 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
         throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(),
                                           text, reduce_op_name(reduce_op)));
       }
+      if (spec.algo == SparseAlgo::kReduceScatter && t.device.type == DeviceType::kCuda) {
+        throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}': algo=reduce_scatter is not available "
+                                          "for CUDA tensors (the NCCL path runs the sparse allgather); use "
+                                          "algo=allgather or auto",
+                                          rank(), text));
+      }
       if (options.key.empty() && CompressionEngine::stateful(spec)) {
         throw InvalidArgument(fmt::format(
             "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "

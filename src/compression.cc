@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "compressors/topk/sparse_code.h"
 #include "comm_impl.h"
 #include "half.h"
 #include "reduce.h"
@@ -31,9 +32,14 @@ const float* accumulate_in_residual(const float* data, int64_t numel, float* res
   return residual;
 }
 
-void zero_at(float* residual, const std::vector<uint64_t>& indices) {
+// Error feedback after a selection was sent: the residual at a sent index keeps what
+// the value type's rounding dropped (x - x', 0 for fp32; sparse_code.h's rule), so
+// only the rounding, not the value, is carried to the next step.
+void keep_rounding(float* residual, const std::vector<uint64_t>& indices, const float* values, ValueType type) {
   if (residual == nullptr) return;
-  for (uint64_t i : indices) residual[i] = 0.0f;
+  for (size_t j = 0; j < indices.size(); ++j) {
+    residual[indices[j]] = sparse_rounding_residual(values[j], sparse_round(values[j], type));
+  }
 }
 
 // Output = zeros except `values` at `indices` (both of one selection).
@@ -125,37 +131,20 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       break;
     }
     case CompressorId::kTopk: {
-      std::vector<uint8_t> payload;
+      const SparseFormat format = sparse_format(spec);
+      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      SparseVector selected;
       {
         Op::PhaseTimer timer(op, &Stats::encode_s);
-        const SparseVector selected = topk_select_accumulate(
-            data, residual, numel, selection_count(spec.ratio, spec.k, numel), spec.select, mine);
-        zero_at(residual, selected.indices);
-        payload = encode_sparse(CompressorId::kTopk, numel, selected, spec.values);
+        selected = topk_select_accumulate(data, residual, numel, k, spec.select, mine);
+        keep_rounding(residual, selected.indices, selected.values.data(), spec.values);
+        if (key != nullptr) key->sent = selected.indices;
       }
-      std::vector<int64_t> sizes;
-      std::vector<uint8_t> all;
-      if (spec.select == TopkSelect::kExact) {
-        // Every rank selects exactly k of numel: its payload has this size everywhere,
-        // so no sizes are exchanged first (one latency-bound ring fewer). A payload of
-        // another size fails its receive (CorruptPayload).
-        sizes.assign(static_cast<size_t>(n), static_cast<int64_t>(payload.size()));
-        all.resize(payload.size() * static_cast<size_t>(n));
-        std::memcpy(all.data() + payload.size() * static_cast<size_t>(op.rank()), payload.data(), payload.size());
-        if (n > 1) ring_allgatherv(op, all.data(), sizes, 1, kSecondPhaseUnits);
-      } else {
-        all = ring_allgatherv_bytes(op, payload, sizes);
+      if (choose_sparse_algo(spec, n, numel) == SparseAlgo::kReduceScatter) {
+        sparse_reduce_scatter_allreduce(op, data, numel, reduce_op, selected, format, k, residual);
+        return;
       }
-      // Every rank decodes every payload in rank order: bitwise identical sums.
-      Op::PhaseTimer timer(op, &Stats::decode_s);
-      std::vector<std::span<const uint8_t>> payloads;
-      size_t at = 0;
-      for (int64_t size : sizes) {
-        payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(size)));
-        at += static_cast<size_t>(size);
-      }
-      // The average divides each tile as it is written, not in a pass after.
-      decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1);
+      sparse_allgather_allreduce(op, data, numel, reduce_op, selected, format, spec.select == TopkSelect::kExact);
       return;
     }
     case CompressorId::kRandomk: {
@@ -167,7 +156,8 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
         indices = randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared);
         values.resize(indices.size());
         for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
-        zero_at(residual, indices);
+        keep_rounding(residual, indices, values.data(), spec.values);
+        if (key != nullptr) key->sent = indices;
       }
       allreduce_values(op, values, spec.values, 0);
       scatter(data, numel, indices, values.data());
@@ -194,7 +184,8 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
           topk_select(estimate.data(), numel, k, TopkSelect::kExact, shared).indices;
       std::vector<float> values(indices.size());
       for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
-      zero_at(residual, indices);
+      keep_rounding(residual, indices, values.data(), spec.values);
+      if (key != nullptr) key->sent = indices;
       allreduce_values(op, values, spec.values, kSecondPhaseUnits);
       scatter(data, numel, indices, values.data());
       break;
@@ -214,18 +205,19 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
   }
 }
 
-// Sums the values of a sparse selection across ranks, as fp32 or (values=fp16)
-// as fp16 on the wire; the caller's vector holds the sums afterwards.
+// Sums the values of a sparse selection across ranks, as fp32 or (values=fp16|bf16)
+// as 16-bit values on the wire; the caller's vector holds the sums afterwards.
 void CompressionEngine::allreduce_values(Op& op, std::vector<float>& values, ValueType type, uint32_t unit_base) {
   if (type == ValueType::kFp32) {
     dense_allreduce(op, values.data(), static_cast<int64_t>(values.size()), DType::kFloat32, ReduceOp::kSum,
                     unit_base);
     return;
   }
-  std::vector<uint16_t> half(values.size());
-  for (size_t j = 0; j < values.size(); ++j) half[j] = float_to_half(values[j]);
-  dense_allreduce(op, half.data(), static_cast<int64_t>(half.size()), DType::kFloat16, ReduceOp::kSum, unit_base);
-  for (size_t j = 0; j < values.size(); ++j) values[j] = half_to_float(half[j]);
+  std::vector<uint16_t> narrow(values.size());
+  for (size_t j = 0; j < values.size(); ++j) narrow[j] = sparse_narrow(values[j], type);
+  dense_allreduce(op, narrow.data(), static_cast<int64_t>(narrow.size()),
+                  type == ValueType::kFp16 ? DType::kFloat16 : DType::kBFloat16, ReduceOp::kSum, unit_base);
+  for (size_t j = 0; j < values.size(); ++j) values[j] = sparse_widen(narrow[j], type);
 }
 
 }  // namespace gradcomm::detail

@@ -204,6 +204,16 @@ void run_fused(Op& op, CompressionEngine& engine, std::span<Call* const> members
         at += static_cast<size_t>(call->tensor.nbytes());
       }
     }
+    // Each member's share of what the group sent, in its own index space.
+    uint64_t first = 0;
+    size_t j = 0;
+    for (const Call* call : members) {
+      const uint64_t end = first + static_cast<uint64_t>(call->tensor.numel);
+      std::vector<uint64_t> sent;
+      for (; j < group.sent.size() && group.sent[j] < end; ++j) sent.push_back(group.sent[j] - first);
+      if (call->key != nullptr) call->key->sent = std::move(sent);
+      first = end;
+    }
   }
 
   // Unpack; every keyed member has taken one step.

@@ -22,6 +22,19 @@ std::span<const float> residual_view(Communicator& comm, const std::string& key)
   return {reinterpret_cast<const float*>(k.residual.data()), static_cast<size_t>(k.numel)};
 }
 
+std::vector<float> sent_mask(Communicator& comm, const std::string& key) {
+  CompressionState& state = comm.impl().compression_state();
+  std::lock_guard lock(comm.impl().issue_mutex());  // the map (see introspect.h)
+  const auto it = state.keys.find(key);
+  if (it == state.keys.end() || it->second.device != nullptr || it->second.step == 0) return {};
+  const KeyState& k = it->second;
+  std::vector<float> mask(static_cast<size_t>(k.numel), 1.0f);
+  for (uint64_t i : k.sent) {
+    if (i < mask.size()) mask[i] = 0.0f;
+  }
+  return mask;
+}
+
 NextAllreduce next_allreduce(Communicator& comm, const std::string& spec_text, const std::string& key,
                              int64_t numel) {
   const CompressorSpec spec = parse_compressor_spec(spec_text.empty() ? "none" : spec_text);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "gradcomm/communicator.h"
 
@@ -20,12 +21,19 @@ namespace gradcomm::detail {
 // InvalidArgument when the key holds state of another dtype.
 std::span<const float> residual_view(Communicator& comm, const std::string& key);
 
+// DGC's momentum mask for `key`: 0 at the indices this rank's last sparsified allreduce
+// of the key sent, 1 elsewhere (numel floats); empty when the key has sent nothing yet
+// or its state lives on a GPU. (The residual is no longer 0 where a value was sent: it
+// keeps what rounding the value to bf16/fp16 dropped.) Same rules as residual_view for
+// when to call it.
+std::vector<float> sent_mask(Communicator& comm, const std::string& key);
+
 // How the next allreduce of `numel` elements under `spec` and `key` will run.
 struct NextAllreduce {
   bool dense = true;             // goes through the dense ring: compressor none,
                                  // numel < min_numel, or the key is still in warm-up
   bool sparsifier_with_ef = false;  // topk / randomk / sketch with error feedback:
-                                    // transmitted coordinates are where the residual becomes 0
+                                    // sent_mask() says which coordinates were transmitted
 };
 // Parses `spec` (InvalidArgument as allreduce would) and looks at the key's step
 // (complete: every earlier allreduce of the key must have completed).

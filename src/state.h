@@ -47,6 +47,9 @@ struct KeyState {
   std::vector<uint8_t> extra;     // a compressor's own state beyond the residual (powersgd: the warm-start Q, fp32)
   std::shared_ptr<DeviceKeyState> device;  // set while the state lives on a GPU (then `residual` and `extra` are empty)
   uint32_t parts_digest = 0;  // the shapes of the key's powersgd calls (shape.h), checked at issue; not saved
+  // The indices this rank's last sparsified call of the key sent (topk, randomk, sketch),
+  // increasing: DGC's momentum masking (introspect.h). Not saved.
+  std::vector<uint64_t> sent;
 };
 
 // Moves a key's state from the GPU back into `key` (residual and extra), when it is

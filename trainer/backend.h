@@ -48,8 +48,8 @@ class Backend {
   // Optimizer steps over one range of the buffers (optimizer.h has the formulas).
   virtual void dgc_accumulate(const ParamRange& range, const SgdConfig& config) = 0;
   virtual void sgd_update(const ParamRange& range, const SgdConfig& config, float lr) = 0;
-  // `residual`: the range's error-feedback residual (host), zero where sent.
-  virtual void dgc_update(const ParamRange& range, float lr, std::span<const float> residual) = 0;
+  // `mask`: the range's sent mask (host; introspect.h's sent_mask), zero where sent.
+  virtual void dgc_update(const ParamRange& range, float lr, std::span<const float> mask) = 0;
 };
 
 // `max_batch`: the largest batch forward_backward / evaluate chunks will see.

@@ -56,8 +56,8 @@ class CpuBackend final : public Backend {
     train::sgd_update(config, lr, params_.data() + r.offset, grads_.data() + r.offset, momentum_.data() + r.offset,
                       r.numel);
   }
-  void dgc_update(const ParamRange& r, float lr, std::span<const float> residual) override {
-    train::dgc_update(lr, params_.data() + r.offset, grads_.data() + r.offset, momentum_.data() + r.offset, residual,
+  void dgc_update(const ParamRange& r, float lr, std::span<const float> mask) override {
+    train::dgc_update(lr, params_.data() + r.offset, grads_.data() + r.offset, momentum_.data() + r.offset, mask,
                       r.numel);
   }
 

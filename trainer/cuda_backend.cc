@@ -46,7 +46,7 @@ class CudaBackend final : public Backend {
     grads_ = DeviceBuffer(n);
     momentum_ = DeviceBuffer(n);
     staging_ = PinnedBuffer(n);
-    residual_ = DeviceBuffer(n);
+    mask_ = DeviceBuffer(n);
     for (size_t l = 0; l < layout.sizes.size(); ++l) {
       acts_.emplace_back(static_cast<size_t>(max_batch * layout.sizes[l]) * sizeof(float));
     }
@@ -160,17 +160,17 @@ class CudaBackend final : public Backend {
     cuda::sgd_update(config, lr, params_.as<float>() + r.offset, grads_.as<float>() + r.offset,
                      momentum_.as<float>() + r.offset, r.numel, stream_.get());
   }
-  void dgc_update(const ParamRange& r, float lr, std::span<const float> residual) override {
+  void dgc_update(const ParamRange& r, float lr, std::span<const float> host_mask) override {
     const float* mask = nullptr;
-    if (!residual.empty()) {
-      // The residual lives in the communicator (host); the mask kernel needs it here.
-      GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(residual_.as<float>() + r.offset, residual.data(),
-                                          residual.size() * sizeof(float), cudaMemcpyHostToDevice, stream_.get()));
-      mask = residual_.as<float>() + r.offset;
+    if (!host_mask.empty()) {
+      // The mask comes from the communicator (host); the kernel needs it here.
+      GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(mask_.as<float>() + r.offset, host_mask.data(),
+                                          host_mask.size() * sizeof(float), cudaMemcpyHostToDevice, stream_.get()));
+      mask = mask_.as<float>() + r.offset;
     }
     cuda::dgc_update(lr, params_.as<float>() + r.offset, grads_.as<float>() + r.offset,
                      momentum_.as<float>() + r.offset, mask, r.numel, stream_.get());
-    // The next residual_view may reuse the host memory we just queued a copy from.
+    // The caller frees the host mask we just queued a copy from when we return.
     stream_.synchronize();
   }
 
@@ -234,7 +234,7 @@ class CudaBackend final : public Backend {
   detail::Stream stream_;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer params_, grads_, momentum_;  // (num_params) each, layout in mlp.h
-  DeviceBuffer residual_;                   // (num_params): DGC masks, copied from the communicator
+  DeviceBuffer mask_;                       // (num_params): DGC masks, copied from the communicator
   PinnedBuffer staging_;                    // (num_params): the gradient on its way through the allreduce
   std::vector<DeviceBuffer> acts_;          // acts_[l]: (max_batch, sizes[l]); acts_[0] is the input
   DeviceBuffer delta_, delta_prev_;         // (max_batch, max_width)

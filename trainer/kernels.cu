@@ -90,10 +90,10 @@ __global__ void dgc_accumulate_kernel(float momentum, float weight_decay, bool n
   }
 }
 
-__global__ void dgc_update_kernel(float lr, float* w, const float* r, float* u, const float* residual, int64_t n) {
+__global__ void dgc_update_kernel(float lr, float* w, const float* r, float* u, const float* mask, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     w[i] -= lr * r[i];
-    if (residual != nullptr && residual[i] == 0.0f) u[i] = 0.0f;
+    if (mask != nullptr && mask[i] == 0.0f) u[i] = 0.0f;
   }
 }
 
@@ -148,9 +148,9 @@ void dgc_accumulate(const SgdConfig& c, const float* w, float* g, float* u, int6
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 
-void dgc_update(float lr, float* w, const float* r, float* u, const float* residual, int64_t n, cudaStream_t stream) {
+void dgc_update(float lr, float* w, const float* r, float* u, const float* mask, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  dgc_update_kernel<<<grid_for(n), kBlock, 0, stream>>>(lr, w, r, u, residual, n);
+  dgc_update_kernel<<<grid_for(n), kBlock, 0, stream>>>(lr, w, r, u, mask, n);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 

@@ -31,8 +31,8 @@ void flag_nonfinite(const float* x, int64_t n, int* flag, cudaStream_t stream);
 void sgd_update(const SgdConfig& config, float lr, float* w, const float* g, float* v, int64_t n,
                 cudaStream_t stream);
 void dgc_accumulate(const SgdConfig& config, const float* w, float* g, float* u, int64_t n, cudaStream_t stream);
-// w -= lr * r; u[i] = 0 where residual[i] == 0 (residual: device copy; null masks nothing).
-void dgc_update(float lr, float* w, const float* r, float* u, const float* residual, int64_t n,
+// w -= lr * r; u[i] = 0 where mask[i] == 0 (mask: device copy; null masks nothing).
+void dgc_update(float lr, float* w, const float* r, float* u, const float* mask, int64_t n,
                 cudaStream_t stream);
 
 }  // namespace gradcomm::train::cuda

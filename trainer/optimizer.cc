@@ -33,11 +33,11 @@ void dgc_accumulate(const SgdConfig& c, const float* w, float* g, float* u, int6
   }
 }
 
-void dgc_update(float lr, float* w, const float* r, float* u, std::span<const float> residual, int64_t n) {
+void dgc_update(float lr, float* w, const float* r, float* u, std::span<const float> mask, int64_t n) {
   for (int64_t i = 0; i < n; ++i) w[i] -= lr * r[i];
-  if (residual.empty()) return;
+  if (mask.empty()) return;
   for (int64_t i = 0; i < n; ++i) {
-    if (residual[i] == 0.0f) u[i] = 0.0f;
+    if (mask[i] == 0.0f) u[i] = 0.0f;
   }
 }
 

@@ -38,8 +38,8 @@ void sgd_update(const SgdConfig& config, float lr, float* w, const float* g, flo
 
 // Momentum correction, before the allreduce: updates u and overwrites g with what to send.
 void dgc_accumulate(const SgdConfig& config, const float* w, float* g, float* u, int64_t n);
-// After the allreduce: w -= lr * r; u[i] = 0 where residual[i] == 0 (sent). An
-// empty residual (none kept) masks nothing.
-void dgc_update(float lr, float* w, const float* r, float* u, std::span<const float> residual, int64_t n);
+// After the allreduce: w -= lr * r; u[i] = 0 where mask[i] == 0 (sent: introspect.h's
+// sent_mask). An empty mask masks nothing.
+void dgc_update(float lr, float* w, const float* r, float* u, std::span<const float> mask, int64_t n);
 
 }  // namespace gradcomm::train

@@ -31,7 +31,7 @@
 #include <numeric>
 
 #include "gradcomm/errors.h"
-#include "introspect.h"  // residual_view / next_allreduce: DGC masking (internal API)
+#include "introspect.h"  // sent_mask / next_allreduce: DGC masking (internal API)
 #include "trainer/backend.h"
 #include "trainer/checkpoint.h"
 #include "trainer/dataset.h"
@@ -452,7 +452,7 @@ void Trainer::update() {
   for (size_t i = 0; i < layout_.ranges.size(); ++i) {
     const ParamRange& r = layout_.ranges[i];
     if (dgc_mode_[i]) {
-      backend_->dgc_update(r, lr, detail::residual_view(comm_, r.name));
+      backend_->dgc_update(r, lr, detail::sent_mask(comm_, r.name));
     } else {
       backend_->sgd_update(r, sgd_, lr);
     }

@@ -139,12 +139,13 @@ int main(int argc, char** argv) {
         const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(ratio * static_cast<double>(n)));
         for (auto [mode, name] : {std::pair{gradcomm::detail::TopkSelect::kExact, "topk exact"},
                                   std::pair{gradcomm::detail::TopkSelect::kSample, "topk sample"}}) {
-          const double ms = time_ms([&] { gc::gpu_topk_select(grad.as<float>(), nullptr, n, k, mode, rng, ws, stream); },
+          const double ms = time_ms([&] { gc::gpu_topk_select(grad.as<float>(), nullptr, n, k, mode, rng, gc::ValueType::kBf16, ws, stream); },
                                     stream, warmup, iters);
           rows_out.push_back({name, n, ratio, ms, nbytes});
         }
         const double ms_ef = time_ms(
-            [&] { gc::gpu_topk_select(grad.as<float>(), residual.as<float>(), n, k, gc::TopkSelect::kExact, rng, ws, stream); },
+            [&] { gc::gpu_topk_select(grad.as<float>(), residual.as<float>(), n, k, gc::TopkSelect::kExact, rng,
+                                gc::ValueType::kBf16, ws, stream); },
             stream, warmup, iters);
         rows_out.push_back({"topk exact + EF", n, ratio, ms_ef, 3.0 * nbytes});
       }
@@ -154,7 +155,8 @@ int main(int argc, char** argv) {
         const double ms = time_ms(
             [&] {
               gc::gpu_randomk_indices(n, k, rng, ws, stream);
-              gc::gpu_gather(grad.as<float>(), ws.indices(), ws.count(), ws.capacity(), values.as<float>(), nullptr, stream);
+              gc::gpu_gather(grad.as<float>(), ws.indices(), ws.count(), ws.capacity(), values.as<float>(), nullptr,
+                             gc::ValueType::kFp32, stream);
             },
             stream, warmup, iters);
         rows_out.push_back({"randomk (indices+gather)", n, 0.01, ms, 12.0 * static_cast<double>(k)});
@@ -176,18 +178,20 @@ int main(int argc, char** argv) {
       }
       {
         const int64_t k = std::max<int64_t>(1, n / 100);
-        gc::gpu_topk_select(grad.as<float>(), nullptr, n, k, gc::TopkSelect::kExact, rng, ws, stream);
-        const size_t bytes = gc::sparse_payload_bytes(n, k, gc::ValueType::kFp32);
+        // Top-k's default payload: Elias–Fano indices, bf16 values.
+        const gc::SparseFormat format{gc::ValueType::kBf16, true};
+        gc::gpu_topk_select(grad.as<float>(), nullptr, n, k, gc::TopkSelect::kExact, rng, format.values, ws, stream);
+        const size_t bytes = gc::sparse_payload_bytes(n, k, format);
         gc::DeviceBuffer payload(bytes);
         gc::StatusBuffer status;
         status.reset(stream);
         gc::gpu_encode_sparse(gc::CompressorId::kTopk, n, ws.indices(), ws.values(), ws.count(), ws.capacity(),
-                              gc::ValueType::kFp32, payload.as<uint8_t>(), nullptr, status.device(), stream);
+                              format, payload.as<uint8_t>(), nullptr, status.device(), stream);
         status.check(stream, "bench encode");
         const double ms = time_ms(
             [&] {
-              gc::gpu_decode_add_sparse(gc::CompressorId::kTopk, payload.as<uint8_t>(), bytes, n, scratch.as<float>(),
-                                        status.device(), stream);
+              gc::gpu_decode_add_sparse(gc::CompressorId::kTopk, payload.as<uint8_t>(), bytes, n, format,
+                                        scratch.as<float>(), ws, status.device(), stream);
             },
             stream, warmup, iters);
         status.check(stream, "bench decode");

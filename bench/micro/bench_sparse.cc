@@ -102,12 +102,20 @@ void BM_SketchAccumulateEstimate(benchmark::State& state) {
   set_bytes(state, n);
 }
 
+// range(1): 0 = fp32 values and raw indices (the old default), 1 = fp16 raw, 2 = bf16
+// values and coded indices (top-k's default).
+SparseFormat format_of(int64_t code) {
+  return code == 0 ? SparseFormat{ValueType::kFp32, false}
+         : code == 1 ? SparseFormat{ValueType::kFp16, false}
+                     : SparseFormat{ValueType::kBf16, true};
+}
+
 // Encode + decode_add of a 1% selection (the top-k payload at ratio 0.01).
 void BM_SparseEncodeDecode(benchmark::State& state) {
   const int64_t n = state.range(0);
   const auto& x = input(n);
   const SparseVector s = topk_select(x.data(), n, n / 100, TopkSelect::kExact, PhiloxStream{});
-  const auto values = state.range(1) ? ValueType::kFp16 : ValueType::kFp32;
+  const SparseFormat values = format_of(state.range(1));
   std::vector<float> out(static_cast<size_t>(n), 0.0f);
   for (auto _ : state) {
     const auto bytes = encode_sparse(CompressorId::kTopk, n, s, values);
@@ -122,7 +130,7 @@ void BM_SparseEncodeDecode(benchmark::State& state) {
 void BM_SparseDecodeSum4(benchmark::State& state) {
   const int64_t n = state.range(0);
   const auto& x = input(n);
-  const auto values = state.range(1) ? ValueType::kFp16 : ValueType::kFp32;
+  const SparseFormat values = format_of(state.range(1));
   std::vector<std::vector<uint8_t>> payloads;
   for (uint64_t r = 0; r < 4; ++r) {
     SparseVector s;
@@ -149,7 +157,7 @@ void sizes_and_ratios(benchmark::internal::Benchmark* b) {
 }
 void sizes_and_value_types(benchmark::internal::Benchmark* b) {
   for (int64_t n : {kM, 16 * kM, 64 * kM}) {
-    for (int64_t fp16 : {0, 1}) b->Args({n, fp16});
+    for (int64_t format : {0, 1, 2}) b->Args({n, format});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

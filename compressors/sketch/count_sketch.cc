@@ -3,7 +3,7 @@
 // column h_r(i). The hashes depend only on the PhiloxStream, so all ranks build
 // summable tables: sum of tables = table of the summed vector.
 //
-// Hashing (FORMAT_sparse.md): row r has a 64-bit salt
+// Hashing (FORMAT.md): row r has a 64-bit salt
 //   salt_r = philox_bits(rng, 2r) | philox_bits(rng, 2r+1) << 32
 // and element i (as u64) hashes to z = fmix64(i ^ salt_r), MurmurHash3's 64-bit
 // finalizer (a bijection with full avalanche). Column h_r(i) = (hi32(z) * cols) >> 32,

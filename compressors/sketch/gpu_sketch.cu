@@ -147,7 +147,8 @@ void GpuCountSketch::recover(const float* table, int64_t n, int64_t k, GpuSparse
   if (n < 0 || k < 0) throw_invalid("GpuCountSketch::recover: n = ", n, " and k = ", k, " must be >= 0");
   ws.estimate_.reserve(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float));
   estimate(table, n, ws.estimate_.as<float>(), stream);
-  gpu_topk_select(ws.estimate_.as<float>(), nullptr, n, k, TopkSelect::kExact, rng_, ws, stream);
+  gpu_topk_select(ws.estimate_.as<float>(), nullptr, n, k, TopkSelect::kExact, rng_, ValueType::kFp32, ws,
+                  stream);
 }
 
 }  // namespace gradcomm::detail

@@ -11,8 +11,10 @@
 //
 // Error feedback is fused: with `residual` given, a call computes acc = grad +
 // residual into `residual` while it reads the data anyway, and leaves residual = acc
-// with the transmitted indices zeroed (src/compression.cc's rule). `grad` is then
-// only read. Without a residual, acc is `grad` itself.
+// except at the transmitted indices, where it keeps what the value type's rounding
+// dropped: sparse_rounding_residual(x, sparse_round(x, type)) (sparse_code.h; 0 for
+// fp32), src/compression.cc's rule. `grad` is then only read. Without a residual, acc
+// is `grad` itself.
 //
 // Workspaces: one GpuSparseWorkspace per key (per tensor), kept by the caller. Its
 // buffers only grow, so once a key has run at its size nothing is allocated.
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "compressors/codec.h"  // SparseFormat, sparse_payload_bytes
 #include "compressors/philox.h"
 #include "compressors/spec.h"
 #include "cuda/buffer.h"
@@ -62,6 +65,8 @@ class GpuSparseWorkspace {
   DeviceBuffer sample_keys_;  // select=sample: m keys
   DeviceBuffer estimate_;     // sketch: n estimates
   DeviceBuffer draws_, draws_sorted_, order_, order_sorted_, dup_, rejected_;  // random-k
+  DeviceBuffer decode_counts_, decode_ranks_;  // coded decode: one bits per 64-bit high word, their scan
+  DeviceBuffer decode_indices_;                // coded decode: the payload's indices
   PinnedBuffer host_count_;
   int64_t capacity_ = 0;
   int64_t candidate_capacity_ = 0;
@@ -74,39 +79,49 @@ class GpuSparseWorkspace {
 // over 11/11/10-bit digits, then a stable tile compaction); sample = the CPU's DGC
 // threshold from the same Philox sample, every key >= it, and the same fallback to
 // exact outside [max(1, k/2), min(2k, n)] (decided on the device, no sync).
-// With a residual: residual = acc with the selected indices zeroed afterwards.
+// With a residual: residual = acc afterwards, except at the selected indices, where
+// it is the rounding that sending the value as `values` drops (0 for fp32).
 void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
-                     const PhiloxStream& rng, GpuSparseWorkspace& ws, cudaStream_t stream);
+                     const PhiloxStream& rng, ValueType values, GpuSparseWorkspace& ws, cudaStream_t stream);
 
 // ---- sparse payload (FORMAT.md, "Sparse payload") -------------------------------------
-// Bytes of the payload of `count` entries for n elements.
-size_t sparse_payload_bytes(int64_t n, int64_t count, ValueType values);
+// Sizes: sparse_payload_bytes(n, count, format) (codec.h), shared with the CPU codec; it
+// grows with count, so the size at the capacity bounds every selection's payload.
 
 // encode_sparse() on the GPU. Writes the payload of the selection (indices, values,
-// *count <= capacity, all on the device) to `out` (8-byte aligned, at least
-// sparse_payload_bytes(n, capacity) bytes) and its size to *out_bytes (device u64,
-// may be null). Validates first, as encode_sparse refuses: an index >= n, indices not
-// increasing or *count > capacity record the fault in `status` (kIndexOutOfRange,
-// kIndexOrder, kBadLength) and nothing is written. Byte-identical to encode_sparse.
+// *count <= capacity, all on the device) in `format` to `out` (8-byte aligned, at
+// least sparse_payload_bytes(n, capacity, format) bytes) and its size to *out_bytes
+// (device u64, may be null). Validates first, as encode_sparse refuses: an index >= n,
+// indices not increasing or *count > capacity record the fault in `status`
+// (kIndexOutOfRange, kIndexOrder, kBadLength) and nothing is written. Byte-identical to
+// encode_sparse, padding included; no byte of `out` needs to be initialised.
 void gpu_encode_sparse(CompressorId id, int64_t n, const uint64_t* indices, const float* values,
-                       const uint64_t* count, int64_t capacity, ValueType values_type, uint8_t* out,
+                       const uint64_t* count, int64_t capacity, SparseFormat format, uint8_t* out,
                        uint64_t* out_bytes, DeviceStatus* status, cudaStream_t stream);
 
 // decode_add_sparse() on the GPU: out[indices[j]] += values[j] for the payload's
 // entries. `payload` (device, any alignment) holds `payload_bytes` bytes from an
-// untrusted peer. The header, flags, count, length, every index < n and strictly
-// increasing are checked on the device first; a bad payload records its fault in
-// `status` and writes nothing. A payload is also skipped when `status` already holds
-// a fault, so a batch (payloads decoded in rank order on one stream, deterministic:
-// indices within a payload are unique, so no atomics) stops at the first bad one.
-void gpu_decode_add_sparse(CompressorId id, const uint8_t* payload, size_t payload_bytes, int64_t n, float* out,
-                           DeviceStatus* status, cudaStream_t stream);
+// untrusted peer, expected in `format` (the flags must say exactly that format, as the
+// spec every rank agreed on writes). Checked on the device first, as validate_sparse
+// checks: header, flags, count, length; raw indices < n and strictly increasing;
+// coded indices: zero padding in both sections, exactly count one bits in the high
+// section, every decoded index < n and strictly increasing. A bad payload records its
+// fault in `status` (kBadHeader, kBadNumel, kBadLength, kBadPadding, kBadCode for the
+// one bits, kIndexOutOfRange, kIndexOrder) and writes nothing. A payload is also
+// skipped when `status` already holds a fault, so a batch (payloads decoded in rank
+// order on one stream, deterministic: indices within a payload are unique, so no
+// atomics) stops at the first bad one. Coded payloads decode through `ws`'s scratch
+// (about 8 bytes per entry the length could hold; grow-only), not its selection.
+void gpu_decode_add_sparse(CompressorId id, const uint8_t* payload, size_t payload_bytes, int64_t n,
+                           SparseFormat format, float* out, GpuSparseWorkspace& ws, DeviceStatus* status,
+                           cudaStream_t stream);
 
 // ---- gather / scatter / error feedback --------------------------------------------------
-// values[j] = acc[indices[j]] for j < *count; when zero_in is given,
-// zero_in[indices[j]] = 0 afterwards (the error-feedback residual, zero_in == acc).
+// values[j] = x = acc[indices[j]] for j < *count; when `residual` is given (error
+// feedback, residual == acc), residual[indices[j]] = what sending x as `type` drops,
+// sparse_rounding_residual(x, sparse_round(x, type)), afterwards (0 for fp32).
 void gpu_gather(const float* acc, const uint64_t* indices, const uint64_t* count, int64_t capacity, float* values,
-                float* zero_in, cudaStream_t stream);
+                float* residual, ValueType type, cudaStream_t stream);
 // out[indices[j]] = values[j] for j < *count (the caller zero-fills out first).
 void gpu_scatter(float* out, const uint64_t* indices, const float* values, const uint64_t* count, int64_t capacity,
                  cudaStream_t stream);

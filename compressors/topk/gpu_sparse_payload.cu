@@ -1,22 +1,40 @@
 // Sparse payloads on the GPU (gpu_sparse.h: gpu_encode_sparse, gpu_decode_add_sparse)
 // and the small gather / scatter / fold kernels the sparse compressors share. The
-// byte layout is FORMAT.md's "Sparse payload", the same as sparse_payload.cc writes.
+// byte layout is FORMAT.md's "Sparse payload" (sparse_code.h's sparse_layout), the
+// same bytes sparse_payload.cc writes; the per-thread steps are sparse_code_kernels.h's,
+// which a host test runs against the CPU codec.
 //
-// Decoding is three kernels on the caller's stream, each a no-op once the
-// DeviceStatus word holds a fault:
-//   header   (one thread)  magic, version, id, numel, flags, count vs length
+// Encoding is two kernels: check the selection (what encode_sparse refuses), then one
+// grid-stride kernel that writes header, values and indices; raw indices one per thread,
+// coded sections one 32-bit output word per thread, so every byte is written once, with
+// no atomics and no fill (sparse_code_kernels.h). The count is on the device, so the
+// layout is computed there; the launcher sizes the grid by the capacity.
+//
+// Decoding runs on the caller's stream, every kernel a no-op once the DeviceStatus
+// word holds a fault:
+//   header   (one thread)  magic, version, id, numel, flags (the expected format),
+//                          count vs length, padding of the coded sections
+//   coded only: popcount per 64-bit high word, CUB exclusive scan, emit (each word's
+//            thread writes its indices to scratch; the last checks the total)
 //   indices  (count threads) index < n, above its predecessor
 //   apply    (count threads) out[index] += value; indices are unique within a payload,
 //            so plain read-modify-writes, no atomics, and payloads applied one after
 //            another in rank order give the same bits on every rank.
-// Payloads sit wherever the allgather put them (any alignment): the kernels read
-// through byte loads unless the payload is 8-byte aligned.
+// Payloads sit wherever the allgather put them (any alignment): values are read with
+// typed loads when the payload is 8-byte aligned, raw indices when their section is
+// also aligned for their width (after an odd count of 16-bit values it is not), byte
+// loads otherwise.
+#include <cub/device/device_scan.cuh>
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
+#include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "compressors/topk/gpu_sparse.h"
+#include "compressors/topk/sparse_code.h"
+#include "compressors/topk/sparse_code_kernels.h"
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"
@@ -27,124 +45,168 @@
 namespace gradcomm::detail {
 namespace {
 
+namespace sk = sparse_kernels;
+
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;
-constexpr uint16_t kFlagU64Indices = 1u << 0;
-constexpr uint16_t kFlagFp16Values = 1u << 1;
-constexpr uint16_t kKnownFlags = kFlagU64Indices | kFlagFp16Values;
-constexpr uint64_t kU32Limit = uint64_t{1} << 32;
 
-// Little-endian load of a T at p: one typed load when the payload is aligned
-// (Aligned: payload 8-byte aligned, and every field sits at a multiple of its
-// size from the payload start), byte loads otherwise.
-template <class T, bool Aligned>
-__device__ __forceinline__ T load_le(const uint8_t* p) {
-  if constexpr (Aligned) {
-    return *reinterpret_cast<const T*>(p);
-  } else {
-    uint64_t v = 0;
-#pragma unroll
-    for (int b = 0; b < static_cast<int>(sizeof(T)); ++b) v |= static_cast<uint64_t>(p[b]) << (8 * b);
-    T out;
-    memcpy(&out, &v, sizeof out);
-    return out;
-  }
+static_assert(static_cast<uint32_t>(sk::SparseFault::kBadHeader) == static_cast<uint32_t>(PayloadFault::kBadHeader));
+static_assert(static_cast<uint32_t>(sk::SparseFault::kBadNumel) == static_cast<uint32_t>(PayloadFault::kBadNumel));
+static_assert(static_cast<uint32_t>(sk::SparseFault::kBadLength) == static_cast<uint32_t>(PayloadFault::kBadLength));
+static_assert(static_cast<uint32_t>(sk::SparseFault::kIndexOutOfRange) ==
+              static_cast<uint32_t>(PayloadFault::kIndexOutOfRange));
+static_assert(static_cast<uint32_t>(sk::SparseFault::kIndexOrder) == static_cast<uint32_t>(PayloadFault::kIndexOrder));
+static_assert(static_cast<uint32_t>(sk::SparseFault::kBadPadding) == static_cast<uint32_t>(PayloadFault::kBadPadding));
+static_assert(static_cast<uint32_t>(sk::SparseFault::kBadCode) == static_cast<uint32_t>(PayloadFault::kBadCode));
+
+__device__ __forceinline__ void report(DeviceStatus* status, const sk::SparseFaultRecord& r) {
+  if (r.fault != sk::SparseFault::kNone) report_status(status, static_cast<PayloadFault>(r.fault), r.a, r.b);
 }
 
+// A payload whose header passed check_header_kernel: its count and layout.
+struct Parsed {
+  uint64_t count;
+  SparseLayout lay;
+};
+__device__ __forceinline__ Parsed parse(const uint8_t* p, uint64_t n, ValueType values, bool coded) {
+  const uint64_t count = sk::header_count(p);
+  return {count, sparse_layout(n, count, values, coded)};
+}
+
+// Value j (aligned: the payload is 8-byte aligned, so every value is aligned for its type).
 template <bool Aligned>
-__device__ __forceinline__ uint64_t load_index(const uint8_t* p, bool wide) {
-  return wide ? load_le<uint64_t, Aligned>(p) : load_le<uint32_t, Aligned>(p);
+__device__ __forceinline__ float load_value(const uint8_t* p, const SparseLayout& lay, uint64_t j, ValueType t) {
+  const uint8_t* at = p + lay.values_offset + j * lay.value_bytes;
+  uint32_t bits;
+  if constexpr (Aligned) {
+    bits = lay.value_bytes == 4 ? *reinterpret_cast<const uint32_t*>(at) : *reinterpret_cast<const uint16_t*>(at);
+  } else {
+    bits = static_cast<uint32_t>(sk::load_le(at, lay.value_bytes));
+  }
+  return sk::value_from_bits(bits, t);
+}
+
+// Raw index j: a typed load when the payload and the index section are aligned.
+template <bool Aligned>
+__device__ __forceinline__ uint64_t load_raw_index(const uint8_t* p, const SparseLayout& lay, uint64_t j) {
+  const uint8_t* at = p + lay.indices_offset + j * lay.index_bytes;
+  if (Aligned && lay.indices_offset % lay.index_bytes == 0) {
+    return lay.index_bytes == 8 ? *reinterpret_cast<const uint64_t*>(at) : *reinterpret_cast<const uint32_t*>(at);
+  }
+  return sk::load_le(at, lay.index_bytes);
+}
+
+// Index j of a checked payload: raw from the payload, coded from the emit kernel's scratch.
+template <bool Aligned>
+__device__ __forceinline__ uint64_t load_index(const uint8_t* p, const SparseLayout& lay, const uint64_t* decoded,
+                                               uint64_t j) {
+  return decoded != nullptr ? decoded[j] : load_raw_index<Aligned>(p, lay, j);
 }
 
 // ---- decode ------------------------------------------------------------------------------
-template <bool Aligned>
 __global__ void __launch_bounds__(1) check_header_kernel(const uint8_t* p, uint64_t bytes, uint8_t id, uint64_t n,
-                                                         DeviceStatus* status) {
+                                                         ValueType values, bool coded, DeviceStatus* status) {
   if (status_failed(status)) return;
-  if (bytes < PayloadHeader::kBytes) {
-    report_status(status, PayloadFault::kBadLength, static_cast<int64_t>(bytes), PayloadHeader::kBytes);
-    return;
-  }
-  const uint32_t magic = load_le<uint32_t, Aligned>(p);
-  if (magic != PayloadHeader::kMagic || p[4] != PayloadHeader::kVersion || p[5] != id) {
-    report_status(status, PayloadFault::kBadHeader, magic, p[5]);
-    return;
-  }
-  const uint64_t numel = load_le<uint64_t, Aligned>(p + 8);
-  if (numel != n) {
-    report_status(status, PayloadFault::kBadNumel, static_cast<int64_t>(numel), static_cast<int64_t>(n));
-    return;
-  }
-  const uint16_t flags = load_le<uint16_t, Aligned>(p + 6);
-  const bool u64_flag = (flags & kFlagU64Indices) != 0;
-  if ((flags & ~kKnownFlags) != 0 || u64_flag != (n >= kU32Limit)) {
-    report_status(status, PayloadFault::kBadHeader, flags, n >= kU32Limit ? kFlagU64Indices : 0);
-    return;
-  }
-  const uint64_t count =
-      static_cast<uint64_t>(load_le<uint32_t, Aligned>(p + 16)) | (static_cast<uint64_t>(load_le<uint32_t, Aligned>(p + 20)) << 32);
-  const uint64_t per = (u64_flag ? 8u : 4u) + ((flags & kFlagFp16Values) != 0 ? 2u : 4u);
-  const uint64_t body = bytes - PayloadHeader::kBytes;
-  // Divide rather than multiply: a count of 2^63 must not wrap.
-  if (count > n || count > body / per || count * per != body) {
-    report_status(status, PayloadFault::kBadLength, static_cast<int64_t>(body),
-                  count <= body / per ? static_cast<int64_t>(count * per) : -1);
+  report(status, sk::check_sparse_header(p, bytes, id, n, values, coded));
+}
+
+// counts[w] = one bits of high word w, for w < words_bound (0 past the section), so
+// the scan over the host's bound reads only written words.
+__global__ void ef_count_kernel(const uint8_t* p, uint64_t n, ValueType values, uint64_t words_bound,
+                                uint64_t* counts, const DeviceStatus* status) {
+  if (status_failed(status)) return;
+  const Parsed h = parse(p, n, values, true);
+  const uint64_t words = sk::ef_high_words(h.lay.ef);
+  const uint8_t* high = p + h.lay.high_offset;
+  for (int64_t w = first_thread(); static_cast<uint64_t>(w) < words_bound; w += thread_stride()) {
+    const uint64_t wu = static_cast<uint64_t>(w);
+    counts[w] = wu < words ? sk::popcount64(sk::ef_load_high_word(high, h.lay.ef.high_bytes, wu)) : 0;
   }
 }
 
-// After a clean header: the header's count and widths are trustworthy. `max_count`
-// (from the length, host side) only sizes the grid.
-template <bool Aligned>
-__global__ void check_indices_kernel(const uint8_t* p, uint64_t n, DeviceStatus* status) {
+// Each high word's indices into decoded[0, count); the last word checks the total.
+__global__ void ef_emit_kernel(const uint8_t* p, uint64_t n, ValueType values, uint64_t words_bound,
+                               const uint64_t* counts, const uint64_t* ranks, uint64_t* decoded,
+                               DeviceStatus* status) {
   if (status_failed(status)) return;
-  const bool wide = n >= kU32Limit;
-  const uint64_t count =
-      static_cast<uint64_t>(load_le<uint32_t, Aligned>(p + 16)) | (static_cast<uint64_t>(load_le<uint32_t, Aligned>(p + 20)) << 32);
-  const uint8_t* idx = p + PayloadHeader::kBytes;
-  const int w = wide ? 8 : 4;
-  for (int64_t j = first_thread(); static_cast<uint64_t>(j) < count; j += thread_stride()) {
-    const uint64_t i = load_index<Aligned>(idx + j * w, wide);
-    if (i >= n) {
-      report_status(status, PayloadFault::kIndexOutOfRange, static_cast<int64_t>(i), j);
-    } else if (j > 0 && i <= load_index<Aligned>(idx + (j - 1) * w, wide)) {
-      report_status(status, PayloadFault::kIndexOrder, static_cast<int64_t>(i), j);
-    }
+  const Parsed h = parse(p, n, values, true);
+  const uint64_t all = sk::ef_high_words(h.lay.ef);
+  const uint64_t words = all < words_bound ? all : words_bound;  // equal for a checked header
+  const uint8_t* low = p + h.lay.indices_offset;
+  const uint8_t* high = p + h.lay.high_offset;
+  for (int64_t w = first_thread(); static_cast<uint64_t>(w) < words; w += thread_stride()) {
+    const uint64_t wu = static_cast<uint64_t>(w);
+    sk::ef_emit_word(sk::ef_load_high_word(high, h.lay.ef.high_bytes, wu), wu, ranks[w], low, h.lay.ef.low_bits,
+                     h.count, decoded);
+    if (wu + 1 == words) report(status, sk::ef_check_total(ranks[w] + counts[w], h.count));
   }
 }
 
 template <bool Aligned>
-__global__ void apply_kernel(const uint8_t* p, uint64_t n, float* out, const DeviceStatus* status) {
+__global__ void check_indices_kernel(const uint8_t* p, uint64_t n, ValueType values, bool coded,
+                                     const uint64_t* decoded, DeviceStatus* status) {
+  if (status_failed(status)) return;
+  const Parsed h = parse(p, n, values, coded);
+  for (int64_t j = first_thread(); static_cast<uint64_t>(j) < h.count; j += thread_stride()) {
+    const uint64_t ju = static_cast<uint64_t>(j);
+    const uint64_t x = load_index<Aligned>(p, h.lay, decoded, ju);
+    const uint64_t prev = j > 0 ? load_index<Aligned>(p, h.lay, decoded, ju - 1) : 0;
+    report(status, sk::check_index(x, ju, prev, n));
+  }
+}
+
+template <bool Aligned>
+__global__ void apply_kernel(const uint8_t* p, uint64_t n, ValueType values, bool coded, const uint64_t* decoded,
+                             float* out, const DeviceStatus* status) {
   if (status_failed(status)) return;  // set by this payload's checks or an earlier payload's
-  const bool wide = n >= kU32Limit;
-  const uint16_t flags = load_le<uint16_t, Aligned>(p + 6);
-  const bool fp16 = (flags & kFlagFp16Values) != 0;
-  const uint64_t count =
-      static_cast<uint64_t>(load_le<uint32_t, Aligned>(p + 16)) | (static_cast<uint64_t>(load_le<uint32_t, Aligned>(p + 20)) << 32);
-  const int w = wide ? 8 : 4;
-  const uint8_t* idx = p + PayloadHeader::kBytes;
-  const uint8_t* val = idx + count * w;
-  for (int64_t j = first_thread(); static_cast<uint64_t>(j) < count; j += thread_stride()) {
-    const uint64_t i = load_index<Aligned>(idx + j * w, wide);
-    const float v = fp16 ? half_to_float(load_le<uint16_t, Aligned>(val + j * 2)) : load_le<float, Aligned>(val + j * 4);
-    out[i] = __fadd_rn(out[i], v);
+  const Parsed h = parse(p, n, values, coded);
+  for (int64_t j = first_thread(); static_cast<uint64_t>(j) < h.count; j += thread_stride()) {
+    const uint64_t ju = static_cast<uint64_t>(j);
+    const uint64_t i = load_index<Aligned>(p, h.lay, decoded, ju);
+    out[i] = __fadd_rn(out[i], load_value<Aligned>(p, h.lay, ju, values));
   }
 }
 
 template <bool Aligned>
-void launch_decode(CompressorId id, const uint8_t* payload, size_t bytes, int64_t n, float* out, DeviceStatus* status,
-                   cudaStream_t stream) {
+void launch_decode(CompressorId id, const uint8_t* payload, size_t bytes, int64_t n, SparseFormat format, float* out,
+                   GpuSparseWorkspace& ws, DeviceStatus* status, cudaStream_t stream) {
   const auto un = static_cast<uint64_t>(n);
-  check_header_kernel<Aligned><<<1, 1, 0, stream>>>(payload, bytes, static_cast<uint8_t>(id), un, status);
+  check_header_kernel<<<1, 1, 0, stream>>>(payload, bytes, static_cast<uint8_t>(id), un, format.values,
+                                           format.coded, status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
-  // Grid for the largest count this length could hold (smallest entry: u32 + fp16).
-  const int64_t max_count = bytes > PayloadHeader::kBytes
-                                ? static_cast<int64_t>((bytes - PayloadHeader::kBytes) / ((un >= kU32Limit ? 8 : 4) + 2))
-                                : 0;
+  // Grids and scratch for the largest count this length could hold: each entry takes
+  // at least its value's bytes (and the header check bounds the real count the same way).
+  const uint64_t body = bytes > PayloadHeader::kBytes ? bytes - PayloadHeader::kBytes : 0;
+  const auto max_count = static_cast<int64_t>(std::min<uint64_t>(body / sparse_value_bytes(format.values), un));
   if (max_count == 0) return;  // nothing to check or apply (an empty payload has count 0)
   const unsigned grid = grid_for(max_count, kThreads, kBlocksPerSm);
-  check_indices_kernel<Aligned><<<grid, kThreads, 0, stream>>>(payload, un, status);
+  const uint64_t* decoded = nullptr;
+  if (format.coded) {
+    const auto words = static_cast<int64_t>(sk::ef_high_words_bound(static_cast<uint64_t>(max_count)));
+    ws.decode_counts_.reserve(static_cast<size_t>(words) * sizeof(uint64_t));
+    ws.decode_ranks_.reserve(static_cast<size_t>(words) * sizeof(uint64_t));
+    ws.decode_indices_.reserve(static_cast<size_t>(max_count) * sizeof(uint64_t));
+    auto* counts = ws.decode_counts_.as<uint64_t>();
+    auto* ranks = ws.decode_ranks_.as<uint64_t>();
+    size_t scan_bytes = 0;
+    GRADCOMM_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, ranks, words, stream));
+    ws.cub_temp_.reserve(std::max<size_t>(scan_bytes, 1));
+    const unsigned word_grid = grid_for(words, kThreads, kBlocksPerSm);
+    ef_count_kernel<<<word_grid, kThreads, 0, stream>>>(payload, un, format.values, static_cast<uint64_t>(words),
+                                                        counts, status);
+    GRADCOMM_CUDA_CHECK_LAUNCH();
+    scan_bytes = ws.cub_temp_.size();
+    GRADCOMM_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(ws.cub_temp_.data(), scan_bytes, counts, ranks, words, stream));
+    ef_emit_kernel<<<word_grid, kThreads, 0, stream>>>(payload, un, format.values, static_cast<uint64_t>(words),
+                                                       counts, ranks, ws.decode_indices_.as<uint64_t>(), status);
+    GRADCOMM_CUDA_CHECK_LAUNCH();
+    decoded = ws.decode_indices_.as<uint64_t>();
+  }
+  check_indices_kernel<Aligned><<<grid, kThreads, 0, stream>>>(payload, un, format.values, format.coded, decoded,
+                                                               status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
-  apply_kernel<Aligned><<<grid, kThreads, 0, stream>>>(payload, un, out, status);
+  apply_kernel<Aligned><<<grid, kThreads, 0, stream>>>(payload, un, format.values, format.coded, decoded, out,
+                                                       status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 
@@ -157,46 +219,54 @@ __global__ void check_selection_kernel(uint64_t n, const uint64_t* indices, cons
     return;
   }
   for (int64_t j = first_thread(); static_cast<uint64_t>(j) < c; j += thread_stride()) {
-    const uint64_t i = indices[j];
-    if (i >= n) {
-      report_status(status, PayloadFault::kIndexOutOfRange, static_cast<int64_t>(i), j);
-    } else if (j > 0 && i <= indices[j - 1]) {
-      report_status(status, PayloadFault::kIndexOrder, static_cast<int64_t>(i), j);
-    }
+    const uint64_t ju = static_cast<uint64_t>(j);
+    report(status, sk::check_index(indices[j], ju, j > 0 ? indices[j - 1] : 0, n));
   }
 }
 
-// `out` is 8-byte aligned (checked by the launcher), so every field is aligned.
+// `out` is 8-byte aligned (checked by the launcher), so values and the header are
+// aligned; raw indices are when their section is, coded sections go byte by byte.
 __global__ void encode_kernel(uint8_t id, uint64_t n, const uint64_t* indices, const float* values,
-                              const uint64_t* count, bool fp16, uint8_t* out, uint64_t* out_bytes,
+                              const uint64_t* count, ValueType type, bool coded, uint8_t* out, uint64_t* out_bytes,
                               const DeviceStatus* status) {
   if (status_failed(status)) return;
   const uint64_t c = *count;
-  const bool wide = n >= kU32Limit;
-  const int w = wide ? 8 : 4;
+  const SparseLayout lay = sparse_layout(n, c, type, coded);
   if (first_thread() == 0) {
-    *reinterpret_cast<uint32_t*>(out) = PayloadHeader::kMagic;
-    out[4] = PayloadHeader::kVersion;
-    out[5] = id;
-    *reinterpret_cast<uint16_t*>(out + 6) = static_cast<uint16_t>((wide ? kFlagU64Indices : 0) | (fp16 ? kFlagFp16Values : 0));
-    *reinterpret_cast<uint64_t*>(out + 8) = n;
-    *reinterpret_cast<uint32_t*>(out + 16) = static_cast<uint32_t>(c);
-    *reinterpret_cast<uint32_t*>(out + 20) = static_cast<uint32_t>(c >> 32);
-    if (out_bytes != nullptr) *out_bytes = PayloadHeader::kBytes + c * (w + (fp16 ? 2 : 4));
+    sk::write_sparse_header(out, id, n, c, type, coded);
+    if (out_bytes != nullptr) *out_bytes = lay.total;
   }
-  uint8_t* idx = out + PayloadHeader::kBytes;
-  uint8_t* val = idx + c * w;
+  uint8_t* val = out + lay.values_offset;
+  uint8_t* idx = out + lay.indices_offset;
+  const bool raw_aligned = lay.indices_offset % lay.index_bytes == 0;
   for (int64_t j = first_thread(); static_cast<uint64_t>(j) < c; j += thread_stride()) {
-    if (wide) {
+    const uint32_t bits = sk::value_bits(values[j], type);
+    if (lay.value_bytes == 4) {
+      reinterpret_cast<uint32_t*>(val)[j] = bits;
+    } else {
+      reinterpret_cast<uint16_t*>(val)[j] = static_cast<uint16_t>(bits);
+    }
+    if (coded) continue;
+    if (!raw_aligned) {
+      sk::store_le(idx + j * lay.index_bytes, indices[j], lay.index_bytes);
+    } else if (lay.index_bytes == 8) {
       reinterpret_cast<uint64_t*>(idx)[j] = indices[j];
     } else {
       reinterpret_cast<uint32_t*>(idx)[j] = static_cast<uint32_t>(indices[j]);
     }
-    if (fp16) {
-      reinterpret_cast<uint16_t*>(val)[j] = float_to_half(values[j]);
-    } else {
-      reinterpret_cast<float*>(val)[j] = values[j];
-    }
+  }
+  if (!coded) return;
+  const unsigned L = lay.ef.low_bits;
+  const uint64_t low_words = sk::section_words(lay.ef.low_bytes);  // 0 when L = 0
+  for (int64_t w = first_thread(); static_cast<uint64_t>(w) < low_words; w += thread_stride()) {
+    const uint64_t wu = static_cast<uint64_t>(w);
+    sk::store_section_word(idx, lay.ef.low_bytes, wu, sk::ef_low_word(indices, c, L, wu));
+  }
+  uint8_t* high = out + lay.high_offset;
+  const uint64_t high_words = sk::section_words(lay.ef.high_bytes);
+  for (int64_t w = first_thread(); static_cast<uint64_t>(w) < high_words; w += thread_stride()) {
+    const uint64_t wu = static_cast<uint64_t>(w);
+    sk::store_section_word(high, lay.ef.high_bytes, wu, sk::ef_high_word(indices, c, L, wu));
   }
 }
 
@@ -207,12 +277,14 @@ __device__ __forceinline__ uint64_t bounded_count(const uint64_t* count, int64_t
 }
 
 __global__ void gather_kernel(const float* acc, const uint64_t* indices, const uint64_t* count, int64_t capacity,
-                              float* values, float* zero_in) {
+                              float* values, float* residual, ValueType type) {
   const uint64_t c = bounded_count(count, capacity);
   for (int64_t j = first_thread(); static_cast<uint64_t>(j) < c; j += thread_stride()) {
     const uint64_t i = indices[j];
-    values[j] = acc[i];
-    if (zero_in != nullptr) zero_in[i] = 0.0f;  // same thread read acc[i] first (zero_in may be acc)
+    const float x = acc[i];
+    values[j] = x;
+    // The same thread read acc[i] first (residual may be acc).
+    if (residual != nullptr) residual[i] = sparse_rounding_residual(x, sparse_round(x, type));
   }
 }
 
@@ -228,14 +300,9 @@ __global__ void fold_kernel(const float* grad, float* residual, int64_t n) {
 
 }  // namespace
 
-size_t sparse_payload_bytes(int64_t n, int64_t count, ValueType values) {
-  const size_t w = static_cast<uint64_t>(n) >= kU32Limit ? 8 : 4;
-  return PayloadHeader::kBytes + static_cast<size_t>(count) * (w + (values == ValueType::kFp16 ? 2 : 4));
-}
-
 void gpu_encode_sparse(CompressorId id, int64_t n, const uint64_t* indices, const float* values, const uint64_t* count,
-                       int64_t capacity, ValueType values_type, uint8_t* out, uint64_t* out_bytes,
-                       DeviceStatus* status, cudaStream_t stream) {
+                       int64_t capacity, SparseFormat format, uint8_t* out, uint64_t* out_bytes, DeviceStatus* status,
+                       cudaStream_t stream) {
   if (n < 0 || capacity < 0) throw_invalid("gpu_encode_sparse: numel ", n, " and capacity ", capacity, " must be >= 0");
   if (count == nullptr || out == nullptr || status == nullptr) {
     throw_invalid("gpu_encode_sparse: count, out and status must be device pointers, got ", count, ", ",
@@ -247,32 +314,36 @@ void gpu_encode_sparse(CompressorId id, int64_t n, const uint64_t* indices, cons
   if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
     throw_invalid("gpu_encode_sparse: out = ", static_cast<const void*>(out), " is not 8-byte aligned");
   }
+  // A thread per entry (grid-stride loops take the coded sections' words, and any
+  // entries beyond a full GPU).
   const unsigned grid = grid_for(std::max<int64_t>(capacity, 1), kThreads, kBlocksPerSm);
   check_selection_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint64_t>(n), indices, count, capacity, status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
   encode_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint8_t>(id), static_cast<uint64_t>(n), indices, values,
-                                               count, values_type == ValueType::kFp16, out, out_bytes, status);
+                                               count, format.values, format.coded, out, out_bytes, status);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 
-void gpu_decode_add_sparse(CompressorId id, const uint8_t* payload, size_t payload_bytes, int64_t n, float* out,
-                           DeviceStatus* status, cudaStream_t stream) {
+void gpu_decode_add_sparse(CompressorId id, const uint8_t* payload, size_t payload_bytes, int64_t n,
+                           SparseFormat format, float* out, GpuSparseWorkspace& ws, DeviceStatus* status,
+                           cudaStream_t stream) {
   if (n < 0) throw_invalid("gpu_decode_add_sparse: numel ", n, " < 0");
   if (status == nullptr) throw_invalid("gpu_decode_add_sparse: status is null");
   if (payload == nullptr && payload_bytes > 0) throw_invalid("gpu_decode_add_sparse: payload is null with ", payload_bytes, " bytes");
   if (out == nullptr && n > 0) throw_invalid("gpu_decode_add_sparse: out is null with numel ", n);
   // (Zero bytes is a truncated header, reported on the device like any other fault.)
   if (reinterpret_cast<uintptr_t>(payload) % 8 == 0) {
-    launch_decode<true>(id, payload, payload_bytes, n, out, status, stream);
+    launch_decode<true>(id, payload, payload_bytes, n, format, out, ws, status, stream);
   } else {
-    launch_decode<false>(id, payload, payload_bytes, n, out, status, stream);
+    launch_decode<false>(id, payload, payload_bytes, n, format, out, ws, status, stream);
   }
 }
 
 void gpu_gather(const float* acc, const uint64_t* indices, const uint64_t* count, int64_t capacity, float* values,
-                float* zero_in, cudaStream_t stream) {
+                float* residual, ValueType type, cudaStream_t stream) {
   if (capacity <= 0) return;
-  gather_kernel<<<grid_for(capacity, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(acc, indices, count, capacity, values, zero_in);
+  gather_kernel<<<grid_for(capacity, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(acc, indices, count, capacity,
+                                                                                     values, residual, type);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,10 @@
 //   tile count (+ EF fold) with T, a device-side bounds check, tile scatter; the
 //   exact pipeline is enqueued behind it with its state told to skip unless the
 //   count was out of bounds, so the fallback costs no host synchronization.
+// Error feedback: the tile scatter zeroes the residual at the selected indices; with
+// 16-bit values one more kernel over the selection (count entries, not n) sets them to
+// the rounding the wire drops (sparse_code.h's sparse_rounding_residual), which for
+// fp32 is the zero already there.
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include <sstream>
 
 #include "compressors/topk/gpu_sparse.h"
+#include "compressors/topk/sparse_code.h"
 #include "compressors/topk/topk_logic.h"
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
@@ -140,17 +145,39 @@ __global__ void sample_kernel(const float* grad, const float* residual, int64_t 
 }
 
 // k >= n: everything, in order.
-__global__ void take_all_kernel(const float* grad, float* residual, int64_t n, uint64_t* indices, float* values) {
+__global__ void take_all_kernel(const float* grad, float* residual, int64_t n, ValueType type, uint64_t* indices,
+                                float* values) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     indices[i] = static_cast<uint64_t>(i);
     if (residual != nullptr) {
-      values[i] = __fadd_rn(grad[i], residual[i]);
-      residual[i] = 0.0f;
+      const float x = __fadd_rn(grad[i], residual[i]);
+      values[i] = x;
+      residual[i] = sparse_rounding_residual(x, sparse_round(x, type));
     } else {
       values[i] = grad[i];
     }
   }
+}
+
+// residual[indices[j]] = the rounding of values[j] (the selection's acc values), after
+// the scatter zeroed it.
+__global__ void keep_rounding_kernel(float* residual, const uint64_t* indices, const float* values,
+                                     const uint64_t* count, int64_t capacity, ValueType type) {
+  const uint64_t c = *count < static_cast<uint64_t>(capacity) ? *count : static_cast<uint64_t>(capacity);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; static_cast<uint64_t>(j) < c;
+       j += stride) {
+    const float x = values[j];
+    residual[indices[j]] = sparse_rounding_residual(x, sparse_round(x, type));
+  }
+}
+
+void keep_rounding(float* residual, ValueType type, GpuSparseWorkspace& ws, cudaStream_t stream) {
+  if (residual == nullptr || type == ValueType::kFp32 || ws.capacity_ <= 0) return;
+  keep_rounding_kernel<<<grid_for(ws.capacity_, kThreads, kHistBlocksPerSm), kThreads, 0, stream>>>(
+      residual, ws.indices_.as<uint64_t>(), ws.values_.as<float>(), ws.count(), ws.capacity_, type);
+  GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -169,7 +196,7 @@ int64_t GpuSparseWorkspace::read_count(cudaStream_t stream) {
 }
 
 void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
-                     const PhiloxStream& rng, GpuSparseWorkspace& ws, cudaStream_t stream) {
+                     const PhiloxStream& rng, ValueType values, GpuSparseWorkspace& ws, cudaStream_t stream) {
   if (n < 0 || k < 0) throw_invalid("gpu_topk_select: n = ", n, " and k = ", k, " must be >= 0");
   if (n > 0 && grad == nullptr) throw_invalid("gpu_topk_select: grad is null with n = ", n);
   if (select != TopkSelect::kExact && select != TopkSelect::kSample) {
@@ -184,8 +211,8 @@ void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, T
   if (k >= n) {
     reserve(ws, 0, n, 0);
     init_state(states(ws), 0, static_cast<uint64_t>(n), 0, stream);
-    take_all_kernel<<<grid_for(n, kThreads, kHistBlocksPerSm), kThreads, 0, stream>>>(grad, residual, n, ws.indices_.as<uint64_t>(),
-                                                                  ws.values_.as<float>());
+    take_all_kernel<<<grid_for(n, kThreads, kHistBlocksPerSm), kThreads, 0, stream>>>(
+        grad, residual, n, values, ws.indices_.as<uint64_t>(), ws.values_.as<float>());
     GRADCOMM_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -196,6 +223,7 @@ void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, T
     GRADCOMM_CUDA_CHECK(cudaMemsetAsync(ws.hist_.data(), 0, ws.hist_.size(), stream));
     init_state(s, k, static_cast<uint64_t>(k), 0, stream);
     exact_pipeline(grad, residual, residual != nullptr, n, ws, stream);
+    keep_rounding(residual, values, ws, stream);
     return;
   }
 
@@ -228,6 +256,7 @@ void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, T
   scatter_tiles(acc, n, sampled, &s->skip, 1, residual, ws, stream);
   // Out of bounds: the exact top-k of acc (already folded), as the CPU falls back.
   exact_pipeline(grad, residual, false, n, ws, stream);
+  keep_rounding(residual, values, ws, stream);
 }
 
 }  // namespace gradcomm::detail

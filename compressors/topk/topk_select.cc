@@ -22,7 +22,7 @@
 //          the top k, and the radix select runs over those alone.
 // sample — DGC (Lin et al., ICLR 2018): estimate T from a Philox-drawn sample, then
 //          take every element with key >= T in one pass. Count bounds and the
-//          fallback to exact are documented at select_sample and in FORMAT_sparse.md.
+//          fallback to exact are documented at select_sample and in FORMAT.md.
 //
 // topk_select_accumulate folds error feedback's acc = grad + residual into that one
 // pass, so a step of top-k with error feedback reads its input once.

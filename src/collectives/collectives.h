@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm_impl.h"
+#include "compressors/codec.h"
 #include "gradcomm/types.h"
 
 namespace gradcomm::detail {
@@ -49,6 +50,20 @@ void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, s
 // Every rank's `mine` (any size) to every rank, concatenated in rank order; sizes
 // (bytes per rank) are exchanged first. CorruptPayload for absurd announced sizes.
 std::vector<uint8_t> ring_allgatherv_bytes(Op& op, std::span<const uint8_t> mine, std::vector<int64_t>& sizes);
+
+// Top-k's collectives (sparse_allreduce.cc). Both write the sum (or, for kAvg, the
+// average) of every rank's selection into data[0, numel), bitwise the same on every rank.
+// The sparse allgather: every payload to every rank (fixed_size: every rank's selection
+// has the same count, so no sizes are exchanged).
+void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const SparseVector& selected,
+                                SparseFormat format, bool fixed_size);
+// The sparse reduce-scatter: region owners sum, keep their region's top ceil(k/N), put
+// what they drop (and the kept sums' rounding) into `residual` (may be null), allgather.
+void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual);
+// spec.algo, or for algo=auto the one the α–β model (constants in sparse_allreduce.cc)
+// expects to be faster for this spec, world size and tensor size.
+SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel);
 
 // Pipelined chain from `root` around the ring.
 void chain_broadcast(Op& op, void* data, int64_t bytes, int root);

@@ -15,6 +15,7 @@
 #include "collectives/collectives.h"
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_compressed.h"
+#include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
@@ -87,43 +88,56 @@ void fold_and_clear(float* data, float* residual, int64_t numel, cudaStream_t st
   GRADCOMM_CUDA_CHECK(cudaMemsetAsync(residual, 0, static_cast<size_t>(numel) * sizeof(float), stream));
 }
 
-const CompressorSpec& fp16_spec() {
-  static const CompressorSpec spec = parse_compressor_spec("fp16");
-  return spec;
+// The cast codec that narrows sparse values of a 16-bit type (fp16 or bf16).
+const CompressorSpec& cast_spec(ValueType type) {
+  static const CompressorSpec fp16 = parse_compressor_spec("fp16");
+  static const CompressorSpec bf16 = parse_compressor_spec("bf16");
+  return type == ValueType::kFp16 ? fp16 : bf16;
 }
 
-// Sums values[0, count) across ranks in place: fp32 on the NCCL ring, or (values=fp16)
-// narrowed with the fp16 codec (src/half.h's rounding, as compression.cc's
-// allreduce_values), summed as fp16 in place inside the payload (fp32 per hop), and
-// widened back. The payload header stays untouched, so the decode validates it.
+// Sums values[0, count) across ranks in place: fp32 on the NCCL ring, or (values=fp16
+// or bf16) narrowed with that type's cast codec (src/half.h's rounding, sparse_narrow,
+// as compression.cc's allreduce_values), summed in the 16-bit type in place inside the
+// payload (fp32 per hop), and widened back. The payload header stays untouched, so the
+// decode validates it.
 void allreduce_values(Op& op, GpuContext& gpu, GpuKeyState& ks, float* values, int64_t count, ValueType type,
                       DeviceStatus* own_status, cudaStream_t stream) {
   if (type == ValueType::kFp32) {
     nccl_ring_allreduce(op, gpu, values, count, DType::kFloat32, ReduceOp::kSum, stream);
     return;
   }
-  const GpuDenseCodec codec(fp16_spec());
+  const GpuDenseCodec codec(cast_spec(type));
   const size_t bytes = codec.encoded_bytes(count);
   if (bytes != PayloadHeader::kBytes + static_cast<size_t>(count) * 2) {
-    throw InvalidArgument(fmt::format("allreduce: fp16 payload of {} values is {} bytes, expected header + 2 per value",
+    throw InvalidArgument(fmt::format("allreduce: 16-bit payload of {} values is {} bytes, expected header + 2 per "
+                                      "value",
                                       count, bytes));
   }
   ks.payload.reserve(bytes);
   auto* payload = ks.payload.as<uint8_t>();
   codec.encode(values, count, payload, PhiloxStream{}, 0, nullptr, stream);
-  nccl_ring_allreduce(op, gpu, payload + PayloadHeader::kBytes, count, DType::kFloat16, ReduceOp::kSum, stream);
+  nccl_ring_allreduce(op, gpu, payload + PayloadHeader::kBytes, count,
+                      type == ValueType::kFp16 ? DType::kFloat16 : DType::kBFloat16, ReduceOp::kSum, stream);
   codec.decode(payload, bytes, count, values, /*add=*/false, own_status, stream);
 }
 
-// Top-k: select (EF fused), encode, allgather the payloads, decode all in rank order.
+// Top-k: select (EF fused, keeping the values' rounding), encode in the spec's format,
+// allgather the payloads, decode all in rank order. Only the sparse allgather exists
+// here: algo=auto means it on this path, algo=reduce_scatter is refused.
 void topk(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, float* residual, int64_t numel,
           const CompressorSpec& spec, const PhiloxStream& mine, DeviceStatus* status, cudaStream_t stream) {
+  if (spec.algo == SparseAlgo::kReduceScatter) {
+    throw InvalidArgument(
+        "topk algo=reduce_scatter is not available for CUDA tensors (NCCL path); use algo=allgather or auto");
+  }
   const int n = op.size();
   const int r = op.rank();
+  const SparseFormat format = sparse_format(spec);
   const int64_t k = selection_count(spec.ratio, spec.k, numel);
-  gpu_topk_select(data, residual, numel, k, spec.select, mine, ks.sparse, stream);
+  gpu_topk_select(data, residual, numel, k, spec.select, mine, format.values, ks.sparse, stream);
   const int64_t capacity = ks.sparse.capacity();
-  const size_t block = round_up(sparse_payload_bytes(numel, capacity, spec.values));
+  // The payload size grows with the count, so the capacity's bounds every rank's.
+  const size_t block = round_up(sparse_payload_bytes(numel, capacity, format));
 
   // Sizes. Exact: min(k, n) entries on every rank, known here. Sample: the count is
   // on the device; we read it (one stream sync) and agree on all counts over the
@@ -144,27 +158,30 @@ void topk(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, float* residual
   std::vector<size_t> offsets(n), sizes(n);
   for (int p = 0; p < n; ++p) {
     offsets[p] = block * static_cast<size_t>(p);
-    sizes[p] = sparse_payload_bytes(numel, static_cast<int64_t>(counts[p]), spec.values);
+    sizes[p] = sparse_payload_bytes(numel, static_cast<int64_t>(counts[p]), format);
   }
   uint8_t* base = gpu.payload_scratch(block * static_cast<size_t>(n)).as<uint8_t>();
   gpu_encode_sparse(CompressorId::kTopk, numel, ks.sparse.indices(), ks.sparse.values(), ks.sparse.count(), capacity,
-                    spec.values, base + offsets[r], nullptr, status + r, stream);
+                    format, base + offsets[r], nullptr, status + r, stream);
   nccl_allgatherv_blocks(op, gpu, base, offsets, sizes, stream);
-  // Every rank decodes every payload in rank order: bitwise identical sums.
+  // Every rank decodes every payload in rank order: bitwise identical sums (coded
+  // indices through ks.sparse's decode scratch).
   GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream));
   for (int p = 0; p < n; ++p) {
-    gpu_decode_add_sparse(CompressorId::kTopk, base + offsets[p], sizes[p], numel, data, status + p, stream);
+    gpu_decode_add_sparse(CompressorId::kTopk, base + offsets[p], sizes[p], numel, format, data, ks.sparse, status + p,
+                          stream);
   }
 }
 
-// Random-k and the sketch's second round: gather acc at the selection (zeroing it
-// in the residual), sum the values across ranks, scatter them into a zeroed output.
+// Random-k and the sketch's second round: gather acc at the selection (leaving in the
+// residual there only what sending it as `type` rounds off), sum the values across
+// ranks, scatter them into a zeroed output.
 void gather_sum_scatter(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, const float* acc, float* residual,
                         int64_t numel, ValueType type, DeviceStatus* own_status, cudaStream_t stream) {
   const int64_t capacity = ks.sparse.capacity();
   ks.values.reserve(static_cast<size_t>(std::max<int64_t>(capacity, 1)) * sizeof(float));
   float* values = ks.values.as<float>();
-  gpu_gather(acc, ks.sparse.indices(), ks.sparse.count(), capacity, values, residual, stream);
+  gpu_gather(acc, ks.sparse.indices(), ks.sparse.count(), capacity, values, residual, type, stream);
   allreduce_values(op, gpu, ks, values, capacity, type, own_status, stream);
   GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream));
   gpu_scatter(data, ks.sparse.indices(), values, ks.sparse.count(), capacity, stream);

@@ -1,9 +1,10 @@
 // The GPU sparse compressors (compressors/topk/gpu_sparse.h) against the CPU
 // reference (compressors/codec.h): top-k exact and sample selections, fused error
-// feedback, payload bytes and decode-add bit for bit; every kind of corrupt payload
-// records its fault and leaves the output untouched; random-k indices; count-sketch
-// estimate and recovery bit for bit, accumulate within the fp32 reordering bound.
-// Every test skips on machines without a GPU.
+// feedback keeping the values' rounding, payload bytes and decode-add bit for bit in
+// every format (fp32/fp16/bf16 values x raw/coded indices); every kind of corrupt
+// payload records its fault and leaves the output untouched; random-k indices;
+// count-sketch estimate and recovery bit for bit, accumulate within the fp32
+// reordering bound. Every test skips on machines without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -13,12 +14,14 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "compressors/sketch/sketch_hash.h"
 #include "compressors/topk/gpu_sparse.h"
+#include "compressors/topk/sparse_code.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
@@ -32,6 +35,11 @@ namespace gradcomm::detail {
 namespace {
 
 constexpr int64_t kSizes[] = {1, 7, 1000, 1000003, (int64_t{1} << 22) + 5};
+const SparseFormat kFormats[] = {{ValueType::kFp32, false}, {ValueType::kFp16, false}, {ValueType::kBf16, false},
+                                 {ValueType::kFp32, true},  {ValueType::kFp16, true},  {ValueType::kBf16, true}};
+
+// What error feedback leaves at a sent index whose accumulator was x (sparse_code.h).
+float kept_rounding(float x, ValueType t) { return sparse_rounding_residual(x, sparse_round(x, t)); }
 
 // ---- host <-> device ---------------------------------------------------------------------
 template <class T>
@@ -93,9 +101,10 @@ std::vector<int64_t> ks_for(int64_t n) {
   return ks;
 }
 
-// One GPU selection against topk_select, with or without error feedback.
-void check_topk(const std::vector<float>& grad, int64_t k, TopkSelect mode, bool ef, GpuSparseWorkspace& ws,
-                cudaStream_t stream) {
+// One GPU selection against topk_select, with or without error feedback (whose
+// residual keeps the rounding of values sent as `vt`).
+void check_topk(const std::vector<float>& grad, int64_t k, TopkSelect mode, bool ef, ValueType vt,
+                GpuSparseWorkspace& ws, cudaStream_t stream) {
   const auto n = static_cast<int64_t>(grad.size());
   const PhiloxStream rng{static_cast<uint64_t>(k) * 31 + 7, static_cast<uint64_t>(n)};
   std::vector<float> residual = ef ? make_input(n, 0, static_cast<uint64_t>(k + 1)) : std::vector<float>();
@@ -106,7 +115,7 @@ void check_topk(const std::vector<float>& grad, int64_t k, TopkSelect mode, bool
   const SparseVector want = topk_select(acc.data(), n, k, mode, rng);
 
   DeviceBuffer d_grad = upload(grad), d_res = upload(residual);
-  gpu_topk_select(d_grad.as<float>(), ef ? d_res.as<float>() : nullptr, n, k, mode, rng, ws, stream);
+  gpu_topk_select(d_grad.as<float>(), ef ? d_res.as<float>() : nullptr, n, k, mode, rng, vt, ws, stream);
   const int64_t count = ws.read_count(stream);
   ASSERT_EQ(count, static_cast<int64_t>(want.indices.size()));
   ASSERT_LE(count, ws.capacity());
@@ -115,7 +124,7 @@ void check_topk(const std::vector<float>& grad, int64_t k, TopkSelect mode, bool
   if (ef) {
     expect_same_floats(values, want.values, "values");
     std::vector<float> want_res = acc;
-    for (uint64_t i : want.indices) want_res[i] = 0.0f;
+    for (size_t j = 0; j < want.indices.size(); ++j) want_res[want.indices[j]] = kept_rounding(want.values[j], vt);
     expect_same_floats(download<float>(d_res.data(), static_cast<size_t>(n)), want_res, "residual");
   } else {
     EXPECT_EQ(0, std::memcmp(values.data(), want.values.data(), values.size() * sizeof(float))) << "values bits";
@@ -134,9 +143,12 @@ TEST_F(GpuSparse, TopkExactMatchesCpuSelection) {
     for (int kind = 0; kind < 3; ++kind) {
       const std::vector<float> grad = make_input(n, kind, static_cast<uint64_t>(n + kind));
       for (int64_t k : ks_for(n)) {
-        for (bool ef : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " k=" << k << " ef=" << ef);
-          check_topk(grad, k, TopkSelect::kExact, ef, ws, stream.get());
+        // Without EF the value type plays no part in the selection.
+        for (auto [ef, vt] : {std::pair{false, ValueType::kFp32}, std::pair{true, ValueType::kFp32},
+                              std::pair{true, ValueType::kBf16}}) {
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " k=" << k << " ef=" << ef
+                                            << " values=" << static_cast<int>(vt));
+          check_topk(grad, k, TopkSelect::kExact, ef, vt, ws, stream.get());
         }
       }
     }
@@ -151,8 +163,9 @@ TEST_F(GpuSparse, TopkSampleMatchesCpuSelection) {
       const std::vector<float> grad = make_input(n, kind, static_cast<uint64_t>(3 * n + kind));
       for (int64_t k : ks_for(n)) {
         for (bool ef : {false, true}) {
+          const ValueType vt = kind == 1 ? ValueType::kFp16 : ValueType::kBf16;
           SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " k=" << k << " ef=" << ef);
-          check_topk(grad, k, TopkSelect::kSample, ef, ws, stream.get());
+          check_topk(grad, k, TopkSelect::kSample, ef, vt, ws, stream.get());
         }
       }
     }
@@ -169,17 +182,19 @@ TEST_F(GpuSparse, EncodeIsByteIdenticalToEncodeSparse) {
     for (int64_t k : {int64_t{1}, std::max<int64_t>(n / 100, 1), n}) {
       const SparseVector want = topk_select(grad.data(), n, k, TopkSelect::kExact, {});
       DeviceBuffer d_grad = upload(grad);
-      gpu_topk_select(d_grad.as<float>(), nullptr, n, k, TopkSelect::kExact, {}, ws, stream.get());
-      for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
-        const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kTopk, n, want, vt);
-        DeviceBuffer out(sparse_payload_bytes(n, ws.capacity(), vt));
+      gpu_topk_select(d_grad.as<float>(), nullptr, n, k, TopkSelect::kExact, {}, ValueType::kFp32, ws, stream.get());
+      for (const SparseFormat& f : kFormats) {
+        const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kTopk, n, want, f);
+        // Garbage in the buffer: the encoder writes every byte, padding included.
+        DeviceBuffer out = upload(std::vector<uint8_t>(sparse_payload_bytes(n, ws.capacity(), f), 0xA5));
         DeviceBuffer out_bytes(sizeof(uint64_t));
         status.reset(stream.get());
-        gpu_encode_sparse(CompressorId::kTopk, n, ws.indices(), ws.values(), ws.count(), ws.capacity(), vt,
+        gpu_encode_sparse(CompressorId::kTopk, n, ws.indices(), ws.values(), ws.count(), ws.capacity(), f,
                           out.as<uint8_t>(), out_bytes.as<uint64_t>(), status.device(), stream.get());
         EXPECT_EQ(status.read(stream.get()).fault, 0u);
         EXPECT_EQ(download<uint64_t>(out_bytes.data(), 1)[0], bytes.size());
-        EXPECT_EQ(download<uint8_t>(out.data(), bytes.size()), bytes) << "n=" << n << " k=" << k;
+        EXPECT_EQ(download<uint8_t>(out.data(), bytes.size()), bytes)
+            << "n=" << n << " k=" << k << " values=" << static_cast<int>(f.values) << " coded=" << f.coded;
       }
     }
   }
@@ -191,12 +206,13 @@ TEST_F(GpuSparse, WideIndexPayloadsMatchCpu) {
   StatusBuffer status;
   const int64_t n = (int64_t{1} << 32) + 10;
   SparseVector v{{0, 3, 9}, {1.5f, -2.0f, 0.25f}};
-  for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
-    const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kRandomk, n, v, vt);
+  GpuSparseWorkspace ws;
+  for (const SparseFormat& f : kFormats) {
+    const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kRandomk, n, v, f);
     DeviceBuffer idx = upload(v.indices), val = upload(v.values), count = upload(std::vector<uint64_t>{3});
-    DeviceBuffer out(sparse_payload_bytes(n, 3, vt));
+    DeviceBuffer out(sparse_payload_bytes(n, 3, f));
     status.reset(stream.get());
-    gpu_encode_sparse(CompressorId::kRandomk, n, idx.as<uint64_t>(), val.as<float>(), count.as<uint64_t>(), 3, vt,
+    gpu_encode_sparse(CompressorId::kRandomk, n, idx.as<uint64_t>(), val.as<float>(), count.as<uint64_t>(), 3, f,
                       out.as<uint8_t>(), nullptr, status.device(), stream.get());
     ASSERT_EQ(status.read(stream.get()).fault, 0u);
     EXPECT_EQ(download<uint8_t>(out.data(), bytes.size()), bytes);
@@ -204,7 +220,7 @@ TEST_F(GpuSparse, WideIndexPayloadsMatchCpu) {
     std::vector<float> want(16, 1.0f);
     decode_add_sparse(CompressorId::kRandomk, bytes, n, want.data());
     DeviceBuffer d_out = upload(std::vector<float>(16, 1.0f));
-    gpu_decode_add_sparse(CompressorId::kRandomk, out.as<uint8_t>(), bytes.size(), n, d_out.as<float>(),
+    gpu_decode_add_sparse(CompressorId::kRandomk, out.as<uint8_t>(), bytes.size(), n, f, d_out.as<float>(), ws,
                           status.device(), stream.get());
     EXPECT_EQ(status.read(stream.get()).fault, 0u);
     EXPECT_EQ(download<float>(d_out.data(), 16), want);
@@ -214,23 +230,24 @@ TEST_F(GpuSparse, WideIndexPayloadsMatchCpu) {
 TEST_F(GpuSparse, DecodeAddInRankOrderMatchesCpu) {
   Stream stream;
   StatusBuffer status;
+  GpuSparseWorkspace ws;
   for (int64_t n : {int64_t{7}, int64_t{1000}, int64_t{1000003}}) {
-    for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
+    for (const SparseFormat& f : kFormats) {
       std::vector<float> want = make_input(n, 0, 5);
       DeviceBuffer d_out = upload(want);
       status.reset(stream.get());
       for (int rank = 0; rank < 4; ++rank) {
         const std::vector<float> x = make_input(n, rank % 3, static_cast<uint64_t>(rank + 10));
         const SparseVector sel = topk_select(x.data(), n, std::max<int64_t>(n / (rank + 2), 1), TopkSelect::kExact, {});
-        const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kTopk, n, sel, vt);
+        const std::vector<uint8_t> bytes = encode_sparse(CompressorId::kTopk, n, sel, f);
         decode_add_sparse(CompressorId::kTopk, bytes, n, want.data());
         // Misaligned on purpose for odd ranks: payloads sit anywhere in an allgather buffer.
         const size_t offset = rank % 2 == 0 ? 0 : static_cast<size_t>(rank);
         std::vector<uint8_t> shifted(offset, 0xEE);
         shifted.insert(shifted.end(), bytes.begin(), bytes.end());
         DeviceBuffer d_payload = upload(shifted);
-        gpu_decode_add_sparse(CompressorId::kTopk, d_payload.as<uint8_t>() + offset, bytes.size(), n,
-                              d_out.as<float>(), status.device(), stream.get());
+        gpu_decode_add_sparse(CompressorId::kTopk, d_payload.as<uint8_t>() + offset, bytes.size(), n, f,
+                              d_out.as<float>(), ws, status.device(), stream.get());
       }
       EXPECT_EQ(status.read(stream.get()).fault, 0u);
       expect_same_floats(download<float>(d_out.data(), static_cast<size_t>(n)), want, "decoded sum");
@@ -238,9 +255,16 @@ TEST_F(GpuSparse, DecodeAddInRankOrderMatchesCpu) {
   }
 }
 
-// A valid payload, then one mutation per kind of corruption.
+// A valid payload of indices 3, 100, ..., 876 (i * 97 + 3, numel 1000), then one
+// mutation per kind of corruption. Raw (fp32): values at [24, 64), u32 indices at
+// [64, 104). Coded (bf16): values at [24, 44); L = 6, the low section at [44, 52)
+// (60 bits), the high section at [52, 56) (25 bits; index j's bit (x_j >> 6) + j:
+// 0, 2, 5, 7, 10, 12, 15, 17, 20, 22).
+constexpr SparseFormat kRaw{ValueType::kFp32, false};
+constexpr SparseFormat kCoded{ValueType::kBf16, true};
 struct Corruption {
   const char* name;
+  SparseFormat format;
   PayloadFault fault;
   void (*mutate)(std::vector<uint8_t>&);
 };
@@ -249,34 +273,62 @@ void poke(std::vector<uint8_t>& b, size_t at, T v) {
   std::memcpy(b.data() + at, &v, sizeof v);
 }
 const Corruption kCorruptions[] = {
-    {"truncated header", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.resize(20); }},
-    {"empty", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.clear(); }},
-    {"magic", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[0] ^= 1; }},
-    {"version", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[4] = 2; }},
-    {"compressor id", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[5] = 4; }},
-    {"numel", PayloadFault::kBadNumel, [](std::vector<uint8_t>& b) { poke<uint64_t>(b, 8, 999); }},
-    {"unknown flag", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 4; }},
-    {"u64 flag for small n", PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 1; }},
-    {"count above n", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 16, 1001); }},
-    {"count 2^40", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 20, 256); }},
-    {"extra byte", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.push_back(0); }},
-    {"truncated body", PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.pop_back(); }},
-    {"index out of range", PayloadFault::kIndexOutOfRange, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 24 + 4 * 9, 1000); }},
-    {"repeated index", PayloadFault::kIndexOrder,
-     [](std::vector<uint8_t>& b) { std::memcpy(b.data() + 24 + 4 * 5, b.data() + 24 + 4 * 4, 4); }},
-    {"decreasing index", PayloadFault::kIndexOrder, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 24 + 4 * 3, 0); }},
+    {"truncated header", kRaw, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.resize(20); }},
+    {"empty", kRaw, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.clear(); }},
+    {"magic", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[0] ^= 1; }},
+    {"version", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[4] = 2; }},
+    {"compressor id", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[5] = 4; }},
+    {"numel", kRaw, PayloadFault::kBadNumel, [](std::vector<uint8_t>& b) { poke<uint64_t>(b, 8, 999); }},
+    {"unknown flag", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 0x10; }},
+    {"u64 flag for small n", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 1; }},
+    {"fp16 and bf16 flags", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 6; }},
+    {"coded flag on raw", kRaw, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] |= 8; }},
+    {"count above n", kRaw, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 16, 1001); }},
+    {"count 2^40", kRaw, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 20, 256); }},
+    {"extra byte", kRaw, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.push_back(0); }},
+    {"truncated body", kRaw, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.pop_back(); }},
+    {"index out of range", kRaw, PayloadFault::kIndexOutOfRange,
+     [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 64 + 4 * 9, 1000); }},
+    {"repeated index", kRaw, PayloadFault::kIndexOrder,
+     [](std::vector<uint8_t>& b) { std::memcpy(b.data() + 64 + 4 * 5, b.data() + 64 + 4 * 4, 4); }},
+    {"decreasing index", kRaw, PayloadFault::kIndexOrder,
+     [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 64 + 4 * 3, 0); }},
+    {"raw flag on coded", kCoded, PayloadFault::kBadHeader, [](std::vector<uint8_t>& b) { b[6] &= 0xF7; }},
+    {"coded count 2^40", kCoded, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 20, 256); }},
+    {"coded count + 1", kCoded, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { poke<uint32_t>(b, 16, 11); }},
+    {"coded truncated", kCoded, PayloadFault::kBadLength, [](std::vector<uint8_t>& b) { b.pop_back(); }},
+    {"low padding", kCoded, PayloadFault::kBadPadding, [](std::vector<uint8_t>& b) { b[44 + 7] |= 0x10; }},
+    {"high padding", kCoded, PayloadFault::kBadPadding, [](std::vector<uint8_t>& b) { b[52 + 3] |= 0x02; }},
+    {"extra one bit", kCoded, PayloadFault::kBadCode, [](std::vector<uint8_t>& b) { b[52] |= 0x02; }},
+    {"missing one bit", kCoded, PayloadFault::kBadCode, [](std::vector<uint8_t>& b) { b[52] &= 0xFE; }},
+    {"coded index out of range", kCoded, PayloadFault::kIndexOutOfRange,  // bit 22 -> 24: 15 << 6 | 44 = 1004
+     [](std::vector<uint8_t>& b) {
+       b[54] &= 0xBF;
+       b[55] |= 0x01;
+     }},
+    {"coded repeated index", kCoded, PayloadFault::kIndexOrder,  // index 1: bit 2 -> 1, low 36 -> 3: 3 again
+     [](std::vector<uint8_t>& b) {
+       b[52] = static_cast<uint8_t>((b[52] & ~0x04) | 0x02);
+       b[44] = static_cast<uint8_t>((b[44] & 0x3F) | 0xC0);
+       b[45] = static_cast<uint8_t>(b[45] & ~0x0F);
+     }},
 };
 
 TEST_F(GpuSparse, CorruptPayloadRecordsFaultAndWritesNothing) {
   Stream stream;
   StatusBuffer status;
+  GpuSparseWorkspace ws;
   const int64_t n = 1000;
-  const std::vector<float> x = make_input(n, 0, 3);
-  const SparseVector sel = topk_select(x.data(), n, 10, TopkSelect::kExact, {});
-  const std::vector<uint8_t> good = encode_sparse(CompressorId::kTopk, n, sel, ValueType::kFp32);
+  SparseVector sel;
+  for (uint64_t i = 0; i < 10; ++i) {
+    sel.indices.push_back(i * 97 + 3);
+    sel.values.push_back(static_cast<float>(i) - 4.5f);
+  }
   const std::vector<float> before = make_input(n, 0, 4);
   for (const Corruption& c : kCorruptions) {
     SCOPED_TRACE(c.name);
+    const std::vector<uint8_t> good = encode_sparse(CompressorId::kTopk, n, sel, c.format);
+    ASSERT_EQ(good.size(), c.format.coded ? 56u : 104u);
     std::vector<uint8_t> bad = good;
     c.mutate(bad);
     std::vector<float> cpu = before;  // the CPU agrees that it is corrupt
@@ -285,10 +337,10 @@ TEST_F(GpuSparse, CorruptPayloadRecordsFaultAndWritesNothing) {
     DeviceBuffer d_bad = upload(bad);
     DeviceBuffer d_good = upload(good);
     status.reset(stream.get());
-    gpu_decode_add_sparse(CompressorId::kTopk, d_bad.as<uint8_t>(), bad.size(), n, d_out.as<float>(), status.device(),
-                          stream.get());
+    gpu_decode_add_sparse(CompressorId::kTopk, d_bad.as<uint8_t>(), bad.size(), n, c.format, d_out.as<float>(), ws,
+                          status.device(), stream.get());
     // A valid payload after a bad one is skipped too: the batch stops at the fault.
-    gpu_decode_add_sparse(CompressorId::kTopk, d_good.as<uint8_t>(), good.size(), n, d_out.as<float>(),
+    gpu_decode_add_sparse(CompressorId::kTopk, d_good.as<uint8_t>(), good.size(), n, c.format, d_out.as<float>(), ws,
                           status.device(), stream.get());
     EXPECT_EQ(status.read(stream.get()).fault, static_cast<uint32_t>(c.fault));
     const std::vector<float> after = download<float>(d_out.data(), static_cast<size_t>(n));
@@ -310,15 +362,17 @@ TEST_F(GpuSparse, EncodeRefusesWhatTheDecoderWouldReject) {
                        {{4, 2, 3}, 3, PayloadFault::kIndexOrder},
                        {{1, 2, 3}, 4, PayloadFault::kBadLength}};
   for (const Bad& b : cases) {
-    DeviceBuffer idx = upload(b.indices), val = upload(std::vector<float>{1, 2, 3});
-    DeviceBuffer count = upload(std::vector<uint64_t>{b.count});
-    const std::vector<uint8_t> sentinel(sparse_payload_bytes(100, 3, ValueType::kFp32), 0xAB);
-    DeviceBuffer out = upload(sentinel);
-    status.reset(stream.get());
-    gpu_encode_sparse(CompressorId::kTopk, 100, idx.as<uint64_t>(), val.as<float>(), count.as<uint64_t>(), 3,
-                      ValueType::kFp32, out.as<uint8_t>(), nullptr, status.device(), stream.get());
-    EXPECT_EQ(status.read(stream.get()).fault, static_cast<uint32_t>(b.fault));
-    EXPECT_EQ(download<uint8_t>(out.data(), sentinel.size()), sentinel) << "payload was written";
+    for (const SparseFormat& f : kFormats) {
+      DeviceBuffer idx = upload(b.indices), val = upload(std::vector<float>{1, 2, 3});
+      DeviceBuffer count = upload(std::vector<uint64_t>{b.count});
+      const std::vector<uint8_t> sentinel(sparse_payload_bytes(100, 3, f), 0xAB);
+      DeviceBuffer out = upload(sentinel);
+      status.reset(stream.get());
+      gpu_encode_sparse(CompressorId::kTopk, 100, idx.as<uint64_t>(), val.as<float>(), count.as<uint64_t>(), 3, f,
+                        out.as<uint8_t>(), nullptr, status.device(), stream.get());
+      EXPECT_EQ(status.read(stream.get()).fault, static_cast<uint32_t>(b.fault));
+      EXPECT_EQ(download<uint8_t>(out.data(), sentinel.size()), sentinel) << "payload was written";
+    }
   }
 }
 
@@ -339,17 +393,18 @@ TEST_F(GpuSparse, RandomkIndicesGatherAndResidualMatchCpu) {
     ASSERT_EQ(count, static_cast<int64_t>(want.size())) << "n=" << c.n << " k=" << c.k;
     ASSERT_EQ(download<uint64_t>(ws.indices(), want.size()), want) << "n=" << c.n << " k=" << c.k;
 
-    // Fused EF for random-k: fold, gather, zero; scatter back.
+    // Fused EF for random-k: fold, gather, keep the rounding; scatter back.
+    const ValueType vt = c.k % 2 == 0 ? ValueType::kBf16 : ValueType::kFp16;
     const std::vector<float> grad = make_input(c.n, 0, 1), res = make_input(c.n, 0, 2);
     DeviceBuffer d_grad = upload(grad), d_res = upload(res), d_vals(want.size() * sizeof(float) + 4);
     gpu_fold_residual(d_grad.as<float>(), d_res.as<float>(), c.n, stream.get());
-    gpu_gather(d_res.as<float>(), ws.indices(), ws.count(), ws.capacity(), d_vals.as<float>(), d_res.as<float>(),
+    gpu_gather(d_res.as<float>(), ws.indices(), ws.count(), ws.capacity(), d_vals.as<float>(), d_res.as<float>(), vt,
                stream.get());
     std::vector<float> acc(grad.size()), want_vals;
     for (size_t i = 0; i < grad.size(); ++i) acc[i] = grad[i] + res[i];
     for (uint64_t i : want) want_vals.push_back(acc[i]);
     std::vector<float> want_res = acc;
-    for (uint64_t i : want) want_res[i] = 0.0f;
+    for (uint64_t i : want) want_res[i] = kept_rounding(acc[i], vt);
     expect_same_floats(download<float>(d_vals.data(), want.size()), want_vals, "gathered values");
     expect_same_floats(download<float>(d_res.data(), grad.size()), want_res, "residual");
     DeviceBuffer d_out = upload(std::vector<float>(grad.size(), 0.0f));

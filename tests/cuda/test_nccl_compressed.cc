@@ -2,8 +2,9 @@
 // src/collectives/nccl_compressed*.cc): at N = 1 every compressor equals the CPU
 // path's bytes on the same inputs and key history (several steps, error feedback,
 // warm-up), save_state/load_state carry device residuals both ways, corrupt state
-// sizes are refused; at N > 1 (one GPU per rank, threads) every rank ends bitwise
-// identical and equal to the CPU path over threads. Everything skips without a GPU.
+// sizes are refused, top-k's algo=reduce_scatter is refused; at N > 1 (one GPU per
+// rank, threads) every rank ends bitwise identical and equal to the CPU path over
+// threads. Everything skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -29,19 +30,25 @@ using detail::cuda_unavailable_reason;
 
 // Sketch with clear heavy hitters: its GPU table is summed with atomics (bits may
 // differ from the CPU's), so the recovered indices must not hinge on ties.
+// Top-k in every payload format (the default: coded indices, bf16 values).
 const char* const kSpecs[] = {"fp16",
                               "bf16",
                               "topk:ratio=0.01",
                               "topk:ratio=0.02,select=sample",
                               "topk:k=50,values=fp16",
+                              "topk:ratio=0.01,indices=raw,values=fp32",
+                              "topk:ratio=0.03,indices=raw,values=bf16,select=sample",
+                              "topk:ratio=0.6,indices=coded,values=fp32,algo=allgather",
                               "randomk:ratio=0.05",
                               "randomk:ratio=0.05,values=fp16",
+                              "randomk:ratio=0.05,values=bf16",
                               "qsgd:levels=16,bucket=512",
                               "quant:bits=4,bucket=256,round=stochastic,ef=1",
                               "quant:bits=2,bucket=128,round=nearest",
                               "sign:bucket=128",
                               "sign:bucket=64,warmup=2",
-                              "sketch:rows=5,k=20"};
+                              "sketch:rows=5,k=20",
+                              "sketch:rows=5,k=20,values=bf16"};
 
 float input(int rank, int step, int64_t i, bool heavy) {
   const float base = std::sin(0.01f * static_cast<float>(i * (rank + 1) + 13 * step)) * (1 + i % 5);
@@ -82,6 +89,22 @@ TEST(NcclCompressed, SingleRankEveryCompressorGivesTheCpuPathsBytesOverSteps) {
     ASSERT_EQ(gpu->save_state(), cpu->save_state()) << "residuals and steps";
   }
   EXPECT_EQ(gpu->impl().cuda_path(), "nccl");
+}
+
+// The NCCL path has only the sparse allgather; asking for the reduce-scatter is an
+// error that names the way out, not a silent change of algorithm.
+TEST(NcclCompressed, TopkReduceScatterIsRefusedForCudaTensors) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto gpu = testing::single_rank("nccl");
+  CompressOptions options;
+  options.compressor = "topk:ratio=0.01,algo=reduce_scatter";
+  options.key = "rs";
+  try {
+    on_gpu(*gpu, std::vector<float>(4096, 1.0f), options, ReduceOp::kSum);
+    ADD_FAILURE() << "algo=reduce_scatter ran on a CUDA tensor";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("algo=reduce_scatter"), std::string::npos) << e.what();
+  }
 }
 
 TEST(NcclCompressed, SaveAndLoadStateCarryDeviceResiduals) {

@@ -6,7 +6,8 @@
 //   mode bit 2:   negative numel (-1 - u8), which must be refused;
 //   mode bit 3:   structured: the rest builds a valid payload (count u8, then per
 //                 entry an index gap u16 and an fp32 value) through encode_sparse
-//                 with fp16 values if mode bit 4, then (pos u16, xor u8) triples
+//                 with fp16 values if mode bit 4, bf16 if bit 5 (and not 4),
+//                 Elias–Fano coded indices if bit 6, then (pos u16, xor u8) triples
 //                 corrupt it. Unmutated, it must decode to exactly its entries.
 //   otherwise:    the rest is the payload, as received off the wire.
 // The output buffer has exactly numel floats and ends at a guard page; only
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/topk/sparse_code.h"
 #include "fuzz_util.h"
 #include "gradcomm/errors.h"
 #include "half.h"
@@ -52,11 +54,14 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
   seeds.add("randomk_fp16", structured_seed(CompressorId::kRandomk, 0x18, 64, {0, 1, 2, 3, 4}));
   seeds.add("sketch_empty", structured_seed(CompressorId::kSketch, 0x08, 0, {}));
   seeds.add("topk_u64_indices", structured_seed(CompressorId::kTopk, 0x0B, 10, {0, 9}));
+  seeds.add("topk_coded_bf16", structured_seed(CompressorId::kTopk, 0x68, 1000, {3, 1, 500, 7, 0, 0, 90}));
+  seeds.add("topk_coded_fp16_dense", structured_seed(CompressorId::kTopk, 0x58, 6, {0, 0, 0, 0, 0, 0}));
+  seeds.add("topk_coded_u64", structured_seed(CompressorId::kTopk, 0x4B, 10, {0, 9}));
   // A raw payload as it would arrive: encode_sparse's bytes after the control fields.
   gradcomm::detail::SparseVector v{{2, 5, 9}, {1.0f, -3.5f, 0.25f}};
   std::vector<uint8_t> raw{static_cast<uint8_t>(CompressorId::kTopk), 0x00};
   put<uint16_t>(raw, 16);
-  const auto payload = gradcomm::detail::encode_sparse(CompressorId::kTopk, 16, v, gradcomm::detail::ValueType::kFp32);
+  const auto payload = gradcomm::detail::encode_sparse(CompressorId::kTopk, 16, v, gradcomm::detail::SparseFormat{});
   raw.insert(raw.end(), payload.begin(), payload.end());
   seeds.add("topk_raw", raw);
 }
@@ -90,13 +95,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v.values.push_back(value);
       ++next;
     }
-    const bool fp16 = (mode & 16) != 0;
-    payload = gradcomm::detail::encode_sparse(id, n, v, fp16 ? gradcomm::detail::ValueType::kFp16
-                                                             : gradcomm::detail::ValueType::kFp32);
+    using gradcomm::detail::ValueType;
+    const ValueType type = (mode & 16) != 0 ? ValueType::kFp16 : (mode & 32) != 0 ? ValueType::kBf16 : ValueType::kFp32;
+    payload = gradcomm::detail::encode_sparse(id, n, v, gradcomm::detail::SparseFormat{type, (mode & 64) != 0});
     indices = v.indices;
-    for (float value : v.values) {
-      expected.push_back(fp16 ? gradcomm::detail::half_to_float(gradcomm::detail::float_to_half(value)) : value);
-    }
+    for (float value : v.values) expected.push_back(gradcomm::detail::sparse_round(value, type));
     bool mutated = false;
     while (in.remaining() >= 3 && !payload.empty()) {
       const size_t pos = in.take<uint16_t>() % payload.size();

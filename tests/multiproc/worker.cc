@@ -263,7 +263,8 @@ std::vector<float> gradient(int rank, int64_t n, int step) {
 
 int run_compressed(Communicator& comm) {
   static const char* kSpecs[] = {"fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.01,select=sample",
-                                 "topk:k=100,ef=0", "randomk:ratio=0.01", "qsgd", "quant:bits=8",
+                                 "topk:ratio=0.01,algo=reduce_scatter", "topk:k=100,ef=0,values=fp32",
+                                 "randomk:ratio=0.01", "qsgd", "quant:bits=8",
                                  "quant:bits=4,round=nearest", "quant:bits=2", "quant:bits=1", "sign",
                                  "sketch:ratio=0.01"};
   const int n = comm.size(), r = comm.rank();
@@ -276,7 +277,7 @@ int run_compressed(Communicator& comm) {
       const std::string what = fmt::format("{} step {}", spec, step);
       check(std::all_of(g.begin(), g.end(), [](float v) { return std::isfinite(v); }), what + " finite");
       check(same_on_every_rank(comm, g.data(), g.size() * sizeof(float)), what + " bitwise across ranks");
-      if (std::string(spec) == "topk:k=100,ef=0") {
+      if (std::string(spec) == "topk:k=100,ef=0,values=fp32") {
         // Each rank's own top-100 (ties to the lower index), summed in rank order.
         std::vector<float> expected(numel, 0.0f);
         for (int s = 0; s < n; ++s) {

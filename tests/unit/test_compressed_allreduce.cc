@@ -81,7 +81,7 @@ INSTANTIATE_TEST_SUITE_P(Compressors, EverySpec,
 TEST(CompressedAllreduce, TopkSumsEachRanksOwnTopk) {
   const int n = 3;
   const int64_t numel = 20000, k = 200;
-  const auto out = run_compressed(n, numel, "topk:k=200,ef=0", ReduceOp::kSum);
+  const auto out = run_compressed(n, numel, "topk:k=200,ef=0,values=fp32", ReduceOp::kSum);
   std::vector<float> expected(numel, 0.0f);
   for (int r = 0; r < n; ++r) {
     const auto g = gradient(r, numel, 1);

@@ -23,6 +23,8 @@ void expect_same(const CompressorSpec& a, const CompressorSpec& b, const std::st
   EXPECT_EQ(a.ratio, b.ratio) << context;
   EXPECT_EQ(a.k, b.k) << context;
   EXPECT_EQ(a.select, b.select) << context;
+  EXPECT_EQ(a.coded_indices, b.coded_indices) << context;
+  EXPECT_EQ(a.algo, b.algo) << context;
   EXPECT_EQ(a.levels, b.levels) << context;
   EXPECT_EQ(a.bits, b.bits) << context;
   EXPECT_EQ(a.round, b.round) << context;
@@ -81,8 +83,11 @@ TEST(Registry, TopkRatioOrKWithDefaults) {
   EXPECT_EQ(r.k, 0);
   EXPECT_EQ(r.select, TopkSelect::kExact);
   EXPECT_TRUE(r.ef);
-  EXPECT_EQ(r.values, ValueType::kFp32);
-  EXPECT_EQ(r.canonical(), "topk:ratio=0.01,select=exact,ef=1,min_numel=0,warmup=0,seed=0,values=fp32");
+  EXPECT_EQ(r.values, ValueType::kBf16);  // top-k's default; random-k and the sketch keep fp32
+  EXPECT_TRUE(r.coded_indices);
+  EXPECT_EQ(r.algo, SparseAlgo::kAuto);
+  EXPECT_EQ(r.canonical(),
+            "topk:ratio=0.01,select=exact,indices=coded,algo=auto,ef=1,min_numel=0,warmup=0,seed=0,values=bf16");
 
   const CompressorSpec k =
       parse_compressor_spec("topk:k=10,select=sample,ef=0,values=fp16,min_numel=5,warmup=2,seed=9");
@@ -91,7 +96,20 @@ TEST(Registry, TopkRatioOrKWithDefaults) {
   EXPECT_EQ(k.select, TopkSelect::kSample);
   EXPECT_FALSE(k.ef);
   EXPECT_EQ(k.values, ValueType::kFp16);
-  EXPECT_EQ(k.canonical(), "topk:k=10,select=sample,ef=0,min_numel=5,warmup=2,seed=9,values=fp16");
+  EXPECT_EQ(k.canonical(),
+            "topk:k=10,select=sample,indices=coded,algo=auto,ef=0,min_numel=5,warmup=2,seed=9,values=fp16");
+  const CompressorSpec raw = parse_compressor_spec("topk:ratio=0.1,indices=raw,algo=reduce_scatter,values=fp32");
+  EXPECT_FALSE(raw.coded_indices);
+  EXPECT_EQ(raw.algo, SparseAlgo::kReduceScatter);
+  EXPECT_EQ(raw.values, ValueType::kFp32);
+  EXPECT_EQ(raw.canonical(),
+            "topk:ratio=0.1,select=exact,indices=raw,algo=reduce_scatter,ef=1,min_numel=0,warmup=0,seed=0,values=fp32");
+  EXPECT_EQ(parse_compressor_spec("topk:ratio=0.1,algo=allgather").algo, SparseAlgo::kAllgather);
+  EXPECT_EQ(parse_compressor_spec("randomk:ratio=0.1,values=bf16").values, ValueType::kBf16);
+  expect_error("topk:ratio=0.1,algo=ring", {"algo='ring' unknown", "accepted: auto, allgather, reduce_scatter"});
+  expect_error("topk:ratio=0.1,indices=delta", {"indices='delta' unknown", "accepted: coded, raw"});
+  expect_error("topk:ratio=0.1,values=fp8", {"values='fp8' unknown", "accepted: fp32, fp16, bf16"});
+  expect_error("randomk:ratio=0.1,algo=allgather", {"unknown key 'algo'"});
   EXPECT_EQ(parse_compressor_spec("topk:ratio=1").ratio, 1.0);
   EXPECT_EQ(parse_compressor_spec("topk:ratio=1e-3").ratio, 1e-3);
 }
@@ -176,7 +194,8 @@ TEST(Registry, UnknownCompressorListsAccepted) {
 
 TEST(Registry, UnknownKeyListsAccepted) {
   expect_error("topk:ratoi=0.1",
-               {"topk: unknown key 'ratoi'", "accepted: ratio, k, select, ef, min_numel, warmup, seed, values"});
+               {"topk: unknown key 'ratoi'",
+                "accepted: ratio, k, select, indices, algo, ef, min_numel, warmup, seed, values"});
   expect_error("qsgd:values=fp16", {"unknown key 'values'", "accepted: levels, bucket, ef, min_numel, warmup, seed"});
   expect_error("sign:bits=1", {"unknown key 'bits'", "accepted: bucket, ef, min_numel, warmup, seed"});
 }
@@ -222,7 +241,7 @@ TEST(Registry, BadNumbersAreRejected) {
   expect_error("fp16:ef=2", {"ef='2' unknown", "accepted: 0, 1"});
   expect_error("fp16:ef=true", {"ef='true' unknown"});
   expect_error("topk:k=1,select=fast", {"select='fast' unknown", "accepted: exact, sample"});
-  expect_error("topk:k=1,values=bf16", {"values='bf16' unknown", "accepted: fp32, fp16"});
+  expect_error("topk:k=1,values=fp8", {"values='fp8' unknown", "accepted: fp32, fp16, bf16"});
 }
 
 TEST(Registry, ControlBytesInSpecsAreEscapedInMessages) {
@@ -245,7 +264,7 @@ TEST(Registry, KeyOrderDoesNotChangeCanonical) {
             parse_compressor_spec("quant:seed=3,bits=4,round=nearest").canonical());
   // Spelling a default out is the same spec as leaving it implicit.
   EXPECT_EQ(parse_compressor_spec("topk:ratio=0.01").canonical(),
-            parse_compressor_spec("topk:ratio=0.010,select=exact,ef=1,values=fp32").canonical());
+            parse_compressor_spec("topk:ratio=0.010,select=exact,indices=coded,ef=1,values=bf16").canonical());
   EXPECT_NE(parse_compressor_spec("topk:k=10").canonical(), parse_compressor_spec("topk:k=11").canonical());
 }
 
@@ -260,7 +279,10 @@ TEST(Registry, CanonicalRoundTripsForEveryCompressor) {
       "topk:ratio=1e-300",
       "topk:ratio=0.9999999999999999",
       "topk:k=9223372036854775807,select=sample,values=fp16",
+      "topk:ratio=0.5,indices=raw,algo=reduce_scatter,values=fp32",
+      "topk:ratio=0.5,algo=allgather",
       "randomk:ratio=0.123456789012345678",
+      "randomk:ratio=0.5,values=bf16",
       "qsgd:levels=32768,bucket=2147483647",
       "quant:bits=1,round=nearest",
       "sign:bucket=1,ef=0",

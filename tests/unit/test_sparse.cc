@@ -336,6 +336,8 @@ TEST(TopkAccumulate, ExactFilterOverflowFallsBack) {
 
 // ---- sparse payload -------------------------------------------------------------
 
+constexpr SparseFormat kRaw32{ValueType::kFp32, false};
+
 SparseVector example_sparse() {
   SparseVector v;
   v.indices = {0, 3, 4, 100, 999};
@@ -345,7 +347,7 @@ SparseVector example_sparse() {
 
 TEST(SparsePayload, Fp32RoundTripIsExactAndAdds) {
   const SparseVector v = example_sparse();
-  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, v, ValueType::kFp32);
+  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, v, kRaw32);
   EXPECT_EQ(bytes.size(), PayloadHeader::kBytes + 5 * 8);
   std::vector<float> out(1000, 1.0f);
   decode_add_sparse(CompressorId::kTopk, bytes, 1000, out.data());
@@ -360,7 +362,7 @@ TEST(SparsePayload, Fp32RoundTripIsExactAndAdds) {
 
 TEST(SparsePayload, Fp16ValuesRoundToHalf) {
   const SparseVector v = example_sparse();
-  const auto bytes = encode_sparse(CompressorId::kRandomk, 1000, v, ValueType::kFp16);
+  const auto bytes = encode_sparse(CompressorId::kRandomk, 1000, v, SparseFormat{ValueType::kFp16, false});
   EXPECT_EQ(bytes.size(), PayloadHeader::kBytes + 5 * 6);
   std::vector<float> out(1000, 0.0f);
   decode_add_sparse(CompressorId::kRandomk, bytes, 1000, out.data());
@@ -371,7 +373,7 @@ TEST(SparsePayload, Fp16ValuesRoundToHalf) {
 }
 
 TEST(SparsePayload, EmptySelection) {
-  const auto bytes = encode_sparse(CompressorId::kTopk, 10, SparseVector{}, ValueType::kFp32);
+  const auto bytes = encode_sparse(CompressorId::kTopk, 10, SparseVector{}, kRaw32);
   EXPECT_EQ(bytes.size(), PayloadHeader::kBytes);
   std::vector<float> out(10, 2.0f);
   decode_add_sparse(CompressorId::kTopk, bytes, 10, out.data());
@@ -384,7 +386,7 @@ TEST(SparsePayload, U64IndicesForHugeNumel) {
   SparseVector v;
   v.indices = {1, 7};
   v.values = {3.0f, 4.0f};
-  const auto bytes = encode_sparse(CompressorId::kTopk, n, v, ValueType::kFp32);
+  const auto bytes = encode_sparse(CompressorId::kTopk, n, v, kRaw32);
   EXPECT_EQ(bytes.size(), PayloadHeader::kBytes + 2 * 12);
   uint16_t flags;
   std::memcpy(&flags, bytes.data() + 6, 2);
@@ -397,12 +399,12 @@ TEST(SparsePayload, U64IndicesForHugeNumel) {
 
 TEST(SparsePayload, EncodeRejectsInvalidSelections) {
   SparseVector v = example_sparse();
-  EXPECT_THROW(encode_sparse(CompressorId::kTopk, 999, v, ValueType::kFp32), InvalidArgument);  // 999 >= n
+  EXPECT_THROW(encode_sparse(CompressorId::kTopk, 999, v, kRaw32), InvalidArgument);  // 999 >= n
   v.indices[2] = 3;
-  EXPECT_THROW(encode_sparse(CompressorId::kTopk, 1000, v, ValueType::kFp32), InvalidArgument);
+  EXPECT_THROW(encode_sparse(CompressorId::kTopk, 1000, v, kRaw32), InvalidArgument);
   v = example_sparse();
   v.values.pop_back();
-  EXPECT_THROW(encode_sparse(CompressorId::kTopk, 1000, v, ValueType::kFp32), InvalidArgument);
+  EXPECT_THROW(encode_sparse(CompressorId::kTopk, 1000, v, kRaw32), InvalidArgument);
 }
 
 // decode_sum_sparse against its definition: a +0.0-filled output and decode_add_sparse
@@ -426,7 +428,7 @@ TEST(SparsePayload, DecodeSumMatchesZeroThenAddInOrder) {
           const int kind = static_cast<int>(gen() % 50);
           v.values.push_back(kind == 0 ? -0.0f : kind == 1 ? nan : kind == 2 ? -kInf : normal(gen) * 1e3f);
         }
-        bytes.push_back(encode_sparse(CompressorId::kTopk, n, v, p % 2 ? ValueType::kFp16 : ValueType::kFp32));
+        bytes.push_back(encode_sparse(CompressorId::kTopk, n, v, p % 2 ? SparseFormat{ValueType::kFp16, p % 3 == 0} : kRaw32));
       }
       std::vector<float> want(static_cast<size_t>(n), 0.0f);
       for (const auto& b : bytes) decode_add_sparse(CompressorId::kTopk, b, n, want.data());
@@ -446,7 +448,7 @@ TEST(SparsePayload, DecodeSumMatchesZeroThenAddInOrder) {
 // A corrupt payload anywhere in the list: CorruptPayload and the output untouched,
 // even though the payloads before it are valid.
 TEST(SparsePayload, DecodeSumValidatesEveryPayloadFirst) {
-  const auto good = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), ValueType::kFp32);
+  const auto good = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), kRaw32);
   auto bad = good;
   bad.pop_back();  // truncated
   for (size_t at = 0; at < 3; ++at) {
@@ -457,7 +459,7 @@ TEST(SparsePayload, DecodeSumValidatesEveryPayloadFirst) {
     EXPECT_EQ(out, std::vector<float>(1000, 0.5f)) << "output written before payload " << at << " was validated";
   }
   // The compressor id is checked too (a random-k payload is not a top-k payload).
-  const auto other = encode_sparse(CompressorId::kRandomk, 1000, example_sparse(), ValueType::kFp32);
+  const auto other = encode_sparse(CompressorId::kRandomk, 1000, example_sparse(), kRaw32);
   const std::vector<std::span<const uint8_t>> spans = {good, other};
   std::vector<float> out(1000, 0.5f);
   EXPECT_THROW(decode_sum_sparse(CompressorId::kTopk, spans, 1000, out.data()), CorruptPayload);
@@ -480,8 +482,9 @@ std::vector<uint8_t> patched(std::vector<uint8_t> bytes, size_t offset, T value)
 }
 
 TEST(SparsePayload, EveryTruncationIsCorrupt) {
-  for (ValueType vt : {ValueType::kFp32, ValueType::kFp16}) {
-    const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), vt);
+  for (SparseFormat f : {kRaw32, SparseFormat{ValueType::kFp16, false}, SparseFormat{ValueType::kBf16, true},
+                         SparseFormat{ValueType::kFp32, true}}) {
+    const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), f);
     for (size_t len = 0; len < bytes.size(); ++len) {
       SCOPED_TRACE(len);
       expect_corrupt(std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(len)));
@@ -493,8 +496,8 @@ TEST(SparsePayload, EveryTruncationIsCorrupt) {
 }
 
 TEST(SparsePayload, BadIndicesAreCorrupt) {
-  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), ValueType::kFp32);
-  const size_t idx = PayloadHeader::kBytes;
+  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), kRaw32);
+  const size_t idx = PayloadHeader::kBytes + 5 * 4;  // after the five fp32 values
   expect_corrupt(patched<uint32_t>(bytes, idx + 4 * 4, 1000));        // last index == n
   expect_corrupt(patched<uint32_t>(bytes, idx + 4 * 4, 0xFFFFFFFFu));  // far out of range
   expect_corrupt(patched<uint32_t>(bytes, idx + 2 * 4, 3));           // equal to predecessor
@@ -503,7 +506,7 @@ TEST(SparsePayload, BadIndicesAreCorrupt) {
 }
 
 TEST(SparsePayload, BadHeaderIsCorrupt) {
-  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), ValueType::kFp32);
+  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), kRaw32);
   expect_corrupt(bytes, 1000, CompressorId::kRandomk);  // wrong id
   expect_corrupt(bytes, 999);                           // wrong numel
   expect_corrupt(patched<uint32_t>(bytes, 0, 0xDEADBEEF));  // magic
@@ -526,7 +529,7 @@ TEST(SparsePayload, HugeNumelRequiresU64Flag) {
   SparseVector v;
   v.indices = {2};
   v.values = {1.0f};
-  const auto bytes = encode_sparse(CompressorId::kTopk, n, v, ValueType::kFp32);
+  const auto bytes = encode_sparse(CompressorId::kTopk, n, v, kRaw32);
   expect_corrupt(patched<uint16_t>(bytes, 6, 0), n);  // u32 indices claimed for n >= 2^32
   expect_corrupt(patched<uint32_t>(bytes, 16, uint32_t{2}), n);  // count 2, body of one entry
 }

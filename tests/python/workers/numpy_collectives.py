@@ -53,14 +53,28 @@ gradcomm.barrier()
 # ---- compressed: top-k against a numpy top-k of every rank's input --------------------
 numel, k = 5000, 50
 grads = [np.random.default_rng(100 + q).standard_normal(numel).astype(np.float32) for q in range(n)]
+def bf16(a):
+    """fp32 -> bf16 -> fp32, round to nearest even (the payload's values, src/half.h)."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def numpy_topk_avg(round_values):
+    expect = np.zeros(numel, np.float64)
+    for q in range(n):
+        idx = np.argsort(-np.abs(grads[q]), kind="stable")[:k]
+        expect[idx] += round_values(grads[q][idx])
+    return expect / n
+
+
 x = grads[r].copy()
+gradcomm.allreduce(x, op="avg", compression=f"topk:k={k},values=fp32", name="w32")
+np.testing.assert_allclose(x, numpy_topk_avg(lambda v: v), rtol=1e-6, atol=1e-7)
+assert np.count_nonzero(x) <= n * k
+x = grads[r].copy()  # the default: bf16 values, coded indices
 gradcomm.allreduce(x, op="avg", compression=f"topk:k={k}", name="w")
-expect = np.zeros(numel, np.float64)
-for q in range(n):
-    idx = np.argsort(-np.abs(grads[q]), kind="stable")[:k]
-    expect[idx] += grads[q][idx]
-expect /= n
-np.testing.assert_allclose(x, expect, rtol=1e-6, atol=1e-7)
+np.testing.assert_allclose(x, numpy_topk_avg(bf16), rtol=1e-6, atol=1e-7)
 assert np.count_nonzero(x) <= n * k
 # Every rank holds bitwise the same result.
 everyone = gradcomm.allgather(x)

@@ -1,0 +1,257 @@
+// Top-k's two collectives, and the choice between them.
+//
+// Sparse allgather: every rank's payload to every rank (ring_allgatherv), each rank sums
+// all N payloads in rank order. A rank receives (N-1) payloads of k entries: cheap at
+// small N, but it grows with N, and at 1 % density it sends more than the dense ring from
+// N of about 25 (raw indices; later with coded ones).
+//
+// Sparse reduce-scatter (Ok-Topk and SparCML split the index space the same way; the
+// re-sparsification is gTop-k's): the index space is cut into N regions, region s =
+// [s*n/N, (s+1)*n/N) owned by rank s.
+//   1. All-to-all: each rank sends each owner the entries of its selection that fall in
+//      the owner's region, one payload per region (sizes first, then the payloads).
+//   2. The owner sums its region's N payloads in rank order, onto +0.0: per index, the
+//      same additions in the same order as the allgather's decode.
+//   3. It keeps at most ceil(k/N) entries of the summed region, the largest by magnitude
+//      (the exact top-k rule, ties to the lower index). What it drops, and what rounding a
+//      kept sum to the value type loses, it adds to its own error-feedback residual: the
+//      sum over ranks of residuals plus outputs stays the sum of the inputs.
+//   4. The kept regions are allgathered (ring_allgatherv_bytes) and every rank decodes
+//      them, each into its region: bitwise the same result on every rank.
+// A rank sends about (N-1)/N of its payload in step 1 and receives N-1 payloads of
+// ceil(k/N) entries in step 4: about two payloads' bytes whatever N is, against N-1 for
+// the allgather, in 4(N-1) messages against N-1. Where every region keeps every entry
+// (its union has at most ceil(k/N) indices) and values are fp32, the output is bitwise
+// the allgather's.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "compressors/payload.h"
+#include "compressors/topk/sparse_code.h"
+
+namespace gradcomm::detail {
+namespace {
+
+// Message units of the all-to-all (below ring_allgatherv_bytes' second phase, above any
+// unit its first phase uses).
+constexpr uint32_t kAllToAllSizes = 0x40000000u;
+constexpr uint32_t kAllToAllData = 0x40000001u;
+
+// The α–β constants of the automatic choice. The library cannot see the link, so it
+// assumes one: α = 30 µs per message (a small message's one-way time over UCX/TCP on
+// loopback and veth, bench/results/sparse-2026-11-24.md) and a 10 Gbit/s link. Both
+// are fixed, not read from the environment: every rank must choose the same algorithm
+// from the same (spec, N, n). `algo=` overrides the choice (and is part of the spec
+// every rank's call header carries).
+constexpr double kAlphaSeconds = 30e-6;
+constexpr double kLinkBytesPerSecond = 10e9 / 8;
+
+// First element of region s of n elements split among `ranks`: floor(n * s / ranks),
+// computed without forming n * s.
+int64_t region_begin(int64_t n, int s, int ranks) { return (n / ranks) * s + (n % ranks) * s / ranks; }
+
+// Entries an owner keeps of its summed region.
+int64_t region_budget(int64_t k, int ranks) { return std::max<int64_t>(1, (k + ranks - 1) / ranks); }
+
+// Largest payload an honest rank sends for a region of `len` elements: at most
+// min(len, 2k) entries (select=sample keeps up to 2k), no wider than raw u64 indices and
+// fp32 values, plus the coded high section's spare bits. Only a bound on what to accept
+// before reading; the decoder validates the exact size.
+uint64_t region_payload_bound(int64_t len, int64_t k) {
+  const uint64_t entries = static_cast<uint64_t>(std::min<int64_t>(len, 2 * std::max<int64_t>(k, 1)));
+  return PayloadHeader::kBytes + entries * 12 + static_cast<uint64_t>(len) / 8 + 16;
+}
+
+}  // namespace
+
+SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel) {
+  if (spec.algo != SparseAlgo::kAuto) return spec.algo;
+  if (ranks <= 2) return SparseAlgo::kAllgather;  // the same bytes, fewer messages
+  const int64_t k = std::min(selection_count(spec.ratio, spec.k, numel), numel);
+  const SparseFormat format = sparse_format(spec);
+  const double N = ranks;
+  const double payload = static_cast<double>(sparse_payload_bytes(numel, k, format));
+  const double kept = static_cast<double>(
+      sparse_payload_bytes((numel + ranks - 1) / ranks, std::min(region_budget(k, ranks), numel), format));
+  const double allgather = (N - 1) * kAlphaSeconds + (N - 1) * payload / kLinkBytesPerSecond;
+  const double reduce_scatter =
+      4 * (N - 1) * kAlphaSeconds + ((N - 1) / N * payload + (N - 1) * kept) / kLinkBytesPerSecond;
+  return reduce_scatter < allgather ? SparseAlgo::kReduceScatter : SparseAlgo::kAllgather;
+}
+
+void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const SparseVector& selected,
+                                SparseFormat format, bool fixed_size) {
+  const int n = op.size();
+  std::vector<uint8_t> payload;
+  {
+    Op::PhaseTimer timer(op, &Stats::encode_s);
+    payload = encode_sparse(CompressorId::kTopk, numel, selected, format);
+  }
+  std::vector<int64_t> sizes;
+  std::vector<uint8_t> all;
+  if (fixed_size) {
+    // Every rank selects exactly k of numel: its payload has this size everywhere, so
+    // no sizes are exchanged first (one latency-bound ring fewer). A payload of another
+    // size fails its receive (CorruptPayload).
+    sizes.assign(static_cast<size_t>(n), static_cast<int64_t>(payload.size()));
+    all.resize(payload.size() * static_cast<size_t>(n));
+    std::memcpy(all.data() + payload.size() * static_cast<size_t>(op.rank()), payload.data(), payload.size());
+    if (n > 1) ring_allgatherv(op, all.data(), sizes, 1, kSecondPhaseUnits);
+  } else {
+    all = ring_allgatherv_bytes(op, payload, sizes);
+  }
+  // Every rank decodes every payload in rank order: bitwise identical sums.
+  Op::PhaseTimer timer(op, &Stats::decode_s);
+  std::vector<std::span<const uint8_t>> payloads;
+  size_t at = 0;
+  for (int64_t size : sizes) {
+    payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(size)));
+    at += static_cast<size_t>(size);
+  }
+  // The average divides each tile as it is written, not in a pass after.
+  decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1);
+}
+
+void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual) {
+  const int n = op.size();
+  const int r = op.rank();
+  std::vector<int64_t> begin(static_cast<size_t>(n) + 1);
+  for (int s = 0; s <= n; ++s) begin[s] = region_begin(numel, s, n);
+  auto len = [&](int s) { return begin[s + 1] - begin[s]; };
+
+  // 1. One payload per region, indices relative to the region.
+  std::vector<uint64_t> out_offset(static_cast<size_t>(n) + 1, 0);
+  std::vector<uint8_t> outgoing;
+  {
+    Op::PhaseTimer timer(op, &Stats::encode_s);
+    std::vector<SparseVector> parts(static_cast<size_t>(n));
+    size_t j = 0;
+    for (int s = 0; s < n; ++s) {
+      const auto end = static_cast<uint64_t>(begin[s + 1]);
+      for (; j < selected.indices.size() && selected.indices[j] < end; ++j) {
+        parts[s].indices.push_back(selected.indices[j] - static_cast<uint64_t>(begin[s]));
+        parts[s].values.push_back(selected.values[j]);
+      }
+      out_offset[s + 1] =
+          out_offset[s] + sparse_payload_bytes(len(s), static_cast<int64_t>(parts[s].indices.size()), format);
+    }
+    outgoing.resize(out_offset[n]);
+    for (int s = 0; s < n; ++s) encode_sparse_into(CompressorId::kTopk, len(s), parts[s], format, &outgoing[out_offset[s]]);
+  }
+
+  // Sizes, then payloads, to and from every peer.
+  std::vector<uint64_t> in_size(static_cast<size_t>(n), 0);
+  in_size[r] = out_offset[r + 1] - out_offset[r];
+  std::vector<uint64_t> out_size(static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s) out_size[s] = out_offset[s + 1] - out_offset[s];
+  std::vector<RequestPtr> sends, recvs;
+  for (int s = 0; s < n; ++s) {
+    if (s == r) continue;
+    recvs.push_back(op.recv(s, kAllToAllSizes, &in_size[s], sizeof(uint64_t)));
+    sends.push_back(op.send(s, kAllToAllSizes, &out_size[s], sizeof(uint64_t)));
+  }
+  op.wait_all(recvs, "sparse reduce-scatter sizes");
+  const uint64_t bound = region_payload_bound(len(r), k);
+  std::vector<uint64_t> in_offset(static_cast<size_t>(n) + 1, 0);
+  for (int s = 0; s < n; ++s) {
+    if (s != r && (in_size[s] < PayloadHeader::kBytes || in_size[s] > bound)) {
+      op.fail(ErrorCode::kCorruptPayload,
+              fmt::format("sparse reduce-scatter: rank {} announced a {}-byte payload for region {} of {} elements "
+                          "(k = {}); expected {} to {} bytes",
+                          s, in_size[s], r, len(r), k, PayloadHeader::kBytes, bound));
+    }
+    in_offset[s + 1] = in_offset[s] + (s == r ? 0 : in_size[s]);
+  }
+  std::vector<uint8_t> incoming(in_offset[n]);
+  recvs.clear();
+  for (int s = 0; s < n; ++s) {
+    if (s == r) continue;
+    recvs.push_back(op.recv(s, kAllToAllData, &incoming[in_offset[s]], in_size[s]));
+    sends.push_back(op.send(s, kAllToAllData, &outgoing[out_offset[s]], out_size[s]));
+  }
+  op.wait_all(recvs, "sparse reduce-scatter receive");
+  op.wait_all(sends, "sparse reduce-scatter send");
+
+  // 2. Sum the region in rank order onto +0.0, in the output (free now: the selection
+  // holds what the data said), remembering which indices any rank sent.
+  std::vector<uint8_t> kept_payload;
+  {
+    Op::PhaseTimer timer(op, &Stats::decode_s);
+    const int64_t region_len = len(r);
+    float* region = data + begin[r];
+    std::vector<SparseVector> got(static_cast<size_t>(n));
+    for (int s = 0; s < n; ++s) {  // validate everything before writing anything
+      const std::span<const uint8_t> bytes =
+          s == r ? std::span<const uint8_t>(&outgoing[out_offset[r]], out_size[r])
+                 : std::span<const uint8_t>(&incoming[in_offset[s]], in_size[s]);
+      got[s] = decode_sparse(CompressorId::kTopk, bytes, region_len);
+    }
+    std::fill(region, region + region_len, 0.0f);
+    std::vector<uint64_t> touched(static_cast<size_t>(region_len + 63) / 64, 0);
+    for (const SparseVector& g : got) {
+      for (size_t j = 0; j < g.indices.size(); ++j) {
+        region[g.indices[j]] += g.values[j];
+        touched[g.indices[j] / 64] |= uint64_t{1} << (g.indices[j] % 64);
+      }
+    }
+    SparseVector sum;
+    for (size_t w = 0; w < touched.size(); ++w) {
+      for (uint64_t bits = touched[w]; bits != 0; bits &= bits - 1) {
+        const uint64_t i = w * 64 + static_cast<uint64_t>(std::countr_zero(bits));
+        sum.indices.push_back(i);
+        sum.values.push_back(region[i]);
+      }
+    }
+
+    // 3. Keep the region's top ceil(k/N); dropped sums and rounding go to our residual.
+    const int64_t budget = region_budget(k, n);
+    SparseVector kept;
+    if (static_cast<int64_t>(sum.indices.size()) <= budget) {
+      kept = std::move(sum);
+    } else {
+      const SparseVector pick = topk_select(sum.values.data(), static_cast<int64_t>(sum.values.size()), budget,
+                                            TopkSelect::kExact, PhiloxStream{});
+      size_t next = 0;  // pick.indices are positions in `sum`, increasing
+      for (size_t j = 0; j < sum.indices.size(); ++j) {
+        if (next < pick.indices.size() && pick.indices[next] == j) {
+          kept.indices.push_back(sum.indices[j]);
+          kept.values.push_back(sum.values[j]);
+          ++next;
+        } else if (residual != nullptr && std::isfinite(sum.values[j])) {
+          residual[begin[r] + static_cast<int64_t>(sum.indices[j])] += sum.values[j];
+        }
+      }
+    }
+    if (residual != nullptr && format.values != ValueType::kFp32) {
+      for (size_t j = 0; j < kept.indices.size(); ++j) {
+        float& res = residual[begin[r] + static_cast<int64_t>(kept.indices[j])];
+        res += sparse_rounding_residual(kept.values[j], sparse_round(kept.values[j], format.values));
+      }
+    }
+    kept_payload = encode_sparse(CompressorId::kTopk, region_len, kept, format);
+  }
+
+  // 4. Every region's kept entries to every rank; each decodes them into its region.
+  std::vector<int64_t> sizes;
+  const std::vector<uint8_t> all = ring_allgatherv_bytes(op, kept_payload, sizes);
+  Op::PhaseTimer timer(op, &Stats::decode_s);
+  std::vector<std::span<const uint8_t>> payloads;
+  size_t at = 0;
+  for (int s = 0; s < n; ++s) {
+    payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(sizes[s])));
+    at += static_cast<size_t>(sizes[s]);
+  }
+  for (int s = 0; s < n; ++s) {
+    decode_sum_sparse(CompressorId::kTopk, std::span(&payloads[s], 1), len(s), data + begin[s],
+                      reduce_op == ReduceOp::kAvg ? n : 1);
+  }
+}
+
+}  // namespace gradcomm::detail
