@@ -26,14 +26,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
+#include <bit>
 #include <vector>
 
 #include "collectives/collectives.h"
 #include "compressors/payload.h"
 #include "compressors/topk/sparse_code.h"
+#include "compressors/topk/topk_logic.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -45,12 +46,15 @@ constexpr uint32_t kAllToAllData = 0x40000001u;
 
 // The α–β constants of the automatic choice. The library cannot see the link, so it
 // assumes one: α = 30 µs per message (a small message's one-way time over UCX/TCP on
-// loopback and veth, bench/results/sparse-2026-11-24.md) and a 10 Gbit/s link. Both
-// are fixed, not read from the environment: every rank must choose the same algorithm
-// from the same (spec, N, n). `algo=` overrides the choice (and is part of the spec
-// every rank's call header carries).
+// loopback and veth) and a 10 Gbit/s link. The owner's work (merge, re-selection, the
+// residual's updates) is charged 70 ns per entry it receives, as measured on the
+// development VM (bench/results/sparse-2026-11-24.md: the reduce-scatter's decode phase
+// against the allgather's, 100 MB at 1 %, N = 2). Fixed, not read from the environment:
+// every rank must choose the same algorithm from the same (spec, N, n). `algo=` overrides
+// the choice (and is part of the spec every rank's call header carries).
 constexpr double kAlphaSeconds = 30e-6;
 constexpr double kLinkBytesPerSecond = 10e9 / 8;
+constexpr double kOwnerSecondsPerEntry = 70e-9;
 
 // First element of region s of n elements split among `ranks`: floor(n * s / ranks),
 // computed without forming n * s.
@@ -68,6 +72,76 @@ uint64_t region_payload_bound(int64_t len, int64_t k) {
   return PayloadHeader::kBytes + entries * 12 + static_cast<uint64_t>(len) / 8 + 16;
 }
 
+// The union of sorted selections of a region of `len` elements, each index's values
+// added onto +0.0 in list order (rank order): the arithmetic of decode_sum_sparse. Tile by
+// tile, as that decoder: the lists add their entries in the tile to a cache-resident
+// scratch tile in list order, marking them, and the marked indices come out in order.
+SparseVector merge_sum(const std::vector<SparseVector>& lists, int64_t len) {
+  constexpr int64_t kTile = 16384;  // 64 KiB of fp32
+  std::vector<float> tile(kTile);
+  std::vector<uint64_t> marked(kTile / 64);
+  std::vector<size_t> at(lists.size(), 0);
+  size_t total = 0;
+  for (const SparseVector& l : lists) total += l.indices.size();
+  SparseVector sum;
+  sum.indices.reserve(total);
+  sum.values.reserve(total);
+  for (int64_t begin = 0; begin < len && sum.indices.size() < total; begin += kTile) {
+    const auto end = static_cast<uint64_t>(std::min(len, begin + kTile));
+    const auto base = static_cast<uint64_t>(begin);
+    bool any = false;
+    for (size_t l = 0; l < lists.size(); ++l) {
+      const SparseVector& list = lists[l];
+      size_t j = at[l];
+      for (; j < list.indices.size() && list.indices[j] < end; ++j) {
+        const uint64_t i = list.indices[j] - base;
+        const uint64_t bit = uint64_t{1} << (i % 64);
+        if ((marked[i / 64] & bit) == 0) {
+          marked[i / 64] |= bit;
+          tile[i] = 0.0f;
+        }
+        tile[i] += list.values[j];
+        any = true;
+      }
+      at[l] = j;
+    }
+    if (!any) continue;
+    for (size_t w = 0; w < marked.size(); ++w) {
+      for (uint64_t bits = marked[w]; bits != 0; bits &= bits - 1) {
+        const uint64_t i = w * 64 + static_cast<uint64_t>(std::countr_zero(bits));
+        sum.indices.push_back(base + i);
+        sum.values.push_back(tile[i]);
+      }
+      marked[w] = 0;
+    }
+  }
+  return sum;
+}
+
+// Which of `values` are the `budget` largest by magnitude (topk_select's key: NaN above
+// every number), ties to the lower position: all of them when there are at most budget.
+std::vector<bool> top_magnitudes(const std::vector<float>& values, int64_t budget) {
+  std::vector<bool> keep(values.size(), true);
+  if (static_cast<int64_t>(values.size()) <= budget || budget <= 0) {
+    if (budget <= 0) std::fill(keep.begin(), keep.end(), false);
+    return keep;
+  }
+  // The budget-th largest key T: keep every key above it, then keys equal to T from the
+  // lowest position until the budget is spent.
+  std::vector<uint32_t> keys(values.size());
+  for (size_t j = 0; j < values.size(); ++j) keys[j] = topk::magnitude_key(values[j]);
+  std::vector<uint32_t> scratch = keys;
+  std::nth_element(scratch.begin(), scratch.begin() + (budget - 1), scratch.end(), std::greater<>());
+  const uint32_t threshold = scratch[static_cast<size_t>(budget - 1)];
+  int64_t above = 0;
+  for (uint32_t key : keys) above += key > threshold;
+  int64_t equal_left = budget - above;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    keep[j] = keys[j] > threshold || (keys[j] == threshold && equal_left-- > 0);
+  }
+  return keep;
+}
+
 }  // namespace
 
 SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel) {
@@ -80,8 +154,9 @@ SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t num
   const double kept = static_cast<double>(
       sparse_payload_bytes((numel + ranks - 1) / ranks, std::min(region_budget(k, ranks), numel), format));
   const double allgather = (N - 1) * kAlphaSeconds + (N - 1) * payload / kLinkBytesPerSecond;
-  const double reduce_scatter =
-      4 * (N - 1) * kAlphaSeconds + ((N - 1) / N * payload + (N - 1) * kept) / kLinkBytesPerSecond;
+  const double reduce_scatter = 4 * (N - 1) * kAlphaSeconds +
+                                ((N - 1) / N * payload + (N - 1) * kept) / kLinkBytesPerSecond +
+                                static_cast<double>(k) * kOwnerSecondsPerEntry;
   return reduce_scatter < allgather ? SparseAlgo::kReduceScatter : SparseAlgo::kAllgather;
 }
 
@@ -179,60 +254,34 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
   op.wait_all(recvs, "sparse reduce-scatter receive");
   op.wait_all(sends, "sparse reduce-scatter send");
 
-  // 2. Sum the region in rank order onto +0.0, in the output (free now: the selection
-  // holds what the data said), remembering which indices any rank sent.
+  // 2. Sum the region's N payloads, merged by index: each index's sum starts at +0.0 and
+  // adds the ranks' values in rank order. 3. Keep the top ceil(k/N) by magnitude; the
+  // dropped sums and the kept sums' rounding go to our residual.
   std::vector<uint8_t> kept_payload;
   {
     Op::PhaseTimer timer(op, &Stats::decode_s);
     const int64_t region_len = len(r);
-    float* region = data + begin[r];
     std::vector<SparseVector> got(static_cast<size_t>(n));
-    for (int s = 0; s < n; ++s) {  // validate everything before writing anything
+    for (int s = 0; s < n; ++s) {
       const std::span<const uint8_t> bytes =
           s == r ? std::span<const uint8_t>(&outgoing[out_offset[r]], out_size[r])
                  : std::span<const uint8_t>(&incoming[in_offset[s]], in_size[s]);
       got[s] = decode_sparse(CompressorId::kTopk, bytes, region_len);
     }
-    std::fill(region, region + region_len, 0.0f);
-    std::vector<uint64_t> touched(static_cast<size_t>(region_len + 63) / 64, 0);
-    for (const SparseVector& g : got) {
-      for (size_t j = 0; j < g.indices.size(); ++j) {
-        region[g.indices[j]] += g.values[j];
-        touched[g.indices[j] / 64] |= uint64_t{1} << (g.indices[j] % 64);
-      }
-    }
-    SparseVector sum;
-    for (size_t w = 0; w < touched.size(); ++w) {
-      for (uint64_t bits = touched[w]; bits != 0; bits &= bits - 1) {
-        const uint64_t i = w * 64 + static_cast<uint64_t>(std::countr_zero(bits));
-        sum.indices.push_back(i);
-        sum.values.push_back(region[i]);
-      }
-    }
-
-    // 3. Keep the region's top ceil(k/N); dropped sums and rounding go to our residual.
-    const int64_t budget = region_budget(k, n);
+    const SparseVector sum = merge_sum(got, region_len);
+    const std::vector<bool> keep = top_magnitudes(sum.values, region_budget(k, n));
     SparseVector kept;
-    if (static_cast<int64_t>(sum.indices.size()) <= budget) {
-      kept = std::move(sum);
-    } else {
-      const SparseVector pick = topk_select(sum.values.data(), static_cast<int64_t>(sum.values.size()), budget,
-                                            TopkSelect::kExact, PhiloxStream{});
-      size_t next = 0;  // pick.indices are positions in `sum`, increasing
-      for (size_t j = 0; j < sum.indices.size(); ++j) {
-        if (next < pick.indices.size() && pick.indices[next] == j) {
-          kept.indices.push_back(sum.indices[j]);
-          kept.values.push_back(sum.values[j]);
-          ++next;
-        } else if (residual != nullptr && std::isfinite(sum.values[j])) {
-          residual[begin[r] + static_cast<int64_t>(sum.indices[j])] += sum.values[j];
+    float* region_residual = residual != nullptr ? residual + begin[r] : nullptr;
+    for (size_t j = 0; j < sum.indices.size(); ++j) {
+      const float x = sum.values[j];
+      if (keep[j]) {
+        kept.indices.push_back(sum.indices[j]);
+        kept.values.push_back(x);
+        if (region_residual != nullptr) {
+          region_residual[sum.indices[j]] += sparse_rounding_residual(x, sparse_round(x, format.values));
         }
-      }
-    }
-    if (residual != nullptr && format.values != ValueType::kFp32) {
-      for (size_t j = 0; j < kept.indices.size(); ++j) {
-        float& res = residual[begin[r] + static_cast<int64_t>(kept.indices[j])];
-        res += sparse_rounding_residual(kept.values[j], sparse_round(kept.values[j], format.values));
+      } else if (region_residual != nullptr && std::isfinite(x)) {
+        region_residual[sum.indices[j]] += x;
       }
     }
     kept_payload = encode_sparse(CompressorId::kTopk, region_len, kept, format);

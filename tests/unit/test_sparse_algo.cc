@@ -215,17 +215,26 @@ TEST(SparseReduceScatter, LongRunSumConverges) {
   EXPECT_LT(at_80, at_10 * 0.5) << at_10 << " -> " << at_80;
 }
 
-// algo=auto: the allgather at two ranks and for small payloads; the reduce-scatter
-// where (N-1) payloads cost more than its extra messages (10 Gbit/s, 30 µs assumed).
+// algo=auto: the allgather at two ranks, for small payloads and while the owner's work
+// (70 ns per entry) costs more than the bytes it saves; the reduce-scatter where N-1
+// payloads cost more than that and its extra messages (10 Gbit/s, 30 µs assumed).
 TEST(SparseAlgoChoice, FollowsTheModel) {
   const CompressorSpec one_percent = parse_compressor_spec("topk:ratio=0.01");
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 2, 25 << 20), SparseAlgo::kAllgather);
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 4, 25 << 20), SparseAlgo::kReduceScatter);  // 100 MB
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 8, 25 << 20), SparseAlgo::kReduceScatter);
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 4, 1 << 20), SparseAlgo::kAllgather);  // 4 MB: 32 KB payloads
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 64, 25 << 20), SparseAlgo::kReduceScatter);
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 64, 1 << 20), SparseAlgo::kAllgather);  // latency-bound
-  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 1, 25 << 20), SparseAlgo::kAllgather);
+  const int64_t mb100 = 25 << 20, mb4 = 1 << 20;
+  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 1, mb100), SparseAlgo::kAllgather);
+  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 2, mb100), SparseAlgo::kAllgather);
+  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 8, mb100), SparseAlgo::kAllgather);
+  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 64, mb100), SparseAlgo::kReduceScatter);
+  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 1024, mb100), SparseAlgo::kReduceScatter);
+  EXPECT_EQ(detail::choose_sparse_algo(one_percent, 64, mb4), SparseAlgo::kAllgather);  // latency-bound
+  // The crossover for 100 MB at 1 %: allgather up to some N, reduce-scatter from there on.
+  int first_rs = 0;
+  for (int n = 2; n <= 1024 && first_rs == 0; ++n) {
+    if (detail::choose_sparse_algo(one_percent, n, mb100) == SparseAlgo::kReduceScatter) first_rs = n;
+  }
+  EXPECT_GT(first_rs, 8);
+  EXPECT_LT(first_rs, 64);
+  for (int n = first_rs; n <= 1024; n *= 2) EXPECT_EQ(detail::choose_sparse_algo(one_percent, n, mb100), SparseAlgo::kReduceScatter) << n;
   // The spec's key overrides the model.
   EXPECT_EQ(detail::choose_sparse_algo(parse_compressor_spec("topk:ratio=0.01,algo=allgather"), 8, 25 << 20),
             SparseAlgo::kAllgather);
