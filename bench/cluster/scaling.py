@@ -255,6 +255,20 @@ def parse_spec(spec):
     return name, dict(p.split("=", 1) for p in rest.split(",") if "=" in p)
 
 
+def library_auto_choice(n, r, N, coded, vbytes):
+    """algo=auto as src/collectives/sparse_allreduce.cc decides it: alpha 30 us, 10 Gbit/s,
+    70 ns per entry the owner receives (fixed constants, not the record's link)."""
+    if N <= 2:
+        return "allgather"
+    alpha, B, owner = 30e-6, 10e9 / 8, 70e-9
+    k = max(1, round(r * n))
+    P = Model.payload(n, k, coded, vbytes)
+    kept = Model.payload(math.ceil(n / N), math.ceil(k / N), coded, vbytes)
+    ag = (N - 1) * alpha + (N - 1) * P / B
+    rs = 4 * (N - 1) * alpha + ((N - 1) / N * P + (N - 1) * kept) / B + k * owner
+    return "reduce_scatter" if rs < ag else "allgather"
+
+
 def model_record(m, rec, cs):
     """(seconds, label) for a record, or None when the model has no form for its compressor."""
     N, B, a = rec["ranks"], rate_bytes(rec["link_rate"]), val(m.c["alpha_measured_s"])
@@ -270,8 +284,10 @@ def model_record(m, rec, cs):
     if f"{r:g}" not in m.c["topk_select_bytes_per_s"].get(select, {}):
         return None
     vb = {"fp32": 4, "fp16": 2, "bf16": 2}
-    algos = {"reduce_scatter": [m.reduce_scatter], "allgather": [m.allgather]}.get(
-        p.get("algo"), [m.allgather, m.reduce_scatter])
+    algo = p.get("algo", "auto")
+    if algo == "auto":  # what the library chose (records before algo= existed: the allgather)
+        algo = library_auto_choice(m.n, r, N, p.get("indices", "coded") != "raw", vb[p.get("values", "bf16")])
+    algos = [m.reduce_scatter] if algo == "reduce_scatter" else [m.allgather]
     cands = [(f, coded, v) for f in algos
              for coded in ([p["indices"] != "raw"] if "indices" in p else [False, True])
              for v in ([p["values"]] if "values" in p else ["fp32", "bf16"])]
