@@ -142,6 +142,17 @@ std::vector<bool> top_magnitudes(const std::vector<float>& values, int64_t budge
   return keep;
 }
 
+// The blocks of ring_allgatherv_bytes' output, one per rank.
+std::vector<std::span<const uint8_t>> split_blocks(const std::vector<uint8_t>& all, const std::vector<int64_t>& sizes) {
+  std::vector<std::span<const uint8_t>> blocks;
+  size_t at = 0;
+  for (int64_t size : sizes) {
+    blocks.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(size)));
+    at += static_cast<size_t>(size);
+  }
+  return blocks;
+}
+
 }  // namespace
 
 SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel) {
@@ -183,12 +194,7 @@ void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp red
   }
   // Every rank decodes every payload in rank order: bitwise identical sums.
   Op::PhaseTimer timer(op, &Stats::decode_s);
-  std::vector<std::span<const uint8_t>> payloads;
-  size_t at = 0;
-  for (int64_t size : sizes) {
-    payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(size)));
-    at += static_cast<size_t>(size);
-  }
+  const std::vector<std::span<const uint8_t>> payloads = split_blocks(all, sizes);
   // The average divides each tile as it is written, not in a pass after.
   decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1);
 }
@@ -291,12 +297,7 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
   std::vector<int64_t> sizes;
   const std::vector<uint8_t> all = ring_allgatherv_bytes(op, kept_payload, sizes);
   Op::PhaseTimer timer(op, &Stats::decode_s);
-  std::vector<std::span<const uint8_t>> payloads;
-  size_t at = 0;
-  for (int s = 0; s < n; ++s) {
-    payloads.push_back(std::span<const uint8_t>(all).subspan(at, static_cast<size_t>(sizes[s])));
-    at += static_cast<size_t>(sizes[s]);
-  }
+  const std::vector<std::span<const uint8_t>> payloads = split_blocks(all, sizes);
   for (int s = 0; s < n; ++s) {
     decode_sum_sparse(CompressorId::kTopk, std::span(&payloads[s], 1), len(s), data + begin[s],
                       reduce_op == ReduceOp::kAvg ? n : 1);

@@ -137,7 +137,9 @@ std::vector<FaultCase> fault_cases() {
   std::vector<FaultCase> cases;
   for (const char* kind : {"sigkill", "sigterm", "exit0", "exit1", "throw", "sigstop"}) {
     for (int n : {3, 4}) {
-      for (const char* spec : {"none", "topk:ratio=0.01", "qsgd"}) cases.push_back({kind, n, spec});
+      for (const char* spec : {"none", "topk:ratio=0.01", "topk:ratio=0.01,algo=reduce_scatter", "qsgd"}) {
+        cases.push_back({kind, n, spec});
+      }
     }
   }
   return cases;
@@ -146,6 +148,7 @@ std::vector<FaultCase> fault_cases() {
 INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocFaultMatrix, ::testing::ValuesIn(fault_cases()),
                          [](const ::testing::TestParamInfo<FaultCase>& info) {
                            std::string spec = info.param.spec.substr(0, info.param.spec.find(':'));
+                           if (info.param.spec.find("algo=reduce_scatter") != std::string::npos) spec += "_rs";
                            return info.param.kind + "_N" + std::to_string(info.param.n) + "_" + spec;
                          });
 
