@@ -138,13 +138,13 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
         Op::PhaseTimer timer(op, &Stats::encode_s);
         selected = topk_select_accumulate(data, residual, numel, k, spec.select, mine);
         keep_rounding(residual, selected.indices, selected.values.data(), spec.values);
-        if (key != nullptr) key->sent = selected.indices;
       }
       if (choose_sparse_algo(spec, n, numel) == SparseAlgo::kReduceScatter) {
         sparse_reduce_scatter_allreduce(op, data, numel, reduce_op, selected, format, k, residual);
-        return;
+      } else {
+        sparse_allgather_allreduce(op, data, numel, reduce_op, selected, format, spec.select == TopkSelect::kExact);
       }
-      sparse_allgather_allreduce(op, data, numel, reduce_op, selected, format, spec.select == TopkSelect::kExact);
+      if (key != nullptr) key->sent = std::move(selected.indices);  // done with them: no copy
       return;
     }
     case CompressorId::kRandomk: {
@@ -157,10 +157,10 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
         values.resize(indices.size());
         for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
         keep_rounding(residual, indices, values.data(), spec.values);
-        if (key != nullptr) key->sent = indices;
       }
       allreduce_values(op, values, spec.values, 0);
       scatter(data, numel, indices, values.data());
+      if (key != nullptr) key->sent = std::move(indices);
       break;
     }
     case CompressorId::kSketch: {
@@ -180,14 +180,13 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
         sketch.estimate(table.data(), numel, estimate.data());
       }
       // Same summed table on every rank, so the same heavy hitters everywhere.
-      const std::vector<uint64_t> indices =
-          topk_select(estimate.data(), numel, k, TopkSelect::kExact, shared).indices;
+      std::vector<uint64_t> indices = topk_select(estimate.data(), numel, k, TopkSelect::kExact, shared).indices;
       std::vector<float> values(indices.size());
       for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
       keep_rounding(residual, indices, values.data(), spec.values);
-      if (key != nullptr) key->sent = indices;
       allreduce_values(op, values, spec.values, kSecondPhaseUnits);
       scatter(data, numel, indices, values.data());
+      if (key != nullptr) key->sent = std::move(indices);
       break;
     }
     case CompressorId::kPowersgd:
