@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "gradcomm/version.h"  // GRADCOMM_VERSION_STRING (a header only: nothing to link)
 #include "launcher/launcher.h"
 
 namespace gradcomm::launcher {
@@ -269,15 +270,19 @@ void ensure_standard_fds() {
 int main(int argc, char** argv) {
   using namespace gradcomm::launcher;
   ensure_standard_fds();
-  std::optional<Options> opts;
+  Options opts;
   try {
     opts = parse_options(argc, argv);
   } catch (const UsageError& e) {
     write_all(STDERR_FILENO, "gradcomm-run: " + e.message + "\n" + kUsage);
     return kExitUsage;
   }
-  if (!opts) {
+  if (opts.action == Options::Action::kHelp) {
     write_all(STDOUT_FILENO, kUsage);
+    return 0;
+  }
+  if (opts.action == Options::Action::kVersion) {
+    write_all(STDOUT_FILENO, std::string("gradcomm-run ") + GRADCOMM_VERSION_STRING + "\n");
     return 0;
   }
 
@@ -295,7 +300,7 @@ int main(int argc, char** argv) {
   int signal_fd = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd < 0) die("signalfd: " + errno_text(errno));
 
-  Supervisor supervisor(*opts, signal_fd);
+  Supervisor supervisor(opts, signal_fd);
   supervisor.start(original);
   return supervisor.run();
 }

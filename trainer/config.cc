@@ -1,8 +1,10 @@
-// Command line of gradcomm-train (DESIGN.md section 8).
+// Command line of gradcomm-train (docs/architecture.md, "The trainer").
 #include "trainer/config.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include "gradcomm/version.h"
 
 namespace gradcomm::train {
 
@@ -56,7 +58,12 @@ bool parse_command_line(int argc, char** argv, Config& c, int* exit_code) {
   app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (and one at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", c.resume, "continue from the checkpoints in --checkpoint-dir");
-  auto* hooks = "test hooks";
+  app.add_option("--progress", c.progress_s,
+                 "rank 0 reports the epoch's progress every S seconds (a line on a pipe; 0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.set_version_flag("--version", std::string("gradcomm-train ") + GRADCOMM_VERSION_STRING);
+  // Test hooks: accepted, but kept out of --help (an empty group hides an option).
+  const char* hooks = "";
   app.add_option("--debug-kill-at-step", c.debug_kill_at_step, "raise SIGKILL before this global step")
       ->group(hooks);
   app.add_option("--debug-nan-at-step", c.debug_nan_at_step, "make the gradient NaN at this global step")

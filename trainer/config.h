@@ -35,6 +35,7 @@ struct Config {
   int threads = 1;             // OpenBLAS threads per rank
   std::string nan = "abort";   // abort | skip
   // output and checkpoints
+  double progress_s = 10;  // rank 0: a progress line within the epoch this often (0: never)
   std::string log_path;  // JSON lines, rank 0 (or every rank when it contains "{rank}")
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;

@@ -1,4 +1,4 @@
-// gradcomm-train: the reference data-parallel trainer (DESIGN.md section 8).
+// gradcomm-train: the reference data-parallel trainer (docs/architecture.md, "The trainer").
 //   gradcomm-run -n 4 -- gradcomm-train --compressor topk:ratio=0.01 --log run.jsonl
 // The loop is trainer/train.cc; the model trainer/mlp.cc; this file only parses
 // the command line, joins the job and turns errors into an exit status.

@@ -120,6 +120,13 @@ class Trainer {
   void update();
   bool skip_nonfinite(const std::vector<uint8_t>& flags);
   void end_epoch();
+  // The epoch line's parts: bytes against the dense ring, and the wall time split
+  // into parts that add up to it (other_seconds: what no part accounts for).
+  std::string describe_bytes() const;
+  std::string describe_time(double time_s, double eval_s) const;
+  double other_seconds(double time_s, double eval_s) const;
+  // Rank 0: a line within the epoch every --progress seconds (in place on a terminal).
+  void report_progress();
   void save_checkpoint();
   std::vector<uint8_t> agree_nonfinite(bool finite);
   // The allreduce options of one parameter: the compressor, its key, and its shape.
@@ -148,7 +155,11 @@ class Trainer {
   std::string log_path_;
   // Time-dependent, never checkpointed: this epoch's split of wall time.
   Clock::time_point epoch_start_;
-  double compute_s_ = 0, compress_s_ = 0, comm_s_ = 0;  // comm: time waiting on communication (exposed)
+  Clock::time_point last_progress_;
+  // compute: forward, backward, update; data: batch assembly; comm: time waiting on
+  // communication (exposed); compress: encode + decode, inside comm's calls when
+  // blocking, on the engine thread (overlapped, not part of the wall time) otherwise.
+  double compute_s_ = 0, compress_s_ = 0, comm_s_ = 0, data_s_ = 0;
   std::vector<double> step_s_;  // wall time of each step this epoch
   int64_t last_checkpoint_step_ = -1;
 };
@@ -203,9 +214,12 @@ void Trainer::setup() {
     begin_epoch();
   }
   if (rank_ == 0) {
-    fmt::print("gradcomm-train: {} ranks, MLP {}, {} on {}, {} steps/epoch of {} x {} examples, lr {} (warm-up {} "
+    // The device as asked for ("cpu", "cuda:1"); the backend only where it says more.
+    const std::string device = c_.device.starts_with(backend_->name()) ? c_.device
+                                                            : fmt::format("{} ({} backend)", c_.device, backend_->name());
+    fmt::print("gradcomm-train: {} rank{}, MLP {} on {}, {} steps/epoch of {} x {} examples, lr {} (warm-up {} "
                "steps, {}), compressor {}{}\n",
-               size_, layout_.describe(), backend_->name(), c_.device, steps_per_epoch_, size_, c_.batch_size, c_.lr,
+               size_, size_ == 1 ? "" : "s", layout_.describe(), device, steps_per_epoch_, size_, c_.batch_size, c_.lr,
                sgd_.warmup_steps, c_.lr_schedule, c_.compressor, c_.momentum_correction ? " + momentum correction" : "");
     std::fflush(stdout);
   }
@@ -289,8 +303,9 @@ void Trainer::begin_epoch() {
   s_.wire_bytes = s_.dense_bytes = 0;
   s_.epoch_skipped = 0;
   epoch_start_ = Clock::now();
-  compute_s_ = compress_s_ = comm_s_ = 0;
+  compute_s_ = compress_s_ = comm_s_ = data_s_ = 0;
   step_s_.clear();
+  last_progress_ = Clock::now();
 }
 
 // Every rank learns which ranks saw a non-finite loss or gradient this step, so
@@ -319,6 +334,7 @@ void Trainer::step() {
   }
   const auto start = Clock::now();
   load_batch();
+  data_s_ += seconds_since(start);
   const Stats before = comm_.stats();
   double loss = 0;
   const bool stepped = c_.overlap ? step_overlapped(loss) : step_blocking(loss);
@@ -459,6 +475,50 @@ void Trainer::update() {
   }
 }
 
+std::string Trainer::describe_bytes() const {
+  if (size_ == 1) return "wire 0 MB (one rank: nothing to send)";
+  const double fewer = s_.wire_bytes > 0 ? static_cast<double>(s_.dense_bytes) / static_cast<double>(s_.wire_bytes) : 0;
+  return fmt::format("wire {:.1f} MB (dense ring {:.1f} MB, {:.1f}x fewer)", s_.wire_bytes / 1e6, s_.dense_bytes / 1e6,
+                     fewer);
+}
+
+// Blocking steps hold their encode and decode inside the calls, so compress is a
+// part of the wall time; overlapped, it runs on the engine thread during compute
+// and is shown beside the sum, not in it.
+double Trainer::other_seconds(double time_s, double eval_s) const {
+  const double parts = compute_s_ + comm_s_ + data_s_ + eval_s + (c_.overlap ? 0.0 : compress_s_);
+  return std::max(0.0, time_s - parts);
+}
+
+std::string Trainer::describe_time(double time_s, double eval_s) const {
+  const std::string compress =
+      c_.overlap ? "" : fmt::format(" + compress {:.1f}", compress_s_);
+  std::string line = fmt::format("{:.1f} s = compute {:.1f} + comm {:.1f} exposed{} + data {:.1f} + eval {:.1f} + other {:.1f}",
+                                 time_s, compute_s_, comm_s_, compress, data_s_, eval_s, other_seconds(time_s, eval_s));
+  if (c_.overlap) line += fmt::format(" (compress {:.1f} overlapped)", compress_s_);
+  return line;
+}
+
+void Trainer::report_progress() {
+  if (rank_ != 0 || c_.progress_s <= 0 || s_.step_in_epoch == steps_per_epoch_) return;
+  const bool tty = isatty(STDOUT_FILENO);
+  // A terminal gets an in-place line often; a pipe or a file a full line now and then.
+  const double every = tty ? std::min(c_.progress_s, 0.5) : c_.progress_s;
+  if (seconds_since(last_progress_) < every) return;
+  last_progress_ = Clock::now();
+  const double loss = s_.loss_batches ? s_.loss_sum / static_cast<double>(s_.loss_batches) : 0.0;
+  const std::string text =
+      fmt::format("epoch {}/{} step {}/{} ({:.0f} %)  train_loss {:.4f}  {:.1f} s", s_.epoch + 1, c_.epochs,
+                  s_.step_in_epoch, steps_per_epoch_, 100.0 * static_cast<double>(s_.step_in_epoch) /
+                  static_cast<double>(steps_per_epoch_), loss, seconds_since(epoch_start_));
+  if (tty) {
+    fmt::print("\r\033[K{}", text);
+  } else {
+    fmt::print("{}\n", text);
+  }
+  std::fflush(stdout);
+}
+
 void Trainer::end_epoch() {
   // Test set split by rank (contiguous), summed with the training loss.
   const int64_t lo = data_.test.count * rank_ / size_, hi = data_.test.count * (rank_ + 1) / size_;
@@ -488,6 +548,8 @@ void Trainer::end_epoch() {
       {"compute_s", compute_s_},
       {"eval_s", eval_s},
       {"compress_s", compress_s_},
+      {"data_s", data_s_},
+      {"other_s", other_seconds(time_s, eval_s)},
       {"comm_s", comm_s_},
       {"step_s_median", percentile(step_s_, 0.5)},
       {"step_s_p90", percentile(step_s_, 0.9)},
@@ -504,12 +566,10 @@ void Trainer::end_epoch() {
     if (!out) throw InvalidArgument(fmt::format("rank {}: cannot append to --log {}", rank_, log_path_));
   }
   if (rank_ == 0) {
-    const double saved = s_.wire_bytes > 0 ? static_cast<double>(s_.dense_bytes) / static_cast<double>(s_.wire_bytes) : 0;
     if (isatty(STDOUT_FILENO)) fmt::print("\r\033[K");
-    fmt::print("epoch {:>3}/{}: train_loss {:.4f}  test_accuracy {:.4f}  wire {:.1f} MB (dense {:.1f} MB, {:.1f}x "
-               "fewer)  {:.1f} s (compute {:.1f}, compress {:.1f}{}, comm {:.1f} exposed), step {:.1f} ms median\n",
-               s_.epoch + 1, c_.epochs, train_loss, accuracy, s_.wire_bytes / 1e6, s_.dense_bytes / 1e6, saved, time_s,
-               compute_s_, compress_s_, c_.overlap ? " overlapped" : "", comm_s_, 1e3 * percentile(step_s_, 0.5));
+    fmt::print("epoch {:>3}/{}: train_loss {:.4f}  test_accuracy {:.4f}  {}  {}, step {:.1f} ms median\n", s_.epoch + 1,
+               c_.epochs, train_loss, accuracy, describe_bytes(), describe_time(time_s, eval_s),
+               1e3 * percentile(step_s_, 0.5));
     std::fflush(stdout);
   }
   s_.epoch += 1;
@@ -530,16 +590,11 @@ void Trainer::save_checkpoint() {
 
 void Trainer::run() {
   setup();
-  const bool progress = rank_ == 0 && isatty(STDOUT_FILENO);
   while (s_.epoch < c_.epochs) {
     step();
     s_.step_in_epoch += 1;
     s_.global_step += 1;
-    if (progress && s_.step_in_epoch % 20 == 0) {
-      fmt::print("\repoch {}/{} step {}/{}  loss {:.4f}", s_.epoch + 1, c_.epochs, s_.step_in_epoch, steps_per_epoch_,
-                 s_.loss_batches ? s_.loss_sum / static_cast<double>(s_.loss_batches) : 0.0);
-      std::fflush(stdout);
-    }
+    report_progress();
     // The epoch's end is handled before the checkpoint, so a checkpoint never
     // sits between a finished epoch and its log line.
     if (s_.step_in_epoch == steps_per_epoch_) end_epoch();

@@ -21,6 +21,8 @@
 
 #include <gtest/gtest.h>
 
+#include "gradcomm/version.h"
+
 extern char** environ;
 
 namespace {
@@ -442,6 +444,23 @@ TEST(GradcommRunArgs, FlagLikeArgumentsAfterTheProgramPassThrough) {
   r = run_launcher(separated);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, expected);
+}
+
+// mpirun's spelling: "-np 2" once read as "-n" with the value "p".
+TEST(GradcommRunArgs, MpirunStyleNpIsTheRankCount) {
+  Result r = run_launcher({"-np", "2", "sh", "-c", "echo rank$RANK of $WORLD_SIZE"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "rank0 of 2")) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank1 of 2")) << r.out;
+  r = run_launcher({"-np", "p", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "-n needs an integer")) << r.err;
+}
+
+TEST(GradcommRunArgs, VersionPrintsTheLibrarysVersion) {
+  Result r = run_launcher({"--version"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, std::string("gradcomm-run ") + GRADCOMM_VERSION_STRING + "\n");
 }
 
 TEST(GradcommRunArgs, BadUsageExits2WithUsage) {

@@ -212,7 +212,29 @@ TEST_F(TrainerProcess, LogSplitsTheStepAndSaysWhichSchedule) {
     EXPECT_GE(p90, median) << line;
     EXPECT_GE(std::stod(field(line, "comm_s")), 0.0) << line;
     EXPECT_GT(std::stod(field(line, "compute_s")), 0.0) << line;
+    // The parts add up to the epoch's wall time: compression counts in it only when
+    // blocking (overlapped, it ran on the engine thread during compute).
+    const double parts = std::stod(field(line, "compute_s")) + std::stod(field(line, "comm_s")) +
+                         std::stod(field(line, "data_s")) + std::stod(field(line, "eval_s")) +
+                         std::stod(field(line, "other_s")) + (*schedule ? std::stod(field(line, "compress_s")) : 0.0);
+    const double time_s = std::stod(field(line, "time_s"));
+    EXPECT_NEAR(parts, time_s, 1e-6 + 1e-9 * time_s) << line;
+    // other_s is clamped at 0, so parts counted twice (compression in both compute
+    // and compress, say) would show here as a sum above the wall time.
+    EXPECT_NE(r.output.find(" = compute "), std::string::npos) << r.output;
   }
+}
+
+// One rank sends nothing: the banner and the epoch line say so, without a ratio of
+// zeros ("0.0x fewer") or "cpu on cpu".
+TEST_F(TrainerProcess, OneRankSaysItSendsNothing) {
+  const Result r = train("", 1, /*ranks=*/1);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("1 rank, MLP"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on cpu,"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("cpu on cpu"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("one rank: nothing to send"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("x fewer"), std::string::npos) << r.output;
 }
 
 TEST_F(TrainerProcess, CorruptCheckpointIsRefused) {

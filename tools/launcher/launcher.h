@@ -45,6 +45,8 @@ int exit_code_of(int status);
 extern const char kUsage[];
 
 struct Options {
+  enum class Action { kRun, kHelp, kVersion };
+  Action action = Action::kRun;
   int nprocs = 0;
   std::optional<double> timeout_s;
   double grace_s = 10.0;
@@ -57,8 +59,9 @@ struct UsageError {
 
 // Launcher flags end at `--` or at the first argument that is not a flag (PROGRAM);
 // nothing after that is looked at, so PROGRAM's own flags pass through. Returns
-// nullopt for --help. Throws UsageError.
-std::optional<Options> parse_options(int argc, char** argv);
+// action kHelp / kVersion for --help / --version (nothing else is then checked).
+// Throws UsageError.
+Options parse_options(int argc, char** argv);
 
 // ---- output relay (output.cc) ---------------------------------------------------------
 

@@ -15,16 +15,19 @@ constexpr double kMaxSeconds = 1e8;  // keeps deadlines far from overflow
 
 const char kUsage[] =
     "usage: gradcomm-run -n N [--timeout S] [--grace S] [--] PROGRAM [ARGS...]\n"
+    "       gradcomm-run --help | --version\n"
     "\n"
     "Starts N local ranks of PROGRAM (searched in PATH) with RANK, WORLD_SIZE, LOCAL_RANK,\n"
     "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GRADCOMM_STORE and GRADCOMM_JOB_TOKEN set,\n"
     "prefixes every output line with \"[rank] \", and stops the job when a rank fails.\n"
     "\n"
-    "  -n, --nproc N   number of ranks (>= 1)\n"
+    "  -n, -np, --nproc N\n"
+    "                  number of ranks (>= 1; -np as mpirun spells it)\n"
     "  --timeout S     wall-clock limit for the whole job, in seconds; exit 124 on expiry\n"
     "  --grace S       after a rank fails, how long the others may run before SIGTERM\n"
     "                  (default 10)\n"
     "  -h, --help      show this help\n"
+    "  --version       show gradcomm's version\n"
     "\n"
     "Everything from PROGRAM on is passed to it untouched. Exit status: the first failing\n"
     "rank's (128+signal if killed), 124 on timeout, 127 if PROGRAM is not found, 2 on\n"
@@ -55,7 +58,7 @@ double parse_seconds(const std::string& flag, const std::string& text, bool allo
 
 }  // namespace
 
-std::optional<Options> parse_options(int argc, char** argv) {
+Options parse_options(int argc, char** argv) {
   Options opts;
   int i = 1;
   for (; i < argc; ++i) {
@@ -65,11 +68,17 @@ std::optional<Options> parse_options(int argc, char** argv) {
       break;
     }
     if (arg.size() < 2 || arg[0] != '-') break;
-    if (arg == "-h" || arg == "--help") return std::nullopt;
-    // Accept "--flag value", "--flag=value" and, for the short flag, "-nVALUE".
+    if (arg == "-h" || arg == "--help" || arg == "--version") {
+      opts.action = arg == "--version" ? Options::Action::kVersion : Options::Action::kHelp;
+      return opts;
+    }
+    // Accept "--flag value", "--flag=value", mpirun's "-np N" and, for the short
+    // flag, "-nVALUE".
     std::string_view name = arg;
     std::optional<std::string> inline_value;
-    if (arg.starts_with("--")) {
+    if (arg == "-np") {
+      name = "-n";
+    } else if (arg.starts_with("--")) {
       if (auto eq = arg.find('='); eq != std::string_view::npos) {
         name = arg.substr(0, eq);
         inline_value = std::string(arg.substr(eq + 1));
