@@ -59,7 +59,7 @@ constexpr std::string_view kPowersgdKeys[] = {"rank",      "warm_start", "min_co
 struct Family {
   CompressorId id;
   std::span<const std::string_view> keys;  // empty for none: it takes no keys
-  bool ef_default;                         // DESIGN.md §5 table
+  bool ef_default;                         // the spec table (README, "Compression")
 };
 
 constexpr Family kFamilies[] = {

@@ -11,7 +11,7 @@
 namespace gradcomm::detail {
 
 // With `store` null this is Communicator::create(options): the store comes from
-// options/the environment (DESIGN.md section 6). With a store, rank and world size
+// options/the environment (docs/architecture.md, "Launching and rendezvous"). With a store, rank and world size
 // must still resolve (options or environment) but no store URL is needed; the
 // store is used only during creation (transport address exchange, on the calling
 // thread) and is owned, then destroyed, by the communicator. Its keys must not

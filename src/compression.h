@@ -1,4 +1,4 @@
-// Compressed allreduce (DESIGN §4-5): each compressor family on its collective,
+// Compressed allreduce (docs/architecture.md, "Compression"): each compressor family on its collective,
 // with error feedback and per-key state. Runs inside the allreduce's Op, after
 // the call header (which carries the canonical spec and the key's step) matched.
 //

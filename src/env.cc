@@ -72,7 +72,7 @@ int64_t env_bytes(const char* name, int64_t fallback, int64_t min, int64_t max) 
 LaunchConfig resolve_launch_config(const InitOptions& options) {
   LaunchConfig config;
 
-  // Rank and world size: InitOptions, then the launchers' variables in DESIGN order.
+  // Rank and world size: InitOptions, then the launchers' variables in the order of docs/architecture.md.
   static constexpr const char* kRankSizeVars[][2] = {
       {"RANK", "WORLD_SIZE"},                                   // torchrun, gradcomm-run
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},         // mpirun (OpenMPI)

@@ -1,5 +1,5 @@
 // Environment configuration. Launch settings (rank, size, store, token, timeout,
-// transport) are resolved here, in the order DESIGN.md section 6 gives. Tunables
+// transport) are resolved here, in the order docs/architecture.md ("Launching and rendezvous") gives. Tunables
 // are declared next to their use with env_int/env_string, one variable each.
 #pragma once
 

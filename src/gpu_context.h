@@ -3,7 +3,7 @@
 // at the first CUDA call, see gpu_plan.h), the NCCL communicator, and the cached
 // resources of the stream-ordered collectives.
 //
-// Stream semantics (DESIGN §3). A CUDA call is ordered on the caller's stream
+// Stream semantics (docs/architecture.md, "CPU and GPU paths"). A CUDA call is ordered on the caller's stream
 // and returns once its work is enqueued. Consecutive calls share scratch memory,
 // so begin() makes the new call's stream wait for the previous call's
 // completion event (device-side; the host does not block), and end() records it

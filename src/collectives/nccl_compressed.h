@@ -1,5 +1,5 @@
 // Compressed allreduce of CUDA fp32 tensors on the NCCL path (CUDA builds only):
-// the GPU codecs (compressors/*/ *.cu) on the collectives of DESIGN §4, stream-
+// the GPU codecs (compressors/*/ *.cu) on the collectives of docs/architecture.md, stream-
 // ordered on the caller's stream, with the per-key state in device memory.
 //
 //   fp16, bf16, quant, qsgd, sign -> compressed ring (nccl_compressed_ring.cc)

@@ -57,7 +57,7 @@ TEST_P(MultiprocCompressed, EverySpecFiniteBitwiseIdenticalAndExactWhereDefined)
 
 INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocCompressed, ::testing::Values(2, 3, 4));
 
-// The fault matrix (DESIGN.md section 7): one rank fails at a random moment while
+// The fault matrix (docs/fault-model.md): one rank fails at a random moment while
 // the others are inside an allreduce (dense or compressed), at N = 3 and 4.
 //   - Every other rank raises PeerFailure within kDetectBound of the death, or, for a
 //     SIGSTOPped rank, TimeoutError: the rank waiting on it after the full deadline,

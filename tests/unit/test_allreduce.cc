@@ -249,7 +249,7 @@ TEST(RingAllreduce, OtherIntegerTypesWrapAndAverage) {
   }
 }
 
-// IEEE arithmetic, not silence (DESIGN.md section 7): a NaN anywhere gives NaN for
+// IEEE arithmetic, not silence (docs/fault-model.md): a NaN anywhere gives NaN for
 // every op (min/max included, unlike std::min); +Inf meeting -Inf sums to NaN; a lone
 // +Inf survives sum, avg and max. Small tensors (recursive doubling) and large ones
 // (the chunked ring), every floating dtype, N = 2..4; every rank holds the same bits.

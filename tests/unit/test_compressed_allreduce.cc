@@ -264,7 +264,7 @@ TEST(CompressedAllreduce, SaveAndLoadStateResumeExactly) {
   }
 }
 
-// NaN and Inf are never dropped and never an error (DESIGN.md section 7). Casts, top-k
+// NaN and Inf are never dropped and never an error (docs/fault-model.md). Casts, top-k
 // and the sketch carry them through at their position (NaN ranks as the largest
 // magnitude, so top-k always selects it). The bucketed quantizers cannot encode a
 // non-finite value: its bucket's scale turns non-finite and the whole bucket decodes
