@@ -249,11 +249,38 @@ void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device) {
 #endif
 }
 
-int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device) {
+int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device,
+                              ReduceOp op) {
   HostView host(buf, count * static_cast<int64_t>(dtype_size(dtype)), device);
-  const int64_t ranks_sum = int64_t{world_size} * (world_size + 1) / 2;  // sum of (r + 1)
+  const int64_t n = world_size;
+  const int64_t ranks_sum = n * (n + 1) / 2;  // sum of (r + 1)
   int64_t wrong = 0;
-  for (int64_t i = 0; i < count; ++i) wrong += !equals(host.data(), dtype, i, (i % 7 + 1) * ranks_sum);
+  if (op == ReduceOp::kAvg && !is_integer(dtype)) {
+    // The sum is exact; one division by N, in fp64 for float64 and in fp32 otherwise.
+    std::vector<uint8_t> expected(dtype_size(dtype));
+    for (int64_t i = 0; i < count; ++i) {
+      const double sum = static_cast<double>((i % 7 + 1) * ranks_sum);
+      const double avg = dtype == DType::kFloat64 ? sum / static_cast<double>(n)
+                                                  : static_cast<float>(sum) / static_cast<float>(n);
+      store_real(expected.data(), dtype, 0, avg);
+      wrong += std::memcmp(static_cast<const uint8_t*>(host.data()) + i * expected.size(), expected.data(),
+                           expected.size()) != 0;
+    }
+    return wrong;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t v = i % 7 + 1;
+    int64_t want = v * ranks_sum;
+    if (op == ReduceOp::kMin) want = v;
+    if (op == ReduceOp::kMax) want = v * n;
+    if (op == ReduceOp::kAvg) {
+      // Integers: the sum wraps in the type first, then truncates toward zero.
+      if (dtype == DType::kUInt8) want = static_cast<uint8_t>(want);
+      if (dtype == DType::kInt32) want = static_cast<int32_t>(want);
+      want /= n;
+    }
+    wrong += !equals(host.data(), dtype, i, want);
+  }
   return wrong;
 }
 

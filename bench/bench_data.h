@@ -55,8 +55,12 @@ void copy_buffer(const BenchBuffer& dst, const BenchBuffer& src, int64_t bytes, 
 // Zeroes `bytes` bytes: an allgather output starts blank, so an element the collective never
 // wrote reads as wrong (every expected value is at least 1).
 void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device);
-// Elements that differ from the exact result.
-int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device);
+// Elements that differ from the exact result of `op` over the check inputs: with
+// v = i % 7 + 1, sum v * N(N+1)/2 (wrapping like the type), min v, max v * N, avg the
+// sum divided by N as gradcomm divides (in the type's arithmetic, integers truncating;
+// fp16/bf16 in fp32, rounded once).
+int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device,
+                              ReduceOp op = ReduceOp::kSum);
 // The same inputs through a compressor (float32, sum, a key with no history): an
 // element is wrong when it breaks the compressor's own error bound, which for the
 // compressed ring is a per-encode bound times the N encodes an element goes

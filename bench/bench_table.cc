@@ -2,19 +2,40 @@
 
 #include <fmt/format.h>
 
+#include "bench_cli.h"
+#include "gradcomm/version.h"
+
 namespace gradcomm::bench {
 
 namespace {
 
-// Column widths of one implementation's group; the phase columns follow gradcomm's.
-constexpr int kSizeW = 12, kCountW = 12, kTypeW = 9;
-constexpr int kTimeW = 11, kBwW = 8, kWireW = 12, kComprW = 6, kWrongW = 7, kPhaseW = 10, kRatioW = 7;
+// nccl-tests' widths: the five leading columns, then per placement time (7), algbw and
+// busbw (6) and #wrong (6), every column two spaces after the previous one.
+constexpr int kSizeW = 12, kCountW = 12, kTypeW = 8, kRedopW = 6, kRootW = 6;
+constexpr int kTimeW = 7, kBwW = 6, kWrongW = 6;
+// gradcomm's columns after them.
+constexpr int kWireW = 12, kComprW = 6, kPhaseW = 8, kBaseW = 11, kRatioW = 6;
 
-int group_width(bool phases) {
-  return kTimeW + 2 * (kBwW + 1) + (kWireW + 1) + (kComprW + 1) + (kWrongW + 1) + (phases ? 4 * (kPhaseW + 1) : 0);
+// A value in `width` characters: two decimals if they fit, then one, then none, then
+// an exponent (nccl-tests does the same, so wide values never shift the columns).
+std::string fit(double v, int width) {
+  for (const char* spec : {"{:>{}.2f}", "{:>{}.1f}", "{:>{}.0f}"}) {
+    std::string s = fmt::format(fmt::runtime(spec), v, width);
+    if (static_cast<int>(s.size()) <= width) return s;
+  }
+  return fmt::format(fmt::runtime(width >= 7 ? "{:>{}.1e}" : "{:>{}.0e}"), v, width);
 }
 
-std::string na_or(const std::optional<std::string>& text) { return text.value_or("N/A"); }
+// One placement's four cells; nullptr: a placement gradcomm does not run (N/A).
+std::string placement_cells(const ImplResult* r, int64_t size_bytes, double busbw_factor) {
+  if (r == nullptr) {
+    return fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "N/A", kTimeW, "N/A", kBwW, "N/A", kBwW, "N/A", kWrongW);
+  }
+  const double algbw = BenchTable::algbw_gbps(size_bytes, r->time_us);
+  const std::string wrong = r->wrong ? fmt::format("{:g}", static_cast<double>(*r->wrong)) : "N/A";
+  return fmt::format("  {}  {}  {}  {:>{}}", fit(r->time_us, kTimeW), fit(algbw, kBwW), fit(algbw * busbw_factor, kBwW),
+                     wrong, kWrongW);
+}
 
 }  // namespace
 
@@ -33,84 +54,117 @@ double BenchTable::dense_wire_bytes(int64_t size_bytes) const {
 
 void BenchTable::print_header() {
   const auto& c = config_;
-  fmt::print(out_, "# gradcomm-bench: {} {} on {}, {} ranks, compressor '{}', -w {} -n {}\n", bench_op_name(c.op),
-             dtype_name(c.dtype), c.device, c.ranks, c.compressor, c.warmup, c.iters);
-  if (!c.baseline.empty()) fmt::print(out_, "# baseline {}: {}\n", c.baseline, c.baseline_description);
+  // nccl-tests' preamble, with gradcomm's values.
+  fmt::print(out_, "# gradcomm-bench version {} (gradcomm {})\n", GRADCOMM_VERSION_STRING, GRADCOMM_VERSION_STRING);
+  fmt::print(out_, "# Collective test starting: gradcomm-bench {}\n", bench_op_name(c.op));
+  fmt::print(out_,
+             "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} agg iters: 1 "
+             "validation: {} graph: 0\n",
+             c.min_bytes, c.max_bytes, c.factor > 1 ? c.factor : c.step_bytes, c.factor > 1 ? "factor" : "bytes",
+             c.warmup, c.iters, c.check_iters);
+  fmt::print(out_, "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier\n");
+  fmt::print(out_, "#\n");
+  // What gradcomm adds.
+  fmt::print(out_, "# gradcomm: {} ranks on {}, types {}, compressor '{}', {}\n", c.ranks, c.device, c.types,
+             c.compressor, c.op == BenchOp::kAllreduce ? "in place (out-of-place: N/A)" : "out of place (in-place: N/A)");
   if (!c.baseline.empty()) {
+    fmt::print(out_, "# baseline {}: {}\n", c.baseline, c.baseline_description);
     fmt::print(out_,
                "# Per size: gradcomm's warm-up and timed calls, then the baseline's on the same buffers (interleaved\n"
-               "# by size). ratio = baseline time / gradcomm time (> 1: gradcomm faster). MPI and Gloo count no\n"
-               "# wire bytes: N/A.\n");
+               "# by size). ratio = baseline time / gradcomm time (> 1: gradcomm faster).\n");
   }
   fmt::print(out_,
-             "# time = max over ranks of each rank's mean over the timed calls; every call starts from the same\n"
+             "# time = {} over ranks (-a) of each rank's mean over the timed calls; every call starts from the same\n"
              "# input ('{}'), restored and the ranks released by a barrier outside the timing.\n"
-             "# algbw = size/time; busbw = algbw * {}.\n"
+             "# algbw = size/time; busbw = algbw * {}. Columns after nccl-tests' ones:\n"
              "# wire = bytes_sent per rank per iteration (Communicator::stats(), mean over ranks); compr = dense ring\n"
-             "# bytes / wire; #wrong = elements off the exact result, all ranks (--check, untimed).{}\n",
-             c.input, c.op == BenchOp::kAllreduce ? "2(N-1)/N" : "(N-1)/N",
-             c.phases ? "\n# Phases: gradcomm's time per iteration from stats(), mean over ranks (comm = waiting on the wire)."
+             "# bytes / wire; #wrong = elements off the exact result, all ranks (-c, untimed).{}\n",
+             c.rank_time, c.input, c.op == BenchOp::kAllreduce ? "2(N-1)/N" : "(N-1)/N",
+             c.phases ? "\n# reduce/encode/decode/comm: gradcomm's time per iteration from stats(), mean over ranks "
+                        "(comm = waiting on the wire)."
                       : "");
-  fmt::print(out_, "#\n");
-  std::string groups = fmt::format("# {:>{}} ", "", kSizeW + kCountW + kTypeW);
-  groups += fmt::format("{:^{}}", "gradcomm", group_width(c.phases));
-  if (!c.baseline.empty()) groups += fmt::format("{:^{}}", c.baseline, group_width(false));
-  fmt::print(out_, "{}\n", groups);
 
-  auto impl_columns = [](bool phases) {
-    std::string s = fmt::format("{:>{}} {:>{}} {:>{}} {:>{}} {:>{}} {:>{}}", "time(us)", kTimeW, "algbw", kBwW,
-                                "busbw", kBwW, "wire(B)", kWireW, "compr", kComprW, "#wrong", kWrongW);
-    if (phases) {
-      s += fmt::format(" {:>{}} {:>{}} {:>{}} {:>{}}", "reduce(us)", kPhaseW, "encode(us)", kPhaseW, "decode(us)",
-                       kPhaseW, "comm(us)", kPhaseW);
+  // nccl-tests' three header lines, gradcomm's columns appended.
+  std::string names = fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}", "size", "count", "type", "redop", "root");
+  std::string units = fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}", "(B)", "(elements)", "", "", "");
+  for (int k = 0; k < 2; ++k) {
+    names += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "time", kTimeW, "algbw", kBwW, "busbw", kBwW, "#wrong",
+                         kWrongW);
+    units += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "(us)", kTimeW, "(GB/s)", kBwW, "(GB/s)", kBwW, "", kWrongW);
+  }
+  names += fmt::format("  {:>{}}  {:>{}}", "wire", kWireW, "compr", kComprW);
+  units += fmt::format("  {:>{}}  {:>{}}", "(B)", kWireW, "", kComprW);
+  if (c.phases) {
+    for (const char* phase : {"reduce", "encode", "decode", "comm"}) {
+      names += fmt::format("  {:>{}}", phase, kPhaseW);
+      units += fmt::format("  {:>{}}", "(us)", kPhaseW);
     }
-    return s;
-  };
-  std::string head = fmt::format("#{:>{}} {:>{}} {:>{}} ", "size(B)", kSizeW, "count", kCountW, "type", kTypeW);
-  head += impl_columns(c.phases);
-  if (!c.baseline.empty()) head += " " + impl_columns(false) + fmt::format(" {:>{}}", "ratio", kRatioW);
-  fmt::print(out_, "{}\n", head);
+  }
+  if (!c.baseline.empty()) {
+    for (const char* col : {"time", "algbw", "busbw", "#wrong"}) {
+      names += fmt::format("  {:>{}}", c.baseline + "_" + col, kBaseW);
+    }
+    units += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "(us)", kBaseW, "(GB/s)", kBaseW, "(GB/s)", kBaseW, "",
+                         kBaseW);
+    names += fmt::format("  {:>{}}", "ratio", kRatioW);
+    units += fmt::format("  {:>{}}", "", kRatioW);
+  }
+  fmt::print(out_, "#\n");
+  fmt::print(out_, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place\n", "",
+             "", "", "", "");
+  fmt::print(out_, "{}\n{}\n", names, units);
   std::fflush(out_);
 }
 
 void BenchTable::print_row(const Row& row) {
-  auto impl_cells = [&](const ImplResult& r, bool phases) {
-    double algbw = algbw_gbps(row.size_bytes, r.time_us);
-    std::optional<std::string> wire, compr, wrong;
-    if (r.wire_bytes) {
-      wire = fmt::format("{:.0f}", *r.wire_bytes);
-      compr = *r.wire_bytes > 0 ? fmt::format("{:.2f}", dense_wire_bytes(row.size_bytes) / *r.wire_bytes) : "-";
-    }
-    if (r.wrong) wrong = fmt::format("{}", *r.wrong);
-    std::string s = fmt::format("{:>{}.1f} {:>{}.2f} {:>{}.2f} {:>{}} {:>{}} {:>{}}", r.time_us, kTimeW, algbw, kBwW,
-                                algbw * busbw_factor(), kBwW, na_or(wire), kWireW, na_or(compr), kComprW,
-                                na_or(wrong), kWrongW);
-    if (phases) {
-      Phases p = r.phases.value_or(Phases{});
-      s += fmt::format(" {:>{}.1f} {:>{}.1f} {:>{}.1f} {:>{}.1f}", p.reduce_us, kPhaseW, p.encode_us, kPhaseW,
-                       p.decode_us, kPhaseW, p.comm_us, kPhaseW);
-    }
-    return s;
-  };
-  std::string line = fmt::format(" {:>{}} {:>{}} {:>{}} ", row.size_bytes, kSizeW, row.count, kCountW,
-                                 dtype_name(config_.dtype), kTypeW);
-  line += impl_cells(row.gradcomm, config_.phases);
+  const bool reduces = config_.op == BenchOp::kAllreduce;
+  std::string line = fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}  {:>{}}", row.size_bytes, kSizeW, row.count, kCountW,
+                                 nccl_type_name(row.dtype), kTypeW, reduces ? reduce_op_name(row.redop) : "none",
+                                 kRedopW, -1, kRootW);
+  line += placement_cells(in_place() ? nullptr : &row.gradcomm, row.size_bytes, busbw_factor());
+  line += placement_cells(in_place() ? &row.gradcomm : nullptr, row.size_bytes, busbw_factor());
+
+  const ImplResult& g = row.gradcomm;
+  std::string wire = "N/A", compr = "N/A";
+  if (g.wire_bytes) {
+    wire = fmt::format("{:.0f}", *g.wire_bytes);
+    compr = *g.wire_bytes > 0 ? fmt::format("{:.2f}", dense_wire_bytes(row.size_bytes) / *g.wire_bytes) : "-";
+  }
+  line += fmt::format("  {:>{}}  {:>{}}", wire, kWireW, compr, kComprW);
+  if (config_.phases) {
+    const Phases p = g.phases.value_or(Phases{});
+    for (double v : {p.reduce_us, p.encode_us, p.decode_us, p.comm_us}) line += "  " + fit(v, kPhaseW);
+  }
   if (row.baseline) {
-    line += " " + impl_cells(*row.baseline, false);
-    double ratio = row.gradcomm.time_us > 0 ? row.baseline->time_us / row.gradcomm.time_us : 0.0;
-    line += fmt::format(" {:>{}.2f}", ratio, kRatioW);
+    const ImplResult& b = *row.baseline;
+    const double algbw = algbw_gbps(row.size_bytes, b.time_us);
+    const std::string wrong = b.wrong ? fmt::format("{}", *b.wrong) : "N/A";
+    line += fmt::format("  {}  {}  {}  {:>{}}", fit(b.time_us, kBaseW), fit(algbw, kBaseW),
+                        fit(algbw * busbw_factor(), kBaseW), wrong, kBaseW);
+    line += "  " + fit(g.time_us > 0 ? b.time_us / g.time_us : 0.0, kRatioW);
+    baseline_busbw_sum_ += algbw * busbw_factor();
   }
   fmt::print(out_, "{}\n", line);
   std::fflush(out_);
 
-  busbw_sum_ += algbw_gbps(row.size_bytes, row.gradcomm.time_us) * busbw_factor();
+  busbw_sum_ += algbw_gbps(row.size_bytes, g.time_us) * busbw_factor();
   ++rows_;
+  failed_checks_ += (g.wrong && *g.wrong > 0) + (row.baseline && row.baseline->wrong && *row.baseline->wrong > 0);
   add_record(row, row.gradcomm);
   if (row.baseline) add_record(row, *row.baseline);
 }
 
+// nccl-tests' closing lines; the baseline's average goes after them, worded so that a
+// parser looking for "Avg bus bandwidth" finds gradcomm's.
 void BenchTable::print_footer() {
-  fmt::print(out_, "# Avg bus bandwidth (gradcomm): {:.3f} GB/s\n", rows_ > 0 ? busbw_sum_ / rows_ : 0.0);
+  fmt::print(out_, "# {:<20} : {} {}\n", "Out of bounds values", failed_checks_, failed_checks_ ? "FAILED" : "OK");
+  fmt::print(out_, "# {:<20} : {:g} \n", "Avg bus bandwidth", rows_ > 0 ? busbw_sum_ / rows_ : 0.0);
+  fmt::print(out_, "#\n");
+  fmt::print(out_, "# Collective test concluded: gradcomm-bench {}\n", bench_op_name(config_.op));
+  if (!config_.baseline.empty()) {
+    fmt::print(out_, "# Baseline {} bus bandwidth, mean over sizes: {:g}\n", config_.baseline,
+               rows_ > 0 ? baseline_busbw_sum_ / rows_ : 0.0);
+  }
   std::fflush(out_);
 }
 
@@ -120,7 +174,7 @@ void BenchTable::add_record(const Row& row, const ImplResult& r) {
       {"op", bench_op_name(config_.op)},
       {"impl", r.impl},
       {"compressor", config_.compressor},
-      {"dtype", dtype_name(config_.dtype)},
+      {"dtype", dtype_name(row.dtype)},
       {"device", config_.device},
       {"ranks", config_.ranks},
       {"size_bytes", row.size_bytes},
@@ -133,6 +187,13 @@ void BenchTable::add_record(const Row& row, const ImplResult& r) {
       {"warmup", config_.warmup},
       {"iters", config_.iters},
       {"input", config_.input},
+      // nccl-tests' names for the same row (its -J output uses these keys).
+      {"type", nccl_type_name(row.dtype)},
+      {"redop", config_.op == BenchOp::kAllreduce ? reduce_op_name(row.redop) : "none"},
+      {"root", -1},
+      {"in_place", in_place()},
+      {"time_over_ranks", config_.rank_time},
+      {"check_iters", config_.check_iters},
   };
   if (r.wire_bytes && *r.wire_bytes > 0) rec["compression_ratio"] = dense_wire_bytes(row.size_bytes) / *r.wire_bytes;
   if (r.phases) {

@@ -1,4 +1,13 @@
-// The nccl-tests-style table rank 0 prints, and the JSON records of --json.
+// The table rank 0 prints, and the JSON records of --json.
+//
+// The table is nccl-tests' (src/util.cu there): its preamble comment lines, the same
+// header lines and columns (size, count, type, redop, root, then time, algbw, busbw and
+// #wrong out of place and in place), the same closing lines ("# Out of bounds values",
+// "# Avg bus bandwidth", "#", "# Collective test concluded"), so its parsers read it.
+// gradcomm's allreduce runs in place and its allgather out of place: the other
+// placement's four cells read N/A. gradcomm's own columns (wire bytes, compression
+// ratio, the phase split, the baseline's numbers) come after nccl-tests' ones; every
+// column name is one word, so a parser can find any column by its name in the header.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -29,6 +38,8 @@ struct ImplResult {
 struct Row {
   int64_t size_bytes = 0;  // allreduce: the tensor; allgather: the gathered output (nccl-tests)
   int64_t count = 0;       // elements in size_bytes
+  DType dtype = DType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;  // allreduce's; allgather prints "none"
   ImplResult gradcomm;
   std::optional<ImplResult> baseline;
 };
@@ -36,14 +47,16 @@ struct Row {
 struct TableConfig {
   BenchOp op = BenchOp::kAllreduce;
   std::string compressor;
-  DType dtype = DType::kFloat32;
+  std::string types;        // as -d named them, for the preamble
   std::string device;       // "cpu" | "cuda"
   int ranks = 1;
   int warmup = 0, iters = 0;
+  int64_t min_bytes = 0, max_bytes = 0, factor = 2, step_bytes = 0;
+  int check_iters = 0;      // -c
+  std::string rank_time = "max";  // -a: how the ranks' times make the row's
   std::string input = "gradient";  // what the timed calls reduce (--input)
   std::string baseline;     // "" = none
   std::string baseline_description;
-  bool check = false;
   bool phases = false;      // print the phase columns
 };
 
@@ -55,6 +68,8 @@ class BenchTable {
   void print_row(const Row& row);  // flushes, so a long run shows progress
   void print_footer();
   const nlohmann::ordered_json& records() const { return records_; }
+  // Cells (an implementation at a size) whose check found a wrong element.
+  int failed_checks() const { return failed_checks_; }
 
   // nccl-tests' definitions.
   static double algbw_gbps(int64_t size_bytes, double time_us);
@@ -68,8 +83,11 @@ class BenchTable {
   TableConfig config_;
   std::FILE* out_;
   nlohmann::ordered_json records_ = nlohmann::ordered_json::array();
-  double busbw_sum_ = 0;
+  bool in_place() const { return config_.op == BenchOp::kAllreduce; }
+
+  double busbw_sum_ = 0, baseline_busbw_sum_ = 0;
   int rows_ = 0;
+  int failed_checks_ = 0;
 };
 
 }  // namespace gradcomm::bench

@@ -3,7 +3,7 @@
 
 Runs every configuration below with `gradcomm-run -n RANKS -- gradcomm-train ...`
 (same hyper-parameters for all; only the compressor spec and momentum correction
-change), then writes, under --out (default bench/results/):
+change), then writes, under --out (default: the current directory):
 
   training-cpu-DATE.csv   one row per run: final test accuracy, gradient bytes per
                           step (this rank's wire bytes), dense bytes, savings, times
@@ -12,17 +12,25 @@ change), then writes, under --out (default bench/results/):
   training-cpu-DATE.md    the table, the settings and the exact commands
   training-cpu-DATE/      each run's JSON-lines log and console output
 
-Usage (from the repository root, after building gradcomm-train and gradcomm-run):
-  /usr/bin/python3 bench/experiments.py --build build-d
-  /usr/bin/python3 bench/experiments.py --build build-d --only none,topk-1% --epochs 2
-Runs are sequential (the 2-core machine has no room for two 4-rank jobs); an
-existing log of a finished run is reused unless --force is given.
+Usage:
+  /usr/bin/python3 bench/experiments.py --build build --out /tmp/mine
+  /usr/bin/python3 bench/experiments.py --only none,topk-1% --epochs 2 --out runs
+  /usr/bin/python3 bench/experiments.py --out mine a.jsonl b.jsonl    (your own logs)
+The tools come from --build DIR (DIR/tools/gradcomm-run, DIR/trainer/gradcomm-train),
+else from ./build when it has them, else from PATH (an installed gradcomm). Given LOG
+files (`gradcomm-train --log` output), nothing is run: each log is one row, named
+after its file. Runs are sequential (the 2-core machine has no room for two 4-rank
+jobs). Every run starts afresh; --reuse keeps a finished log already in the output
+directory instead (for resuming an interrupted sweep). To regenerate the committed
+tables, name their directory: --out bench/results --date 2026-11-22 --reuse.
 """
 import argparse
 import csv
 import json
+import datetime
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -53,9 +61,28 @@ RUNS = [
 ]
 
 
+def find_tools(build):
+    """(gradcomm-run, gradcomm-train): from the build directory named, else ./build,
+    else PATH. Exits with advice that fits the case when they are not there."""
+    if build:
+        tools = [os.path.join(build, "tools", "gradcomm-run"), os.path.join(build, "trainer", "gradcomm-train")]
+        missing = [t for t in tools if not os.access(t, os.X_OK)]
+        if missing:
+            sys.exit(f"experiments.py: {', '.join(missing)} not found; build them first "
+                     f"(cmake --build {build} --target gradcomm-run gradcomm-train)")
+        return tools
+    local = [os.path.join("build", "tools", "gradcomm-run"), os.path.join("build", "trainer", "gradcomm-train")]
+    if all(os.access(t, os.X_OK) for t in local):
+        return local
+    found = [shutil.which("gradcomm-run"), shutil.which("gradcomm-train")]
+    if None in found:
+        sys.exit("experiments.py: gradcomm-run and gradcomm-train are neither in ./build nor on PATH; add an "
+                 "installed gradcomm's bin directory to PATH, or pass --build DIR (a build tree)")
+    return found
+
+
 def command_for(args, spec, mc, log):
-    cmd = [os.path.join(args.build, "tools", "gradcomm-run"), "-n", str(args.ranks), "--",
-           os.path.join(args.build, "trainer", "gradcomm-train")]
+    cmd = [args.tools[0], "-n", str(args.ranks), "--", args.tools[1]]
     cmd += [a.format(epochs=args.epochs, lr=args.lr) for a in COMMON]
     cmd += ["--compressor", spec, "--log", log]
     if mc:
@@ -64,23 +91,49 @@ def command_for(args, spec, mc, log):
 
 
 def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The epoch records of a gradcomm-train --log file; a clear exit naming the file
+    and line for anything else."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit(f"experiments.py: {path}: cannot read: {e.strerror}")
+    lines = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            sys.exit(f"experiments.py: {path}:{number}: not JSON ({e.msg})")
+        if not isinstance(rec, dict):
+            sys.exit(f"experiments.py: {path}:{number}: not a JSON object (a gradcomm-train --log line)")
+        if "epoch" not in rec:
+            continue  # the run's settings, not an epoch
+        missing = [k for k in ("test_accuracy", "train_loss", "wire_bytes", "dense_bytes", "steps", "time_s")
+                   if k not in rec]
+        if missing:
+            sys.exit(f"experiments.py: {path}:{number}: epoch record without {', '.join(missing)}")
+        lines.append(rec)
+    return lines
 
 
 def run_one(args, name, spec, mc, logdir):
     log = os.path.join(logdir, name.replace("%", "pct") + ".jsonl")
     cmd = command_for(args, spec, mc, log)
     out_path = log.replace(".jsonl", ".out")
-    if not args.force and os.path.exists(log) and len(read_log(log)) == args.epochs:
+    if args.reuse and os.path.exists(log) and len(read_log(log)) == args.epochs:
         print(f"[{name}] reusing {log}", flush=True)
         return cmd, read_log(log), "ok"
-    if not args.force and os.path.exists(out_path + ".failed"):
+    if args.reuse and os.path.exists(out_path + ".failed"):
         print(f"[{name}] reusing failed run {out_path}", flush=True)
         return cmd, read_log(log) if os.path.exists(log) else [], open(out_path + ".failed").read().strip()
     print(f"[{name}] {shlex.join(cmd)}", flush=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     start = time.time()
+    for stale in (log, out_path + ".failed"):  # a fresh run: nothing of an earlier one is read back
+        if os.path.exists(stale):
+            os.remove(stale)
     with open(out_path, "w") as out:
         rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     lines = read_log(log) if os.path.exists(log) else []
@@ -111,21 +164,36 @@ def summarize(name, spec, mc, lines, status):
         "final_test_accuracy": lines[-1]["test_accuracy"],
         "best_test_accuracy": max(l["test_accuracy"] for l in lines),
         "final_train_loss": lines[-1]["train_loss"],
-        "wire_bytes_per_step": wire / steps, "dense_bytes_per_step": dense / steps,
-        "savings_x": dense / wire,
+        "wire_bytes_per_step": wire / steps if steps else float("nan"),
+        "dense_bytes_per_step": dense / steps if steps else float("nan"),
+        "savings_x": dense / wire if wire else float("nan"),
         "time_s": sum(l["time_s"] for l in lines), "compute_s": sum(l["compute_s"] for l in lines),
         "compress_s": sum(l["compress_s"] for l in lines), "comm_s": sum(l["comm_s"] for l in lines),
         "accuracy_per_epoch": [l["test_accuracy"] for l in lines],
     }
 
 
-def plot(rows, path):
+def describe(logs):
+    """What the runs were, from their records: "2 ranks" (or "2-4 ranks")."""
+    sizes = sorted({l["world_size"] for lines in logs for l in lines if "world_size" in l})
+    if not sizes:
+        return ""
+    n = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return f"{n} rank" + ("" if sizes == [1] else "s")
+
+
+def plot(rows, path, what):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
     colors = plt.get_cmap("tab20").colors
-    low = 80.0  # runs that end below this (diverged) sit on the axis, marked with a triangle
+    # Runs that end below `low` (diverged) sit on the axis, marked with a triangle;
+    # low is 80 % unless a run that did not diverge (> 50 %) ends lower.
+    finals = [100 * r["final_test_accuracy"] for r in rows if r["accuracy_per_epoch"]]
+    low = min([80.0] + [a - 1 for a in finals if a > 50])
+    per_epoch = [100 * a for r in rows for a in r["accuracy_per_epoch"]]
+    high = max([low + 1] + per_epoch) + 1
     for i, r in enumerate(rows):
         if not r["accuracy_per_epoch"]:
             continue
@@ -137,51 +205,61 @@ def plot(rows, path):
                       xytext=(4, 4 if i % 2 else -10), fontsize=7)
         right.plot(range(1, len(r["accuracy_per_epoch"]) + 1), [100 * a for a in r["accuracy_per_epoch"]],
                    marker=".", label=r["name"], color=colors[i % 20])
-    dense = next((r for r in rows if r["name"] == "none"), None)
+    dense = next((r for r in rows if r["compressor"] == "none" and not r["momentum_correction"]), None)
     if dense:
         left.axhline(100 * dense["final_test_accuracy"], color="grey", lw=0.8, ls="--", label="dense")
         left.axhline(100 * dense["final_test_accuracy"] - 1, color="grey", lw=0.8, ls=":", label="dense - 1 pp")
         left.legend(fontsize=8)
     left.set_xscale("log")
-    left.set_ylim(low, 91)
+    left.set_ylim(low, high)
     left.set_xlabel("gradient bytes sent per step per rank (log)")
     left.set_ylabel("final test accuracy (%)")
-    left.set_title("Fashion-MNIST MLP, 4 ranks: accuracy vs bytes")
+    left.set_title(f"{what}: accuracy vs bytes" if what else "accuracy vs bytes")
     left.grid(True, which="both", alpha=0.3)
     right.set_xlabel("epoch")
+    longest = max([len(r["accuracy_per_epoch"]) for r in rows] + [1])
+    if longest <= 12:
+        right.set_xticks(range(1, longest + 1))  # whole epochs, also for a 1-epoch run
+    else:
+        right.xaxis.get_major_locator().set_params(integer=True)
     right.set_ylabel("test accuracy (%)")
     right.set_title("test accuracy per epoch")
-    right.set_ylim(80, 91)
+    right.set_ylim(low, high)
     right.grid(True, alpha=0.3)
     right.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def write_markdown(args, rows, commands, path, stem):
-    dense = next((r for r in rows if r["name"] == "none"), None)
-    out = [f"# Compression vs accuracy: gradcomm-train, Fashion-MNIST, {args.ranks} ranks, CPU ({args.date})", "",
-           f"MLP 784-512-256-10, {args.epochs} epochs, per-rank batch 32 (effective {32 * args.ranks}), SGD momentum "
-           f"0.9, lr {args.lr} with 0.5-epoch linear warm-up then cosine to 0, no weight decay, seed 1. Every rank trains "
-           "on a disjoint shard; gradients are averaged per layer (keys fc1.weight, fc1.bias, ...). Bytes are what "
-           "rank 0 sent for gradients (Communicator::stats deltas, headers included); dense = 2(N-1)/N x tensor "
-           "bytes per allreduce. One run per row (seed 1): differences of a few tenths of a point are within "
-           "run-to-run noise.", "",
-           "| run | compressor | final acc | best acc | Δ vs dense (pp) | bytes/step | savings | time (s) | "
-           "compress (s) | comm (s) | status |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+def write_markdown(args, rows, commands, path, stem, what):
+    dense = next((r for r in rows if r["compressor"] == "none" and not r["momentum_correction"]), None)
+    if args.logs:
+        out = [f"# Compression vs accuracy: gradcomm-train logs, {what} ({args.date})", "",
+               "One row per log given on the command line (named after its file); the settings are whatever "
+               "those runs used. Bytes are what the logging rank sent for gradients; dense = the dense ring's "
+               "bytes for the same allreduces.", ""]
+    else:
+        out = [f"# Compression vs accuracy: gradcomm-train, Fashion-MNIST, {args.ranks} ranks, CPU ({args.date})", "",
+               f"MLP 784-512-256-10, {args.epochs} epochs, per-rank batch 32 (effective {32 * args.ranks}), SGD "
+               f"momentum 0.9, lr {args.lr} with 0.5-epoch linear warm-up then cosine to 0, no weight decay, seed 1. "
+               "Every rank trains on a disjoint shard; gradients are averaged per layer (keys fc1.weight, fc1.bias, "
+               "...). Bytes are what rank 0 sent for gradients (Communicator::stats deltas, headers included); dense "
+               "= 2(N-1)/N x tensor bytes per allreduce. One run per row (seed 1): differences of a few tenths of a "
+               "point are within run-to-run noise.", ""]
+    out += ["| run | compressor | final acc | best acc | Δ vs dense (pp) | bytes/step | savings | time (s) | "
+            "compress (s) | comm (s) | status |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         delta = 100 * (r["final_test_accuracy"] - dense["final_test_accuracy"]) if dense else float("nan")
         spec = r["compressor"] + (" + momentum correction" if r["momentum_correction"] else "")
         out.append(f"| {r['name']} | `{spec}` | {r['final_test_accuracy']:.4f} | {r['best_test_accuracy']:.4f} | "
                    f"{delta:+.2f} | {r['wire_bytes_per_step'] / 1e3:.1f} kB | {r['savings_x']:.1f}x | "
                    f"{r['time_s']:.0f} | {r['compress_s']:.1f} | {r['comm_s']:.1f} | {r['status']} |")
-    out += ["", f"Plots: `{stem}.png`. Per-run logs: `{stem}/`. CSV: `{stem}.csv`.", "",
-            "## Commands", "", "```bash",
-            f"/usr/bin/python3 bench/experiments.py --build {args.build} --epochs {args.epochs} --ranks {args.ranks} "
-            f"--lr {args.lr}" + (f" --tag {args.tag}" if args.tag else ""),
-            "# which runs, one after the other (OPENBLAS_NUM_THREADS=1):"]
-    out += [shlex.join(c) for c in commands]
+    logs = f"Logs: {', '.join(f'`{l}`' for l in args.logs)}." if args.logs else f"Per-run logs: `{stem}/`."
+    out += ["", f"Plots: `{stem}.png`. {logs} CSV: `{stem}.csv`.", "",
+            "## Commands", "", "```bash", shlex.join([sys.executable] + sys.argv)]
+    if commands:
+        out += ["# which runs, one after the other (OPENBLAS_NUM_THREADS=1):"] + [shlex.join(c) for c in commands]
     out += ["```", ""]
     notes = path.replace(".md", "-notes.md")  # hand-written reading of the results, kept across reruns
     if os.path.exists(notes):
@@ -192,43 +270,60 @@ def write_markdown(args, rows, commands, path, stem):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default="build", help="build directory with tools/gradcomm-run and trainer/gradcomm-train")
+    p.add_argument("logs", nargs="*", metavar="LOG",
+                   help="gradcomm-train --log files to tabulate and plot instead of running the sweep")
+    p.add_argument("--build", default=None,
+                   help="build directory with tools/gradcomm-run and trainer/gradcomm-train "
+                        "(default: ./build when it has them, else PATH)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.03, help="peak learning rate, the same for every run")
-    p.add_argument("--date", default="2026-11-22")
+    p.add_argument("--date", default=datetime.date.today().isoformat(), help="in the output names (default: today)")
     p.add_argument("--tag", default="", help="suffix of the output names (training-cpu-DATE-TAG)")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=".", help="output directory, created if missing (default: the current one)")
     p.add_argument("--only", default="", help="comma-separated run names (default: all)")
-    p.add_argument("--force", action="store_true", help="rerun even when a finished log exists")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep a finished run's log already under --out instead of running it again")
+    p.add_argument("--force", action="store_true", help=argparse.SUPPRESS)  # the old default, kept for scripts
     args = p.parse_args()
-    for tool in ("tools/gradcomm-run", "trainer/gradcomm-train"):
-        if not os.access(os.path.join(args.build, tool), os.X_OK):
-            sys.exit(f"experiments.py: {os.path.join(args.build, tool)} not found; build it first "
-                     f"(cmake --build {args.build} --target gradcomm-run gradcomm-train)")
+    args.reuse = args.reuse and not args.force
     stem = f"training-cpu-{args.date}" + (f"-{args.tag}" if args.tag else "")
-    logdir = os.path.join(args.out, stem)
-    os.makedirs(logdir, exist_ok=True)
-    wanted = [n for n in args.only.split(",") if n]
-    unknown = [n for n in wanted if n not in [r[0] for r in RUNS]]
-    if unknown:
-        sys.exit(f"experiments.py: unknown run(s) {unknown}; known: {[r[0] for r in RUNS]}")
-    rows, commands = [], []
-    for name, spec, mc in RUNS:
-        if wanted and name not in wanted:
-            continue
-        cmd, lines, status = run_one(args, name, spec, mc, logdir)
-        commands.append(cmd)
-        rows.append(summarize(name, spec, mc, lines, status))
+    rows, commands, logs = [], [], []
+    if args.logs:
+        for path in args.logs:
+            lines = read_log(path)
+            if not lines:
+                sys.exit(f"experiments.py: {path}: no epoch records (is it a gradcomm-train --log file?)")
+            name = os.path.splitext(os.path.basename(path))[0]
+            spec, mc = lines[-1].get("compressor", "?"), bool(lines[-1].get("momentum_correction"))
+            rows.append(summarize(name, spec, mc, lines, "ok"))
+            logs.append(lines)
+        os.makedirs(args.out, exist_ok=True)
+    else:
+        args.tools = find_tools(args.build)
+        wanted = [n for n in args.only.split(",") if n]
+        unknown = [n for n in wanted if n not in [r[0] for r in RUNS]]
+        if unknown:
+            sys.exit(f"experiments.py: unknown run(s) {unknown}; known: {[r[0] for r in RUNS]}")
+        logdir = os.path.join(args.out, stem)
+        os.makedirs(logdir, exist_ok=True)
+        for name, spec, mc in RUNS:
+            if wanted and name not in wanted:
+                continue
+            cmd, lines, status = run_one(args, name, spec, mc, logdir)
+            commands.append(cmd)
+            rows.append(summarize(name, spec, mc, lines, status))
+            logs.append(lines)
     with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:
         fields = [k for k in rows[0] if k != "accuracy_per_epoch"] + ["accuracy_per_epoch"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
             w.writerow(dict(r, accuracy_per_epoch=";".join(f"{a:.4f}" for a in r["accuracy_per_epoch"])))
-    plot(rows, os.path.join(args.out, stem + ".png"))
-    write_markdown(args, rows, commands, os.path.join(args.out, stem + ".md"), stem)
-    print(f"wrote {args.out}/{stem}.csv, .png, .md")
+    what = describe(logs)
+    plot(rows, os.path.join(args.out, stem + ".png"), what)
+    write_markdown(args, rows, commands, os.path.join(args.out, stem + ".md"), stem, what)
+    print(f"wrote {os.path.join(args.out, stem)}.csv, .png, .md")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,14 @@
 //
 //   gradcomm-run -n 2 gradcomm-bench -b 1K -e 64M -f 4 --baseline mpi --check
 //   gradcomm-run -n 2 gradcomm-bench --device cuda -b 1K -e 256M --baseline nccl --check
+//   gradcomm-bench -c 1 -d float -o sum -b 8 -e 1M -f 2     (one rank, no launcher)
+//
+// It takes nccl-tests' flags and prints nccl-tests' table (bench_cli.h, bench_table.h),
+// so scripts written for all_reduce_perf read its output. Started with no launcher's
+// variables in the environment it is a 1-rank job. Under gradcomm-run, rank 0 asks the
+// launcher to pass its stdout through without the "[0] " prefix (the line in
+// GRADCOMM_RUN_UNPREFIXED, tools/launcher/launcher.h), so the table parses there too.
+// A check that finds a wrong element fails the run (exit 1), as in nccl-tests.
 //
 // With --device cuda each rank uses GPU (local rank mod visible GPUs); gradcomm's
 // calls are stream-ordered on the legacy default stream, and each timed call ends
@@ -11,7 +19,8 @@
 //
 // Per size: gradcomm warms up and runs its timed calls, then the baseline does the
 // same on the same buffers (interleaved by size, so both see the machine in the
-// same state); --check then runs each once more on closed-form inputs. Every call
+// same state); -c N (--check: N = 1) then runs each N more times on closed-form
+// inputs. Every call
 // starts from the same input (--input: normal(0, 1) draws per rank by default),
 // copied back and followed by a barrier outside the timing, so an in-place
 // allreduce never reduces its own previous output. Each rank
@@ -25,18 +34,19 @@
 //   mpirun -n N -x GRADCOMM_STORE=tcp://127.0.0.1:PORT gradcomm-bench ...
 // it uses MPI_COMM_WORLD, shared memory included. See baselines/mpi_baseline.h.
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "baselines/baseline.h"
+#include "bench_cli.h"
 #include "bench_data.h"
 #include "bench_table.h"
 #include "env.h"
@@ -46,80 +56,6 @@
 
 namespace gradcomm::bench {
 namespace {
-
-// ---------------------------------------------------------------- options ----
-
-struct Options {
-  std::string op = "allreduce";
-  std::string min_bytes = "8", max_bytes = "256M";
-  int64_t factor = 2;
-  int iters = 20, warmup = 5;
-  std::string compressor = "none";
-  std::string dtype = "float32";
-  std::string device = "cpu";
-  bool check = false;
-  bool phases = false;
-  std::string json;
-  std::string baseline = "none";
-  std::string input = "gradient";
-  int64_t rows = 0;  // --rows: each message is a rows x (count / rows) matrix (powersgd); 0 = 1-D
-};
-
-// What the options mean once validated.
-struct Plan {
-  BenchOp op = BenchOp::kAllreduce;
-  int64_t min_bytes = 0, max_bytes = 0;
-  DType dtype = DType::kFloat32;
-  Device device{};
-  TimingInput input = TimingInput::kGradient;
-};
-
-DType parse_dtype(const std::string& name) {
-  for (auto d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32, DType::kInt64,
-                 DType::kUInt8}) {
-    if (name == dtype_name(d)) return d;
-  }
-  throw InvalidArgument(fmt::format(
-      "--dtype '{}': expected float32, float16, bfloat16, float64, int32, int64 or uint8", name));
-}
-
-int64_t parse_size(const std::string& flag, const std::string& text) {
-  auto v = detail::parse_bytes(text);
-  if (!v) throw InvalidArgument(fmt::format("{} '{}': expected bytes such as 8, 1K, 64M, 2G", flag, text));
-  return *v;
-}
-
-Plan validate(const Options& o) {
-  Plan p;
-  p.op = o.op == "allgather" ? BenchOp::kAllgather : BenchOp::kAllreduce;
-  p.min_bytes = parse_size("-b", o.min_bytes);
-  p.max_bytes = parse_size("-e", o.max_bytes);
-  if (p.min_bytes < 1 || p.min_bytes > p.max_bytes) {
-    throw InvalidArgument(fmt::format("-b {} -e {}: need 1 <= -b <= -e", o.min_bytes, o.max_bytes));
-  }
-  if (o.factor < 2) throw InvalidArgument(fmt::format("-f {}: the size factor must be at least 2", o.factor));
-  if (o.iters < 1 || o.warmup < 0) throw InvalidArgument("-n must be at least 1 and -w at least 0");
-  p.dtype = parse_dtype(o.dtype);
-  p.input = o.input == "pattern" ? TimingInput::kPattern : TimingInput::kGradient;
-  p.device.type = o.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
-  if (p.device.type == DeviceType::kCuda) p.device.index = bench_cuda_device();
-  if (p.op == BenchOp::kAllgather && o.compressor != "none") {
-    throw InvalidArgument(fmt::format("--compressor '{}': compressors apply to allreduce only", o.compressor));
-  }
-  if (o.rows < 0) throw InvalidArgument(fmt::format("--rows {}: must be >= 0 (0: the message is 1-D)", o.rows));
-  if (o.check && o.compressor != "none" && p.dtype != DType::kFloat32) {
-    throw InvalidArgument(fmt::format("--compressor '{}' takes float32 (--dtype float32)", o.compressor));
-  }
-  if (p.device.type == DeviceType::kCuda && (o.baseline == "mpi" || o.baseline == "gloo")) {
-    throw Unsupported(fmt::format("--baseline {} runs on host memory only; use --device cpu (or --baseline nccl "
-                                  "with --device cuda)",
-                                  o.baseline));
-  }
-  if (p.device.type != DeviceType::kCuda && o.baseline == "nccl") {
-    throw InvalidArgument("--baseline nccl runs on GPU memory: add --device cuda");
-  }
-  return p;
-}
 
 // ------------------------------------------------------------ measurement ----
 
@@ -153,6 +89,11 @@ class Bench {
         std::chrono::milliseconds timeout, Baseline* baseline)
       : o_(options), p_(plan), comm_(comm), store_(store), timeout_(timeout), baseline_(baseline) {}
 
+  // The type and reduction the next run_size() calls measure (-d all, -o all walk them).
+  void set_case(DType dtype, ReduceOp redop) {
+    dtype_ = dtype;
+    redop_ = redop;
+  }
   // Runs one size on every rank; rank 0 gets the row (nullopt elsewhere, or when
   // the size holds no element per rank and is skipped).
   std::optional<Row> run_size(int64_t size, int index);
@@ -170,14 +111,16 @@ class Bench {
   detail::Store& store_;
   std::chrono::milliseconds timeout_;  // for rank 0's wait on the other ranks' results
   Baseline* baseline_;
+  DType dtype_ = DType::kFloat32;
+  ReduceOp redop_ = ReduceOp::kSum;
 };
 
 void Bench::gradcomm_op(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank,
                         const CompressOptions& copts) {
   if (p_.op == BenchOp::kAllreduce) {
-    comm_.allreduce(in.view(p_.dtype, count), ReduceOp::kSum, copts);
+    comm_.allreduce(in.view(dtype_, count), redop_, copts);
   } else {
-    comm_.allgather(in.view(p_.dtype, per_rank), out.view(p_.dtype, count));
+    comm_.allgather(in.view(dtype_, per_rank), out.view(dtype_, count));
   }
 }
 
@@ -185,12 +128,12 @@ int64_t Bench::count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_
   if (p_.op == BenchOp::kAllreduce && o_.compressor != "none") {
     return count_wrong_compressed(in, o_.compressor, count, comm_.size(), p_.device, o_.rows);
   }
-  if (p_.op == BenchOp::kAllreduce) return count_wrong_allreduce(in, p_.dtype, count, comm_.size(), p_.device);
-  return count_wrong_allgather(out, p_.dtype, per_rank, comm_.size(), p_.device);
+  if (p_.op == BenchOp::kAllreduce) return count_wrong_allreduce(in, dtype_, count, comm_.size(), p_.device, redop_);
+  return count_wrong_allgather(out, dtype_, per_rank, comm_.size(), p_.device);
 }
 
 RankSample Bench::measure(int64_t count, int64_t per_rank) {
-  const int64_t elt = static_cast<int64_t>(dtype_size(p_.dtype));
+  const int64_t elt = static_cast<int64_t>(dtype_size(dtype_));
   const bool gather = p_.op == BenchOp::kAllgather;
   const int64_t in_count = gather ? per_rank : count;
   BenchBuffer in(in_count * elt, p_.device);
@@ -216,7 +159,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   // top-k of a gradient). The restore and a barrier that releases the ranks
   // together stay outside the timing; a timed call ends with its synchronize on a GPU.
   BenchBuffer pristine(gather ? 0 : in_count * elt, p_.device);
-  fill_timing_input(gather ? in : pristine, p_.dtype, in_count, rank, p_.device, p_.input);
+  fill_timing_input(gather ? in : pristine, dtype_, in_count, rank, p_.device, p_.input);
   auto restore = [&] {
     if (!gather) copy_buffer(in, pristine, in_count * elt, p_.device);
   };
@@ -258,7 +201,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   if (baseline_ != nullptr) {
     comm_.barrier();
     restore();
-    baseline_->prepare(p_.op, p_.dtype, in.data(), out.data(), in_count);
+    baseline_->prepare(p_.op, dtype_, in.data(), out.data(), in_count);
     for (int i = 0; i < o_.warmup; ++i) {
       restore();
       baseline_->run();
@@ -277,27 +220,31 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
     s.base_us = base_us / n;
   }
 
-  // --check: one more call each on closed-form inputs, outside the timed loops.
+  // -c N: N more calls each on closed-form inputs, outside the timed loops. A rank
+  // reports its first pass with a wrong element (nccl-tests stops there); every rank
+  // still runs all N, so the ranks' collectives stay matched.
   // Each refill is followed by a barrier: a peer that has already started the next
   // call may be writing into our buffers (Gloo's ring sends its first chunk straight
   // into the neighbour's bound output), and that must not race our memset.
-  if (o_.check) {
-    fill_check_input(in, p_.dtype, in_count, rank, p_.device);
+  for (int c = 0; c < o_.check_iters; ++c) {
+    fill_check_input(in, dtype_, in_count, rank, p_.device);
     if (gather) clear_buffer(out, count * elt, p_.device);
     comm_.barrier();
     // A key with no history: the compressors' bounds hold for one call from zero residual.
     CompressOptions check_options = copts;
-    check_options.key = fmt::format("bench/check/{}", count * elt);
+    check_options.key = fmt::format("bench/check/{}/{}", count * elt, c);
     gradcomm_op(in, out, count, per_rank, check_options);
     if (cuda) comm_.synchronize();
-    s.wrong_gc = static_cast<double>(count_wrong(in, out, count, per_rank));
+    const auto wrong_gc = static_cast<double>(count_wrong(in, out, count, per_rank));
+    if (s.wrong_gc == 0) s.wrong_gc = wrong_gc;
     if (baseline_ != nullptr) {
-      fill_check_input(in, p_.dtype, in_count, rank, p_.device);
+      fill_check_input(in, dtype_, in_count, rank, p_.device);
       if (gather) clear_buffer(out, count * elt, p_.device);
       comm_.barrier();
       baseline_->run();
       baseline_->synchronize();
-      s.wrong_base = static_cast<double>(count_wrong(in, out, count, per_rank));
+      const auto wrong_base = static_cast<double>(count_wrong(in, out, count, per_rank));
+      if (s.wrong_base == 0) s.wrong_base = wrong_base;
     }
   }
   return s;
@@ -311,13 +258,18 @@ Row Bench::gather(int index, int64_t size_bytes, int64_t count, const RankSample
     store_.set(key(comm_.rank()), std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
     return {};
   }
-  // time: max over ranks; wire, phases: mean over ranks; #wrong: total over ranks.
-  RankSample max = mine, sum = mine;
+  // time: per -a (rank 0's, mean, min or max over ranks); wire, phases: mean over
+  // ranks; #wrong: total over ranks.
+  RankSample sum = mine, min = mine, max = mine;
   for (int r = 1; r < world; ++r) {
     auto bytes = store_.get(key(r), timeout_);
     RankSample s = RankSample::decode(std::string(bytes.begin(), bytes.end()));
+    min.gc_us = std::min(min.gc_us, s.gc_us);
+    min.base_us = std::min(min.base_us, s.base_us);
     max.gc_us = std::max(max.gc_us, s.gc_us);
     max.base_us = std::max(max.base_us, s.base_us);
+    sum.gc_us += s.gc_us;
+    sum.base_us += s.base_us;
     sum.wire += s.wire;
     sum.reduce_us += s.reduce_us;
     sum.encode_us += s.encode_us;
@@ -326,27 +278,38 @@ Row Bench::gather(int index, int64_t size_bytes, int64_t count, const RankSample
     sum.wrong_gc += s.wrong_gc;
     sum.wrong_base += s.wrong_base;
   }
+  auto over_ranks = [&](double RankSample::*time) {
+    switch (p_.rank_time) {
+      case RankTime::kRank0: return mine.*time;
+      case RankTime::kMean: return sum.*time / world;
+      case RankTime::kMin: return min.*time;
+      case RankTime::kMax: return max.*time;
+    }
+    return max.*time;
+  };
   Row row;
   row.size_bytes = size_bytes;
   row.count = count;
+  row.dtype = dtype_;
+  row.redop = redop_;
   row.gradcomm.impl = "gradcomm";
-  row.gradcomm.time_us = max.gc_us;
+  row.gradcomm.time_us = over_ranks(&RankSample::gc_us);
   row.gradcomm.wire_bytes = sum.wire / world;
   row.gradcomm.phases = Phases{sum.reduce_us / world, sum.encode_us / world, sum.decode_us / world,
                                sum.comm_us / world};
-  if (o_.check) row.gradcomm.wrong = static_cast<int64_t>(sum.wrong_gc);
+  if (o_.check_iters > 0) row.gradcomm.wrong = static_cast<int64_t>(sum.wrong_gc);
   if (baseline_ != nullptr) {
     ImplResult b;
     b.impl = baseline_->name();
-    b.time_us = max.base_us;
-    if (o_.check) b.wrong = static_cast<int64_t>(sum.wrong_base);
+    b.time_us = over_ranks(&RankSample::base_us);
+    if (o_.check_iters > 0) b.wrong = static_cast<int64_t>(sum.wrong_base);
     row.baseline = b;
   }
   return row;
 }
 
 std::optional<Row> Bench::run_size(int64_t size, int index) {
-  const int64_t elt = static_cast<int64_t>(dtype_size(p_.dtype));
+  const int64_t elt = static_cast<int64_t>(dtype_size(dtype_));
   const int64_t world = comm_.size();
   // As nccl-tests: allgather's size is the gathered output, rounded down to whole
   // elements per rank.
@@ -378,10 +341,31 @@ std::unique_ptr<detail::Store> open_store_client(const detail::LaunchConfig& cfg
   return detail::create_store(so);
 }
 
+// No launcher's variables at all: a 1-rank job (nccl-tests' all_reduce_perf runs the
+// same way without mpirun). A launcher that set only half of a pair still gets the
+// library's error naming what is missing.
+InitOptions init_options() {
+  InitOptions init;
+  for (const char* name : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                           "SLURM_PROCID", "SLURM_NTASKS"}) {
+    if (std::getenv(name) != nullptr) return init;
+  }
+  init.rank = 0;
+  init.world_size = 1;
+  return init;
+}
+
+std::string type_list(const std::vector<DType>& dtypes) {
+  std::string s;
+  for (DType d : dtypes) s += (s.empty() ? "" : ",") + std::string(nccl_type_name(d));
+  return s;
+}
+
 int run(const Options& options) {
   Plan plan = validate(options);
-  detail::LaunchConfig cfg = detail::resolve_launch_config(InitOptions{});
-  auto comm = Communicator::create();
+  const InitOptions init = init_options();
+  detail::LaunchConfig cfg = detail::resolve_launch_config(init);
+  auto comm = Communicator::create(init);
   auto store = open_store_client(cfg);
   const bool root = comm->rank() == 0;
 
@@ -395,34 +379,56 @@ int run(const Options& options) {
     setup.timeout = cfg.timeout;
     setup.device = plan.device;
     baseline = make_baseline(options.baseline, setup);
-    baseline->validate(plan.op, plan.dtype);
+    for (DType d : plan.dtypes) baseline->validate(plan.op, d);
   }
 
   TableConfig tc;
   tc.op = plan.op;
   tc.compressor = options.compressor;
-  tc.dtype = plan.dtype;
+  tc.types = type_list(plan.dtypes);
   tc.device = options.device;
   tc.ranks = comm->size();
   tc.warmup = options.warmup;
   tc.iters = options.iters;
+  tc.min_bytes = plan.min_bytes;
+  tc.max_bytes = plan.max_bytes;
+  tc.factor = plan.factor;
+  tc.step_bytes = plan.step_bytes;
+  tc.check_iters = options.check_iters;
+  tc.rank_time = rank_time_name(plan.rank_time);
   tc.input = options.input;
-  tc.check = options.check;
   tc.phases = options.phases;
   if (baseline) {
     tc.baseline = baseline->name();
     tc.baseline_description = baseline->describe();
   }
+  // Under gradcomm-run, rank 0's table goes out without the "[0] " prefix (launcher.h).
+  if (const char* line = std::getenv("GRADCOMM_RUN_UNPREFIXED"); root && line != nullptr && *line != '\0') {
+    std::printf("%s\n", line);
+  }
   BenchTable table(tc, stdout);
   if (root) table.print_header();
 
+  // As nccl-tests: every type, then every reduction, then the sizes; -f > 1 multiplies
+  // the size, anything else adds -i.
   Bench bench(options, plan, *comm, *store, cfg.timeout, baseline.get());
-  int index = 0;
-  for (int64_t size = plan.min_bytes; size <= plan.max_bytes; ++index) {
-    auto row = bench.run_size(size, index);
-    if (row) table.print_row(*row);
-    if (size > plan.max_bytes / options.factor) break;  // the next step would pass -e (or overflow)
-    size *= options.factor;
+  int index = 0;  // names the store keys of one size's results: unique over the whole run
+  for (DType dtype : plan.dtypes) {
+    for (ReduceOp redop : plan.redops) {
+      bench.set_case(dtype, redop);
+      for (int64_t size = plan.min_bytes; size <= plan.max_bytes; ++index) {
+        auto row = bench.run_size(size, index);
+        if (row) table.print_row(*row);
+        // Stop where the next step would pass -e (tested so that it cannot overflow).
+        if (plan.factor > 1) {
+          if (size > plan.max_bytes / plan.factor) break;
+          size *= plan.factor;
+        } else {
+          if (size > plan.max_bytes - plan.step_bytes) break;
+          size += plan.step_bytes;
+        }
+      }
+    }
   }
   if (root) table.print_footer();
 
@@ -435,12 +441,18 @@ int run(const Options& options) {
   // ompi-server alive until all of them are through it.
   if (baseline) baseline->shutdown();
   comm->barrier();
+  // As nccl-tests: a failed check fails the run (rank 0 knows; the others exit 0).
+  if (root && table.failed_checks() > 0) {
+    std::fprintf(stderr, "gradcomm-bench: %d check(s) found wrong elements (the #wrong columns)\n",
+                 table.failed_checks());
+    return 1;
+  }
   return 0;
 }
 
 int rank_for_messages() {
   try {
-    return detail::resolve_launch_config(InitOptions{}).rank;
+    return detail::resolve_launch_config(init_options()).rank;
   } catch (const Error&) {
     return -1;
   }
@@ -450,42 +462,8 @@ int rank_for_messages() {
 }  // namespace gradcomm::bench
 
 int main(int argc, char** argv) {
-  using gradcomm::bench::Options;
-  Options o;
-  CLI::App app{"gradcomm-bench: nccl-tests-style benchmark of gradcomm's collectives, with MPI, Gloo or NCCL "
-               "measured in the same run. Start it under a launcher (gradcomm-run -n N, mpirun, srun)."};
-  app.add_option("--op", o.op, "Collective")->check(CLI::IsMember({"allreduce", "allgather"}))->capture_default_str();
-  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (bytes; K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
-  app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this each step")->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "Timed iterations per size")->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "Warm-up iterations per size")->capture_default_str();
-  app.add_option("--compressor", o.compressor, "Compressor spec for allreduce (e.g. none)")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "Element type")->capture_default_str();
-  app.add_option("--device", o.device, "Where the buffers live")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--rows", o.rows,
-                 "View each allreduce message as a matrix of this many rows (for powersgd; 0: 1-D, sent dense by "
-                 "powersgd)")
-      ->capture_default_str();
-  app.add_flag("--check", o.check, "Verify results on closed-form inputs (once per size, not timed)");
-  app.add_flag("--phases", o.phases, "Print gradcomm's per-phase time split (reduce/encode/decode/comm)");
-  app.add_option("--json", o.json, "Rank 0 writes the results here as a JSON list");
-  app.add_option("--input", o.input,
-                 "What the timed calls reduce: gradient = normal(0, 1) draws per rank (floating types), "
-                 "pattern = the --check values (7 magnitudes: heavy ties)")
-      ->check(CLI::IsMember({"gradient", "pattern"}))
-      ->capture_default_str();
-  app.add_option("--baseline", o.baseline, "Peer measured in the same run")
-      ->check(CLI::IsMember({"mpi", "gloo", "nccl", "none"}))
-      ->capture_default_str();
-  app.footer(
-      "--baseline mpi: under gradcomm-run the MPI singletons are joined through ompi-server (Open MPI's TCP "
-      "transport between them); under `mpirun -n N -x GRADCOMM_STORE=tcp://127.0.0.1:PORT gradcomm-bench ...` "
-      "MPI_COMM_WORLD is used (shared memory within a host).");
-  CLI11_PARSE(app, argc, argv);
-
+  gradcomm::bench::Options o;
+  if (auto code = gradcomm::bench::parse_command_line(argc, argv, o)) return *code;
   try {
     return gradcomm::bench::run(o);
   } catch (const std::exception& e) {

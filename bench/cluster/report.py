@@ -15,10 +15,10 @@ where W is the measured wire bytes per rank (gradcomm-bench's `wire`) and T_c th
 encode + decode + reduce time of that compressor at that size and N (stats()): the lower
 bound when the pipelined ring hides compute behind the wire, the upper when it cannot.
 """
+import argparse
 import collections
 import glob
 import json
-import math
 import os
 import re
 import sys
@@ -32,8 +32,28 @@ def rate_bytes(rate):
 def load(directory):
     recs = []
     for path in sorted(glob.glob(os.path.join(directory, "n*-*.json"))):
-        recs.extend(json.load(open(path)))
+        try:
+            with open(path) as f:
+                got = json.load(f)
+        except json.JSONDecodeError as e:
+            sys.exit(f"report.py: {path}:{e.lineno}: not JSON ({e.msg})")
+        if not isinstance(got, list) or any(not isinstance(r, dict) or "ranks" not in r for r in got):
+            sys.exit(f"report.py: {path}: expected a list of bench/cluster/run.sh records")
+        recs.extend(got)
     return recs
+
+
+def setting(recs):
+    """What every record shares, for the figure titles: op, dtype, device, delay."""
+    first = recs[0]
+    parts = [str(first[k]) for k in ("op", "dtype", "device") if all(r.get(k) == first.get(k) for r in recs)
+             and first.get(k)]
+    delays = {(r.get("delay"), r.get("delay_applied")) for r in recs}
+    if len(delays) == 1:
+        delay, applied = delays.pop()
+        if delay not in (None, "", "0"):
+            parts.append(f"delay {delay}" + (" (not applied)" if applied is False else ""))
+    return ", ".join(parts)
 
 
 def key_of(r):
@@ -158,7 +178,7 @@ def write_model(cells, directory):
     open(os.path.join(directory, "model.md"), "w").write("\n".join(lines) + "\n")
 
 
-def plots(cells, directory):
+def plots(cells, directory, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -183,6 +203,7 @@ def plots(cells, directory):
             ax.set_title(f"N={n}, {rate}"); ax.set_xlabel("size (MiB)"); ax.set_ylabel("time per allreduce (ms)")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Time per call: {title}" if title else "Time per call")
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "time-vs-size.png"), dpi=90)
 
@@ -211,22 +232,27 @@ def plots(cells, directory):
             ax.set_xlabel("link rate (Gbit/s)"); ax.set_ylabel("dense time / time")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Speed-up over the dense ring: {title}" if title else "Speed-up over the dense ring")
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "speedup-vs-rate.png"), dpi=90)
 
 
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    directory = sys.argv[1]
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("directory", metavar="DIR", help="a sweep's directory, with its n<N>-<rate>.json records")
+    p.add_argument("--model-only", action="store_true", help="write table.md and model.md, no plots")
+    args = p.parse_args(argv)
+    directory = args.directory
+    if not os.path.isdir(directory):
+        sys.exit(f"report.py: {directory}: no such directory")
     recs = load(directory)
     if not recs:
         sys.exit(f"report.py: no n*-*.json records in {directory}")
     cells = mean_by(recs)
     write_table(cells, directory)
     write_model(cells, directory)
-    if "--model-only" not in sys.argv:
-        plots(cells, directory)
+    if not args.model_only:
+        plots(cells, directory, setting(recs))
     print(f"report.py: {len(recs)} records -> {directory}/table.md, model.md, *.png")
 
 

@@ -143,7 +143,24 @@ def markdown(records, table, title):
     return "\n".join(lines)
 
 
-def plot(table, path):
+def setting(records):
+    """The plot's title from the records: ranks, model size and batch when every run
+    agrees on them (a 2-rank sweep is titled 2 ranks)."""
+    def shared(key):
+        values = {r[key] for r in records if r.get(key) is not None}  # a failed run may lack it
+        return values.pop() if len(values) == 1 else None
+    ranks, params, batch = shared("ranks"), shared("params"), shared("batch_size")
+    parts = []
+    if ranks is not None:
+        parts.append(f"{ranks} rank" + ("" if ranks == 1 else "s"))
+    if params is not None:
+        parts.append(f"MLP of {params:,} parameters")
+    if batch is not None:
+        parts.append(f"batch {batch} per rank")
+    return ", ".join(parts)
+
+
+def plot(table, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -164,7 +181,7 @@ def plot(table, path):
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("step time (ms), median over rounds; bars: range")
-    ax.set_title("DDP step time, MLP 784-2048-2048-10, batch 64 per rank")
+    ax.set_title(f"DDP step time: {title}" if title else "DDP step time")
     ax.legend(title="per-rank link")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -184,7 +201,7 @@ def main(argv):
     table = summarize(records)
     with open(d + ".md", "w") as f:
         f.write(markdown(records, table, f"End-to-end DDP step time: {os.path.basename(d)}") + "\n")
-    plot(table, d + ".png")
+    plot(table, d + ".png", setting(records))
     print(f"report.py: {len(records)} records -> {d}.md, {d}.png", file=sys.stderr)
 
 

@@ -248,6 +248,35 @@ TEST(GradcommRunOutput, LinesArePrefixedAndStreamsKeptApart) {
   EXPECT_EQ(r.out.back(), '\n');
 }
 
+// A rank that prints $GRADCOMM_RUN_UNPREFIXED (a table for nccl-tests parsers) gets the
+// rest of that stream through as written; the line itself is swallowed, the other
+// stream and the other ranks stay prefixed, and what came before it keeps its prefix.
+TEST(GradcommRunOutput, UnprefixedLineTurnsThePrefixOffForThatStream) {
+  Result r = run_launcher({"-n", "2", "sh", "-c",
+                           "echo before$RANK; if [ $RANK = 0 ]; then echo \"$GRADCOMM_RUN_UNPREFIXED\"; fi; "
+                           "echo table$RANK; echo err$RANK >&2; printf tail$RANK"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  auto out = lines_of(r.out);
+  std::sort(out.begin(), out.end());
+  EXPECT_EQ(out, (std::vector<std::string>{"[0] before0", "[1] before1", "[1] table1", "[1] tail1", "table0",
+                                           "tail0"}));
+  auto err = lines_of(r.err);
+  std::sort(err.begin(), err.end());
+  EXPECT_EQ(err, (std::vector<std::string>{"[0] err0", "[1] err1"}));
+}
+
+// Only the exact line counts: with anything before or after it, it is ordinary output.
+TEST(GradcommRunOutput, LineThatOnlyContainsTheDirectiveStaysPrefixed) {
+  Result r = run_launcher({"-n", "1", "sh", "-c",
+                           "echo \"x$GRADCOMM_RUN_UNPREFIXED\"; echo \"${GRADCOMM_RUN_UNPREFIXED} \"; echo after"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  auto out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  EXPECT_EQ(out[0].rfind("[0] x#", 0), 0u) << out[0];
+  EXPECT_EQ(out[1].rfind("[0] #", 0), 0u) << out[1];
+  EXPECT_EQ(out[2], "[0] after");
+}
+
 TEST(GradcommRunOutput, LinesOfManyRanksNeverInterleave) {
   constexpr int kRanks = 4, kLines = 2000;
   Result r = run_launcher({"-n", std::to_string(kRanks), "sh", "-c",

@@ -65,8 +65,17 @@ Options parse_options(int argc, char** argv);
 
 // ---- output relay (output.cc) ---------------------------------------------------------
 
+// A rank that prints a table for other programs to parse (gradcomm-bench's nccl-tests
+// columns) can opt out of the "[R] " prefix: a line that is exactly kUnprefixedLine,
+// written to stdout or stderr, is swallowed, and every later line of that stream goes
+// out as written. gradcomm-run hands the line to every rank in kUnprefixedEnv, so a
+// program prints it only under a launcher that understands it. It starts with '#' so
+// that, should it leak (a nested launcher), nccl-tests-style parsers take it for a comment.
+inline constexpr std::string_view kUnprefixedEnv = "GRADCOMM_RUN_UNPREFIXED";
+inline constexpr std::string_view kUnprefixedLine = "#gradcomm-run: unprefixed from here";
+
 // Relays one rank's pipe to one of the launcher's fds, a whole line at a time, each line
-// prefixed "[R] ". Invariant: pending_ holds only the bytes after the last newline read
+// prefixed "[R] " (until kUnprefixedLine). Invariant: pending_ holds only the bytes after the last newline read
 // (fewer than kMaxLineBytes); everything before has been written. The launcher is the
 // only writer and is single-threaded, so lines of different ranks never mix.
 class LineRelay {
@@ -86,6 +95,8 @@ class LineRelay {
 
  private:
   void consume(std::string_view data);
+  // Whether pending_ + `line` (which ends in its newline) is kUnprefixedLine.
+  bool is_unprefixed_line(std::string_view line) const;
 
   int fd_ = -1;
   int target_fd_ = -1;

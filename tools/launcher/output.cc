@@ -1,4 +1,5 @@
-// gradcomm-run's messages and the line relay that prefixes each rank's output.
+// gradcomm-run's messages and the line relay that prefixes each rank's output (unless
+// the rank opts out with kUnprefixedLine, launcher.h).
 #include <poll.h>      // poll, for a non-blocking target fd
 #include <sys/wait.h>  // WIFEXITED and friends
 #include <unistd.h>    // read, write, close
@@ -89,14 +90,25 @@ void LineRelay::close() {
   fd_ = -1;
 }
 
+bool LineRelay::is_unprefixed_line(std::string_view line) const {
+  if (prefix_.empty() || pending_.size() + line.size() != kUnprefixedLine.size() + 1) return false;
+  return kUnprefixedLine.starts_with(pending_) &&
+         kUnprefixedLine.substr(pending_.size()) == line.substr(0, line.size() - 1);
+}
+
 // Everything up to the last newline in pending_ + data goes out in one write.
 void LineRelay::consume(std::string_view data) {
   std::string out;
   size_t start = 0;
   for (size_t nl; (nl = data.find('\n', start)) != std::string_view::npos; start = nl + 1) {
-    out += prefix_;
-    out += pending_;
-    out.append(data.substr(start, nl + 1 - start));
+    std::string_view line = data.substr(start, nl + 1 - start);
+    if (is_unprefixed_line(line)) {
+      prefix_.clear();  // the directive itself is not relayed
+    } else {
+      out += prefix_;
+      out += pending_;
+      out.append(line);
+    }
     pending_.clear();
   }
   pending_.append(data.substr(start));

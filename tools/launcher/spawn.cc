@@ -95,7 +95,7 @@ std::string random_token_hex() {
 std::vector<std::string> job_environment(int nprocs) {
   static constexpr std::string_view kOwned[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                 "MASTER_ADDR", "MASTER_PORT", "GRADCOMM_STORE",
-                                                "GRADCOMM_JOB_TOKEN"};
+                                                "GRADCOMM_JOB_TOKEN", kUnprefixedEnv};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry = *e;
@@ -111,6 +111,7 @@ std::vector<std::string> job_environment(int nprocs) {
   env.push_back("GRADCOMM_STORE=tcp://127.0.0.1:" + std::to_string(store_port));
   env.push_back("GRADCOMM_JOB_TOKEN=" +
                 (caller_token && *caller_token ? std::string(caller_token) : random_token_hex()));
+  env.push_back(std::string(kUnprefixedEnv) + "=" + std::string(kUnprefixedLine));  // LineRelay
   return env;
 }
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# gradcomm-bench speaks nccl-tests: its flags (-c -d -o -b -e -f ...) are taken with
+# nccl-tests' meanings, and its table is read by an nccl-tests-style parser
+# (nccl_tests_parser.py: columns found by name in the header) started
+#   1. directly, one rank, no launcher and an empty environment;
+#   2. under gradcomm-run -n 2, where rank 0's table must come through unprefixed;
+#   3. at 4 ranks for every type and reduction (-d all -o all), each checked exactly;
+# and nccl-tests' flags it does not implement are refused by name (non-zero exit), as
+# are values gradcomm lacks (-o prod, -d int8, -z 0). --version prints version.h's.
+#   test_nccl_compat.sh BUILD_DIR
+set -uo pipefail
+build=$1
+here=$(cd "$(dirname "$0")" && pwd)
+run=$build/tools/gradcomm-run bench=$build/bench/gradcomm-bench
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+py() { PYTHONPATH=$here /usr/bin/python3 "$@"; }
+
+# check_table FILE RANKS TYPES REDOPS MIN MAX: sizes MIN, 2*MIN, ... MAX (factor 4 when
+# more than one type), #wrong 0 in the placement that ran, N/A in the other, closing lines.
+check_table() {
+  py - "$@" <<'PY' || fail "$1: table wrong"
+import sys
+from nccl_tests_parser import parse
+path, ranks, types, redops, lo, hi, factor = sys.argv[1:]
+text = open(path).read()
+t = parse(text)
+for line in text.splitlines():
+    assert not line.startswith("["), f"prefixed line in the table: {line!r}"
+cols = t["columns"]
+for name in ("size", "count", "type", "redop", "root", "out_of_place.time", "out_of_place.algbw",
+             "out_of_place.busbw", "out_of_place.#wrong", "in_place.time", "in_place.algbw", "in_place.busbw",
+             "in_place.#wrong"):
+    assert name in cols, (name, cols)
+assert cols.index("in_place.#wrong") < cols.index("wire"), "gradcomm's columns must follow nccl-tests' ones"
+elt = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8, "uint8": 1}
+want_sizes = []
+s = int(lo)
+while s <= int(hi):
+    want_sizes.append(s)
+    s *= int(factor)
+cases = {}
+for r in t["rows"]:
+    cases.setdefault((r["type"], r["redop"]), []).append(r)
+want_cases = {(ty, op) for ty in types.split(",") for op in redops.split(",")}
+assert set(cases) == want_cases, (sorted(cases), sorted(want_cases))
+for (ty, op), rows in cases.items():
+    sizes = [int(r["size"]) for r in rows]
+    assert sizes == [w for w in want_sizes if w >= elt[ty]], (ty, op, sizes)
+    for r in rows:
+        assert int(r["count"]) == int(r["size"]) // elt[ty], r
+        assert r["root"] == "-1", r
+        # gradcomm's allreduce is in place: the out-of-place cells say N/A.
+        assert all(r["out_of_place." + c] == "N/A" for c in ("time", "algbw", "busbw", "#wrong")), r
+        assert float(r["in_place.time"]) > 0, r
+        assert float(r["in_place.#wrong"]) == 0, r
+        float(r["in_place.algbw"]); float(r["in_place.busbw"])
+        if int(ranks) == 1:
+            assert float(r["in_place.busbw"]) == 0, r   # 2(N-1)/N = 0
+assert t["out_of_bounds"] == 0 and t["out_of_bounds_status"] == "OK", t["out_of_bounds"]
+assert t["avg_busbw"] >= 0
+if int(ranks) > 1:
+    assert t["avg_busbw"] > 0, t["avg_busbw"]
+print(path, "ok:", len(t["rows"]), "rows")
+PY
+}
+
+# 1. One rank, started directly with nothing of a launcher's in the environment.
+env -i "$bench" -c 1 -d float -o sum -b 8 -e 1M -f 2 >"$tmp/direct.out" 2>"$tmp/direct.err" ||
+  { cat "$tmp/direct.out" "$tmp/direct.err"; fail "direct 1-rank run failed"; }
+check_table "$tmp/direct.out" 1 float sum 8 1048576 2
+
+# 2. Under gradcomm-run: rank 0's table unprefixed on stdout.
+"$run" -n 2 --timeout 120 -- "$bench" -c 1 -d float -o sum -b 8 -e 1M -f 2 >"$tmp/run2.out" 2>"$tmp/run2.err" ||
+  { cat "$tmp/run2.out" "$tmp/run2.err"; fail "gradcomm-run -n 2 run failed"; }
+grep -q "gradcomm: 2 ranks" "$tmp/run2.out" || { cat "$tmp/run2.out"; fail "not a 2-rank table"; }
+check_table "$tmp/run2.out" 2 float sum 8 1048576 2
+
+# 3. Every type and reduction gradcomm has, exact at N = 4 (avg: halves and truncation).
+"$run" -n 4 --timeout 120 -- "$bench" -c 1 -d all -o all -b 8 -e 512 -f 4 -n 2 -w 1 >"$tmp/all.out" 2>"$tmp/all.err" ||
+  { cat "$tmp/all.out" "$tmp/all.err"; fail "-d all -o all failed"; }
+check_table "$tmp/all.out" 4 uint8,int32,int64,half,float,double,bfloat16 sum,max,min,avg 8 512 4
+
+# 4. nccl-tests' flags gradcomm-bench does not implement: refused by name, non-zero exit.
+refused=(-t:1 -g:1 -m:2 -N:2 -p:1 -r:0 -y:1 -T:10 -G:1 -C:1 -S:1 -J:out.json -R:1 -x:1 -D:1 -V:16 -M:1 -u:1 -I:1
+         -K:1 --cudagraph:1 --nthreads:2)
+for fv in "${refused[@]}"; do
+  flag=${fv%%:*} value=${fv#*:}
+  if env -i "$bench" -b 8 -e 8 "$flag" "$value" >"$tmp/refused.out" 2>&1; then fail "$flag $value accepted"; fi
+  grep -q -- "$flag.*is not supported by gradcomm-bench" "$tmp/refused.out" ||
+    { cat "$tmp/refused.out"; fail "$flag: no message naming it"; }
+done
+# Values gradcomm lacks: the message names the flag, the value and what is supported.
+bad=("-o prod:-o prod.*sum, avg, min or max" "-d int8:-d int8.*float" "-z 0:-z 0.*-z 3" "-a 5:-a 5"
+     "-d nosuch:-d 'nosuch'" "-f 1 -i 0:-i 0")
+for case in "${bad[@]}"; do
+  args=${case%%:*} want=${case#*:}
+  # shellcheck disable=SC2086
+  if env -i "$bench" -b 8 -e 8 $args >"$tmp/bad.out" 2>&1; then fail "'$args' accepted"; fi
+  grep -q -- "$want" "$tmp/bad.out" || { cat "$tmp/bad.out"; fail "'$args': no message matching '$want'"; }
+done
+
+# 5. --version: the library's version (build/include/gradcomm/version.h).
+want=$(sed -n 's/^#define GRADCOMM_VERSION_STRING "\(.*\)"$/\1/p' "$build/include/gradcomm/version.h")
+[[ -n $want ]] || fail "no GRADCOMM_VERSION_STRING in $build/include/gradcomm/version.h"
+got=$(env -i "$bench" --version) || fail "--version failed"
+[[ $got == "gradcomm-bench (gradcomm) $want" ]] || fail "--version printed '$got', want version $want"
+echo "PASS"
