@@ -10,6 +10,7 @@
 #include "cuda/device.h"
 #include "gradcomm/errors.h"
 #include "transport/nccl/nccl_comm.h"
+#include "transport/nccl/nccl_loader.h"  // NCCL is opened at first use, as in the library
 
 namespace gradcomm::bench {
 namespace {
@@ -58,7 +59,7 @@ NcclBaseline::NcclBaseline(const BaselineSetup& setup) : timeout_(setup.timeout)
   detail::DeviceGuard guard(device_);
   done_ = std::make_unique<detail::Event>();
   int version = 0;
-  ncclGetVersion(&version);
+  detail::nccl_api().get_version(&version);
   description_ = fmt::format("NCCL {}.{}.{}, ncclAllReduce / ncclAllGather on the legacy default stream",
                              version / 10000, version / 100 % 100, version % 100);
 }
@@ -80,10 +81,12 @@ void NcclBaseline::run() {
   const auto type = static_cast<ncclDataType_t>(dtype_);
   const auto count = static_cast<size_t>(count_);
   if (op_ == BenchOp::kAllreduce) {
-    comm_->launch([&](ncclComm_t c) { return ncclAllReduce(in_, in_, count, type, ncclSum, c, nullptr); },
-                  "ncclAllReduce");
+    comm_->launch(
+        [&](ncclComm_t c) { return detail::nccl_api().all_reduce(in_, in_, count, type, ncclSum, c, nullptr); },
+        "ncclAllReduce");
   } else {
-    comm_->launch([&](ncclComm_t c) { return ncclAllGather(in_, out_, count, type, c, nullptr); }, "ncclAllGather");
+    comm_->launch([&](ncclComm_t c) { return detail::nccl_api().all_gather(in_, out_, count, type, c, nullptr); },
+                  "ncclAllGather");
   }
 }
 

@@ -6,6 +6,7 @@
 #include "cuda/device.h"
 #include "gradcomm/errors.h"
 #include "logging.h"
+#include "transport/nccl/nccl_loader.h"
 #include "transport/nccl/poll_wait.h"
 
 namespace gradcomm::detail {
@@ -21,9 +22,12 @@ double seconds(std::chrono::milliseconds d) { return std::chrono::duration<doubl
 }  // namespace
 
 std::string nccl_error_message(ncclResult_t result, const char* expression, const char* file, int line) {
-  const char* text = ncclGetErrorString(result);
+  const char* text = nccl_api().get_error_string(result);
   std::string message = fmt::format("NCCL error {} ({}) in `{}` at {}:{}", static_cast<int>(result),
                                     text ? text : "unknown", expression ? expression : "?", file ? file : "?", line);
+  // NCCL's own words on the last failure of this thread (e.g. which argument was invalid).
+  const char* last = nccl_api().get_last_error(nullptr);
+  if (last != nullptr && *last != '\0') message += fmt::format(": {}", last);
   return message;
 }
 
@@ -35,7 +39,7 @@ void throw_nccl_error(ncclResult_t result, const char* expression, const char* f
 
 ncclUniqueId nccl_unique_id() {
   ncclUniqueId id{};
-  GRADCOMM_NCCL_CHECK(ncclGetUniqueId(&id));
+  GRADCOMM_NCCL_CHECK(nccl_api().get_unique_id(&id));
   return id;
 }
 
@@ -47,7 +51,7 @@ NcclComm::NcclComm(const ncclUniqueId& id, int rank, int size, int device, std::
   config.blocking = 0;
   config.commName = "gradcomm";
   ncclUniqueId copy = id;  // the API takes it by value but not as const
-  const ncclResult_t started = ncclCommInitRankConfig(&comm_, size, copy, rank, &config);
+  const ncclResult_t started = nccl_api().comm_init_rank_config(&comm_, size, copy, rank, &config);
   if (started != ncclSuccess && started != ncclInProgress) {
     if (comm_ != nullptr) abort();
     throw_nccl_error(started, "ncclCommInitRankConfig", __FILE__, __LINE__);
@@ -65,22 +69,22 @@ NcclComm::~NcclComm() {
   try {
     DeviceGuard guard(device_);
     if (!aborted_) {
-      ncclResult_t state = ncclCommFinalize(comm_);
+      ncclResult_t state = nccl_api().comm_finalize(comm_);
       if (state == ncclSuccess || state == ncclInProgress) {
         state = ncclInProgress;
         poll_with_deadline(
             [&] {
-              const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+              const ncclResult_t query = nccl_api().comm_get_async_error(comm_, &state);
               if (query != ncclSuccess) state = query;
               return state != ncclInProgress;
             },
             [] {}, Deadline::after(std::chrono::duration_cast<std::chrono::milliseconds>(kFinalizeGrace)), [] {});
       }
       if (state == ncclSuccess) {
-        ncclCommDestroy(comm_);
+        nccl_api().comm_destroy(comm_);
       } else {
         log(LogLevel::kWarn, "nccl: rank {}: finalize did not complete cleanly ({}); aborting the communicator",
-            rank_, ncclGetErrorString(state));
+            rank_, nccl_api().get_error_string(state));
         abort();
       }
     }
@@ -92,10 +96,10 @@ NcclComm::~NcclComm() {
 void NcclComm::abort() noexcept {
   if (comm_ == nullptr || aborted_) return;
   aborted_ = true;
-  const ncclResult_t result = ncclCommAbort(comm_);
+  const ncclResult_t result = nccl_api().comm_abort(comm_);
   if (result != ncclSuccess && result != ncclInProgress) {
     try {
-      log(LogLevel::kWarn, "nccl: rank {}: ncclCommAbort failed: {}", rank_, ncclGetErrorString(result));
+      log(LogLevel::kWarn, "nccl: rank {}: ncclCommAbort failed: {}", rank_, nccl_api().get_error_string(result));
     } catch (...) {
     }
   }
@@ -104,7 +108,7 @@ void NcclComm::abort() noexcept {
 void NcclComm::fail(ncclResult_t result, const char* what) {
   abort();
   const std::string message = fmt::format("nccl: rank {} of {}: {} failed: {} ({}); communicator aborted", rank_,
-                                          size_, what, ncclGetErrorString(result), static_cast<int>(result));
+                                          size_, what, nccl_api().get_error_string(result), static_cast<int>(result));
   if (result == ncclRemoteError) throw PeerFailure(message);
   throw TransportError(message);
 }
@@ -132,7 +136,7 @@ void NcclComm::settle(const Deadline& deadline, const char* what) {
   ncclResult_t state = ncclInProgress;
   poll_with_deadline(
       [&] {
-        const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+        const ncclResult_t query = nccl_api().comm_get_async_error(comm_, &state);
         if (query != ncclSuccess) fail(query, what);
         if (state != ncclSuccess && state != ncclInProgress) fail(state, what);
         return state == ncclSuccess;
@@ -150,7 +154,7 @@ void NcclComm::settle(const Deadline& deadline, const char* what) {
 void NcclComm::check_async(const char* what) {
   check_usable(what);
   ncclResult_t state = ncclSuccess;
-  const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+  const ncclResult_t query = nccl_api().comm_get_async_error(comm_, &state);
   if (query != ncclSuccess) fail(query, what);
   if (state != ncclSuccess && state != ncclInProgress) fail(state, what);
 }
@@ -162,18 +166,18 @@ void NcclComm::group(std::span<const P2pOp> ops, cudaStream_t stream, const char
   if (!any) return;
   // Group calls never fail on their own in nonblocking mode except for invalid
   // arguments; the launch itself is reported by ncclGroupEnd and then settle().
-  ncclResult_t result = ncclGroupStart();
+  ncclResult_t result = nccl_api().group_start();
   if (result != ncclSuccess) fail(result, what);
   for (const P2pOp& p : ops) {
     if (p.bytes == 0) continue;
-    result = p.kind == P2pOp::kSend ? ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream)
-                                    : ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream);
+    result = p.kind == P2pOp::kSend ? nccl_api().send(p.data, p.bytes, ncclUint8, p.peer, comm_, stream)
+                                    : nccl_api().recv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream);
     if (result != ncclSuccess && result != ncclInProgress) {
-      (void)ncclGroupEnd();
+      (void)nccl_api().group_end();
       fail(result, what);
     }
   }
-  result = ncclGroupEnd();
+  result = nccl_api().group_end();
   if (result == ncclInProgress) {
     settle(Deadline::after(timeout_), what);
   } else if (result != ncclSuccess) {

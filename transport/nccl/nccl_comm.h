@@ -11,6 +11,9 @@
 // Errors: TransportError (NCCL failed), PeerFailure (ncclRemoteError: a peer
 // exited or the network broke), TimeoutError (our deadline), CudaError (a CUDA
 // runtime call). Messages say which NCCL call, what for, and NCCL's own words.
+//
+// libnccl is not linked: every NCCL call goes through nccl_api() (nccl_loader.h),
+// which opens it at the first use, so CPU-only processes never load it.
 #pragma once
 
 #include <cuda_runtime_api.h>
