@@ -17,6 +17,7 @@
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -558,6 +559,11 @@ void Trainer::end_epoch() {
       {"world_size", size_},
       {"compressor", c_.compressor},
       {"momentum_correction", c_.momentum_correction},
+      // What the run trains, for plots' titles (gradcomm-plot).
+      {"model", "MLP " + fmt::format("{}", fmt::join(layout_.sizes, "-"))},
+      {"dataset", "Fashion-MNIST"},
+      {"batch_size", c_.batch_size},
+      {"device", c_.device},
   };
   if (std::isnan(train_loss)) line["train_loss"] = nullptr;  // every step of the epoch skipped
   if (!log_path_.empty()) {
