@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs every Debian package gradcomm needs (DESIGN.md section 2), idempotently.
+# Installs every Debian package gradcomm needs (docs/architecture.md, README), idempotently.
 # Safe to re-run: packages already present are skipped without touching apt's lists.
 set -euo pipefail
 
@@ -16,6 +16,10 @@ packages=(
   libopenblas-dev dataset-fashion-mnist
   # Python bindings and PyTorch integration
   python3 python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-matplotlib
+  libtorch-dev  # the torch C++ extension module (_gradcomm_torch)
+  # pip packaging (pyproject.toml, setup.py; scripts/check-pip-install.sh): pip, venv,
+  # and the setuptools/wheel that `pip install --no-build-isolation .` builds with
+  python3-pip python3-venv python3-setuptools python3-wheel
   # fuzzing and sanitizers (clang + libFuzzer runtime), network emulation
   clang libclang-rt-14-dev iproute2 procps
 )

@@ -50,4 +50,14 @@ NextAllreduce next_allreduce(Communicator& comm, const std::string& spec_text, c
   return next;
 }
 
+void forget_keys(Communicator& comm, std::span<const std::string> keys) {
+  CompressionState& state = comm.impl().compression_state();
+  // Callers insert keys under this lock, and save_state/load_state hold it while the
+  // engine reads or replaces the map. The engine reaches a key only through a queued
+  // call, and every call of these keys has completed (introspect.h): erasing their
+  // nodes touches nothing it reads.
+  std::lock_guard lock(comm.impl().issue_mutex());
+  for (const std::string& key : keys) state.keys.erase(key);
+}
+
 }  // namespace gradcomm::detail

@@ -1,7 +1,8 @@
 // INTERNAL, not part of the public API: read-only looks into a communicator's
 // compression state, for the reference trainer's DGC momentum-factor masking
-// (trainer/optimizer.cc). Nothing here is promised to downstream users: names and
-// behaviour may change with the compression engine.
+// (trainer/optimizer.cc), and one way to trim it, for the torch.distributed backend
+// (python_bindings/torch_backend). Nothing here is promised to downstream users:
+// names and behaviour may change with the compression engine.
 #pragma once
 
 #include <cstdint>
@@ -38,5 +39,12 @@ struct NextAllreduce {
 // Parses `spec` (InvalidArgument as allreduce would) and looks at the key's step
 // (complete: every earlier allreduce of the key must have completed).
 NextAllreduce next_allreduce(Communicator& comm, const std::string& spec, const std::string& key, int64_t numel);
+
+// Drops the compression state (residual, step, device buffers) of `keys`; unknown
+// keys are ignored. Only for keys no call will use again and whose every issued call
+// has completed (its Work done): the engine holds a queued call's key state by
+// address. The torch backend keys state by tensor storage and drops a freed
+// storage's keys, so that reducing fresh tensors does not grow memory.
+void forget_keys(Communicator& comm, std::span<const std::string> keys);
 
 }  // namespace gradcomm::detail

@@ -54,7 +54,8 @@ __all__ = [
 ]
 
 # How the current communicator found its peers: "torch.distributed" (torch's own
-# store), "store" (a store object passed to init), "environment" (DESIGN section 6).
+# store), "store" (a store object passed to init), "environment" (docs/architecture.md,
+# launching and rendezvous).
 _init_source = None
 # Inits that went through a Python store in this process. Every rank makes the
 # same sequence of init() calls, so the count is the same on every rank and

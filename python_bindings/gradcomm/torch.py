@@ -1,4 +1,27 @@
-"""PyTorch integration: a DDP communication hook and a Horovod-style optimizer.
+"""PyTorch integration: a torch.distributed backend, a DDP communication hook and a
+Horovod-style optimizer.
+
+torch.distributed backend "gradcomm" (registered when this module is imported):
+
+    import gradcomm.torch
+    dist.init_process_group("gradcomm",
+                            pg_options=gradcomm.torch.ProcessGroupOptions(compression="topk:ratio=0.01"))
+    ddp = DDP(model)            # no hook needed: DDP's allreduces are compressed
+    gradcomm.torch.set_compression(dist.group.WORLD, "none")   # change it later
+
+The process group rendezvous through torch's store (no second port) and owns its
+own communicator (dist.new_group(backend="gradcomm") gets another). Supported:
+all_reduce (SUM, AVG, MIN, MAX), all_gather, all_gather_into_tensor, broadcast,
+reduce_scatter, reduce_scatter_tensor, barrier, and the calls DDP makes; others
+(reduce, gather, scatter, all_to_all, send/recv) raise an error naming the op.
+All are asynchronous (async_op=True gives a Work whose get_future() completes with
+the output tensors). Compression applies to all_reduce of float32 tensors with SUM
+or AVG and at least min_compress_numel elements (default 1024, so metrics and
+counters stay exact); its error-feedback state follows the tensor's storage, so it
+suits tensors reduced again and again (DDP's buckets). The state of a tensor that
+is freed is dropped soon after, so reducing fresh tensors does not grow memory.
+Every rank must use the same compression. Reductions take float32, float16,
+bfloat16, float64, int32, int64 and uint8; broadcast and all_gather any dtype.
 
 DDP (torch.nn.parallel.DistributedDataParallel, any process group, e.g. gloo):
 
@@ -25,6 +48,7 @@ compression state (error feedback) under a key that names the same gradients on
 every rank and in every iteration. gradcomm.init() is called on first use when the
 caller has not called it (inside a torch.distributed job it uses torch's store).
 """
+import atexit
 import contextlib
 import queue
 import threading
@@ -39,7 +63,7 @@ import gradcomm
 _GradBucket = torch.distributed.GradBucket if torch.distributed.is_available() else object
 
 __all__ = ["CompressionHookState", "compression_hook", "DistributedOptimizer", "broadcast_parameters",
-           "broadcast_optimizer_state"]
+           "broadcast_optimizer_state", "ProcessGroupOptions", "set_compression"]
 
 
 def _dense_only(tensor, compression, min_compress_numel):
@@ -420,3 +444,89 @@ def _unpack_state(data):
         return e["v"]
 
     return decode(header)
+
+
+# ---- the torch.distributed backend ---------------------------------------------------
+
+try:  # built only when libtorch was found (GRADCOMM_TORCH_BACKEND)
+    from . import _gradcomm_torch
+    _backend_import_error = None
+except ImportError as e:
+    _gradcomm_torch = None
+    _backend_import_error = e
+
+
+# Below this many elements a gradcomm process group reduces exactly whatever its
+# compression: gradients are large, metrics and counters small.
+PG_MIN_COMPRESS_NUMEL = 1024
+
+
+class ProcessGroupOptions:
+    """Options of a "gradcomm" process group, given as init_process_group(...,
+    pg_options=...) or new_group(..., pg_options=...).
+
+    compression: gradcomm spec string ("none", "topk:ratio=0.01", "qsgd:levels=16", ...)
+        used by all_reduce of float32 tensors with SUM or AVG.
+    min_compress_numel: tensors with fewer elements are reduced exactly (default
+        1024: a process group also carries metrics, counters and flags, which a
+        lossy compressor must not touch; 0 compresses every float32 sum).
+    """
+
+    def __init__(self, compression="none", min_compress_numel=PG_MIN_COMPRESS_NUMEL):
+        if not isinstance(compression, str):
+            raise TypeError(f"ProcessGroupOptions: compression must be a spec string, got {type(compression).__name__}")
+        if not isinstance(min_compress_numel, int) or min_compress_numel < 0:
+            raise ValueError(f"ProcessGroupOptions: min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
+        self.compression = compression
+        self.min_compress_numel = min_compress_numel
+
+    def __repr__(self):
+        return f"ProcessGroupOptions(compression={self.compression!r}, min_compress_numel={self.min_compress_numel})"
+
+
+def _require_backend():
+    if _gradcomm_torch is None:
+        raise ImportError("gradcomm: the torch.distributed backend was not built (GRADCOMM_TORCH_BACKEND needs "
+                          f"libtorch-dev matching this torch): {_backend_import_error}")
+
+
+def _create_process_group(backend_options, pg_options):
+    # torch 1.13's extended creator API: c10d::DistributedBackendOptions, then pg_options.
+    _require_backend()
+    if pg_options is None:
+        pg_options = ProcessGroupOptions()
+    if not isinstance(pg_options, ProcessGroupOptions):
+        raise TypeError("gradcomm backend: pg_options must be a gradcomm.torch.ProcessGroupOptions, got "
+                        f"{type(pg_options).__name__}")
+    pg = _gradcomm_torch.ProcessGroupGradcomm(
+        backend_options.store, backend_options.group_rank, backend_options.group_size, backend_options.timeout,
+        backend_options.group_id, pg_options.compression, pg_options.min_compress_numel)
+    _live_groups.add(pg)
+    return pg
+
+
+# The gradcomm process groups still alive, shut down at interpreter exit: torch keeps
+# its groups referenced to the end, and a communicator's engine thread must not
+# run on into process teardown (gradcomm.shutdown() does the same for gradcomm.init()).
+_live_groups = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_groups():
+    for pg in list(_live_groups):
+        pg._shutdown()
+
+
+def set_compression(group, compression, min_compress_numel=PG_MIN_COMPRESS_NUMEL):
+    """Sets the compression of a "gradcomm" process group (dist.group.WORLD or a
+    new_group's) for the collectives issued after it; every rank must set the same."""
+    _require_backend()
+    if group is None:
+        group = torch.distributed.group.WORLD
+    if not isinstance(group, _gradcomm_torch.ProcessGroupGradcomm):
+        raise TypeError(f"set_compression: expected a gradcomm process group, got {type(group).__name__}")
+    group.set_compression(compression, min_compress_numel)
+
+
+if torch.distributed.is_available() and "GRADCOMM" not in torch.distributed.Backend._plugins:
+    torch.distributed.Backend.register_backend("gradcomm", _create_process_group, extended_api=True)

@@ -1,0 +1,68 @@
+// _gradcomm_torch: the pybind11 module that exposes ProcessGroupGradcomm to
+// Python as a subclass of torch's own ProcessGroup class, so the object the
+// backend creator returns is a torch.distributed ProcessGroup (DDP, dist.* and
+// new_group take it as they take gloo's). gradcomm/torch.py registers the creator
+// with torch.distributed.Backend.register_backend.
+//
+// Built with the pybind11 torch was built with (Debian's pybind11 2.10 for
+// Debian's torch): torch's ProcessGroup, Store and Work classes are found through
+// the pybind11 internals the two modules share, and the class below derives from
+// torch's registered ProcessGroup. `import torch.distributed` must come first.
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/chrono.h>
+
+#include "process_group.h"
+
+namespace py = pybind11;
+
+namespace gradcomm::torch_backend {
+
+void without_gil(const std::function<void()>& f) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    py::gil_scoped_release release;
+    f();
+  } else {
+    f();
+  }
+}
+
+}  // namespace gradcomm::torch_backend
+
+PYBIND11_MODULE(_gradcomm_torch, m) {
+  using gradcomm::torch_backend::CompressionConfig;
+  using gradcomm::torch_backend::ProcessGroupGradcomm;
+  m.doc() = "gradcomm's torch.distributed backend; use gradcomm.torch, not this module.";
+  py::module_::import("torch.distributed");  // registers c10d::ProcessGroup, Store, Work with pybind11
+
+  py::class_<ProcessGroupGradcomm, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupGradcomm>>(
+      m, "ProcessGroupGradcomm",
+      "A torch.distributed process group over a gradcomm communicator (see gradcomm.torch).")
+      // Creation blocks in the rendezvous: without the GIL, so the store (and other
+      // Python threads) can run meanwhile.
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const std::string& group_name, const std::string& compression,
+                       int64_t min_compress_numel) {
+             return c10::make_intrusive<ProcessGroupGradcomm>(store, rank, size, timeout, group_name,
+                                                              CompressionConfig{compression, min_compress_numel});
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
+           py::arg("compression") = "none", py::arg("min_compress_numel") = CompressionConfig{}.min_numel,
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "set_compression",
+          [](ProcessGroupGradcomm& pg, const std::string& spec, int64_t min_compress_numel) {
+            pg.set_compression(CompressionConfig{spec, min_compress_numel});
+          },
+          py::arg("compression"), py::arg("min_compress_numel") = CompressionConfig{}.min_numel, py::call_guard<py::gil_scoped_release>())
+      .def("_shutdown", &ProcessGroupGradcomm::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("compression", [](const ProcessGroupGradcomm& pg) { return pg.compression().spec; })
+      .def("_compression_state_bytes", &ProcessGroupGradcomm::compression_state_bytes,
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("min_compress_numel",
+                             [](const ProcessGroupGradcomm& pg) { return pg.compression().min_numel; });
+#if GRADCOMM_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+}

@@ -1,0 +1,471 @@
+#include "process_group.h"
+
+#include <fmt/format.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <iterator>
+#include <optional>
+
+#include "c10d_store.h"
+#include "communicator_factory.h"
+#include "compressors/spec.h"
+#include "gradcomm/errors.h"
+#include "introspect.h"  // forget_keys
+
+namespace gradcomm::torch_backend {
+namespace {
+
+constexpr const char* kSupported =
+    "supported: allreduce (sum, avg, min, max), allreduce_coalesced, allgather, all_gather_into_tensor "
+    "(_allgather_base), broadcast, reduce_scatter, reduce_scatter_tensor (_reduce_scatter_base), barrier";
+
+[[noreturn]] void unsupported(const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "gradcomm: the gradcomm process group does not support ", op, "; ", kSupported);
+}
+
+[[noreturn]] void bad_argument(const std::string& message) { throw std::invalid_argument("gradcomm: " + message); }
+
+// ---- tensors ------------------------------------------------------------------------
+
+const char* dtype_text(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+void check_tensor(const at::Tensor& t, const char* op, const std::string& what) {
+  if (!t.defined()) bad_argument(fmt::format("{}: {} is an undefined tensor", op, what));
+  if (t.layout() != at::kStrided) {
+    bad_argument(fmt::format("{}: {} is a {} tensor; only dense (strided) tensors are supported", op, what,
+                             c10::toString(t.layout())));
+  }
+  if (t.is_cpu()) return;
+#if GRADCOMM_WITH_CUDA
+  if (t.is_cuda()) return;
+#else
+  if (t.is_cuda()) {
+    bad_argument(fmt::format("{}: {} is on {}, but this gradcomm was built without CUDA (GRADCOMM_CUDA); use CPU "
+                             "tensors",
+                             op, what, t.device().str()));
+  }
+#endif
+#if GRADCOMM_WITH_CUDA
+  bad_argument(fmt::format("{}: {} is on {}; supported devices: cpu, cuda", op, what, t.device().str()));
+#else
+  bad_argument(fmt::format("{}: {} is on {}; supported devices: cpu", op, what, t.device().str()));
+#endif
+}
+
+// The library's dtype for arithmetic; nullopt when it has none.
+std::optional<DType> library_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kDouble: return DType::kFloat64;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kByte: return DType::kUInt8;
+    default: return std::nullopt;
+  }
+}
+
+Device gradcomm_device(const at::Tensor& t) {
+  if (t.is_cuda()) return Device{DeviceType::kCuda, static_cast<int>(t.get_device())};
+  return Device{};
+}
+
+// A view of a contiguous tensor for a reduction: its dtype must be one the library adds.
+TensorView reduce_view(const at::Tensor& flat, const char* op) {
+  const auto dtype = library_dtype(flat.scalar_type());
+  if (!dtype) {
+    bad_argument(fmt::format("{}: dtype {} is not supported for reductions; supported: float32, float16, bfloat16, "
+                             "float64, int32, int64, uint8",
+                             op, dtype_text(flat)));
+  }
+  return TensorView{flat.data_ptr(), flat.numel(), *dtype, gradcomm_device(flat)};
+}
+
+// A view for a copy-only op: the library's dtype when it has one, else the raw bytes.
+TensorView copy_view(const at::Tensor& flat) {
+  if (const auto dtype = library_dtype(flat.scalar_type())) {
+    return TensorView{flat.data_ptr(), flat.numel(), *dtype, gradcomm_device(flat)};
+  }
+  return TensorView{flat.data_ptr(), flat.numel() * static_cast<int64_t>(flat.element_size()), DType::kUInt8,
+                    gradcomm_device(flat)};
+}
+
+ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    default:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "gradcomm: ", name, ": reduce op ",
+                                  static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)),
+                                  " (PRODUCT, BAND, BOR, BXOR or PREMUL_SUM) is not supported; supported: SUM, AVG, "
+                                  "MIN, MAX");
+  }
+}
+
+at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// One tensor per rank: c10d passes lists for its old one-process-many-GPUs mode.
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1) {
+    bad_argument(fmt::format("{}: takes exactly one tensor per rank, got {} (one device per process)", op,
+                             tensors.size()));
+  }
+  check_tensor(tensors[0], op, "the tensor");
+  return tensors[0];
+}
+
+void same_kind(const at::Tensor& t, const at::Tensor& ref, const char* op, const std::string& what) {
+  check_tensor(t, op, what);
+  if (t.scalar_type() != ref.scalar_type() || t.device() != ref.device()) {
+    bad_argument(fmt::format("{}: {} is {} on {}, the input {} on {}", op, what, dtype_text(t), t.device().str(),
+                             dtype_text(ref), ref.device().str()));
+  }
+}
+
+}  // namespace
+
+// ---- lifetime -----------------------------------------------------------------------
+
+ProcessGroupGradcomm::ProcessGroupGradcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                           std::chrono::milliseconds timeout, const std::string& group_name,
+                                           CompressionConfig compression)
+    : c10d::ProcessGroup(rank, size) {
+  set_compression(std::move(compression));
+  InitOptions options;
+  options.rank = rank;
+  options.world_size = size;
+  if (timeout.count() > 0) options.timeout = timeout;
+  const std::string address = fmt::format("torch.distributed store (group '{}')", group_name);
+  try {
+    comm_ = detail::create_communicator(options, std::make_unique<C10dStore>(store, address));
+  } catch (...) {
+    rethrow_as_torch_error();
+  }
+  completer_ = std::make_unique<Completer>();
+}
+
+ProcessGroupGradcomm::~ProcessGroupGradcomm() { shutdown(); }
+
+void ProcessGroupGradcomm::shutdown() {
+  without_gil([this] {
+    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Completer> completer;
+    {
+      std::lock_guard<std::mutex> lock(issue_mutex_);
+      comm = std::move(comm_);
+      completer = std::move(completer_);
+    }
+    comm.reset();       // fails what is outstanding, at once
+    completer.reset();  // drains (every wait now returns) and joins
+  });
+}
+
+void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
+  if (compression.spec.empty()) compression.spec = "none";
+  try {
+    (void)detail::parse_compressor_spec(compression.spec);
+  } catch (...) {
+    rethrow_as_torch_error();
+  }
+  if (compression.min_numel < 0) {
+    bad_argument(fmt::format("set_compression: min_compress_numel must be >= 0, got {}", compression.min_numel));
+  }
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  compression_ = std::move(compression);
+}
+
+CompressionConfig ProcessGroupGradcomm::compression() const {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  return compression_;
+}
+
+// ---- issuing ------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::start(
+    c10d::OpType type, const char* op, const std::function<void(std::vector<std::shared_ptr<gradcomm::Work>>&)>& issue,
+    std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> finish) {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  if (!comm_) {
+    throw std::runtime_error(fmt::format("gradcomm: {} on a process group that was shut down (destroyed, or the "
+                                         "interpreter is exiting)",
+                                         op));
+  }
+  std::vector<std::shared_ptr<gradcomm::Work>> works;
+  try {
+    issue(works);
+  } catch (...) {
+    // Calls issued before the failing one are in flight and use `keep`: the
+    // Completer holds them (and it) until they are done; nobody waits on that work.
+    if (!works.empty()) {
+      completer_->push(c10::make_intrusive<GradcommWork>(getRank(), type, op, std::move(works),
+                                                         std::vector<at::Tensor>{}, std::move(keep), nullptr));
+    }
+    rethrow_as_torch_error();
+  }
+  auto work = c10::make_intrusive<GradcommWork>(getRank(), type, op, std::move(works), std::move(outputs),
+                                                std::move(keep), std::move(finish));
+  completer_->push(work);
+  return work;
+}
+
+size_t ProcessGroupGradcomm::compression_state_bytes() {
+  std::lock_guard lock(issue_mutex_);
+  return comm_->save_state().size();
+}
+
+// Error feedback needs a key that names "this tensor" on every rank alike. A
+// storage's ordinal (the order in which this process group first compressed it) is
+// the same on every rank, since every rank issues the same calls; offset and numel
+// tell views of one storage apart.
+std::string ProcessGroupGradcomm::compression_key(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  auto it = ordinals_.find(impl);
+  if (it == ordinals_.end() || it->second.storage.expired()) {
+    // A new storage, or a dead one's address reused: a new ordinal.
+    if (ordinals_.size() >= sweep_at_) sweep_dead_storages();
+    it = ordinals_.insert_or_assign(impl, StorageOrdinal{t.storage().getWeakStorageImpl(), next_ordinal_++, {}}).first;
+  }
+  std::string key = fmt::format("torch/s{}/o{}/n{}", it->second.ordinal, t.storage_offset(), t.numel());
+  std::vector<std::string>& keys = it->second.keys;
+  if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  return key;
+}
+
+// A freed storage's keys are never issued again (a new storage gets a new ordinal),
+// and no call in flight holds one (a Work keeps its tensors alive until it is done),
+// so their residuals can go. Every rank frees at its own moment; that is fine: each
+// rank drops only state that no later call of its own reads.
+void ProcessGroupGradcomm::sweep_dead_storages() {
+  std::vector<std::string> dead_keys;
+  for (auto e = ordinals_.begin(); e != ordinals_.end();) {
+    if (e->second.storage.expired()) {
+      std::move(e->second.keys.begin(), e->second.keys.end(), std::back_inserter(dead_keys));
+      e = ordinals_.erase(e);
+    } else {
+      ++e;
+    }
+  }
+  if (!dead_keys.empty()) gradcomm::detail::forget_keys(*comm_, dead_keys);
+  sweep_at_ = std::max(kMinSweep, 2 * ordinals_.size());
+}
+
+CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, const at::Tensor& flat, ReduceOp op) {
+  CompressOptions options;
+  if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
+      flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
+    return options;  // exact
+  }
+  options.compressor = compression_.spec;
+  options.key = compression_key(t);
+  return options;
+}
+
+// ---- the collectives --------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce(std::vector<at::Tensor>& tensors,
+                                                              const c10d::AllreduceOptions& opts) {
+  const at::Tensor t = single(tensors, "allreduce");
+  const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
+  const at::Tensor flat = contiguous(t);
+  const TensorView view = reduce_view(flat, "allreduce");
+  std::function<void()> finish;
+  if (!flat.is_same(t)) finish = [t, flat] { t.copy_(flat); };
+  return start(
+      c10d::OpType::ALLREDUCE, "allreduce",
+      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op, compress_options(t, flat, op))); },
+      {t}, {flat}, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                        const c10d::AllreduceCoalescedOptions& opts) {
+  const ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
+  std::vector<at::Tensor> flats;
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_tensor(tensors[i], "allreduce_coalesced", fmt::format("tensor {}", i));
+    flats.push_back(contiguous(tensors[i]));
+    views.push_back(reduce_view(flats.back(), "allreduce_coalesced"));
+  }
+  std::function<void()> finish = [tensors, flats] {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!flats[i].is_same(tensors[i])) tensors[i].copy_(flats[i]);
+    }
+  };
+  return start(
+      c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
+      [&](auto& works) {
+        for (size_t i = 0; i < views.size(); ++i) {
+          works.push_back(comm_->allreduce_async(views[i], op, compress_options(tensors[i], flats[i], op)));
+        }
+      },
+      tensors, flats, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::broadcast(std::vector<at::Tensor>& tensors,
+                                                              const c10d::BroadcastOptions& opts) {
+  const at::Tensor t = single(tensors, "broadcast");
+  if (opts.rootTensor != 0) {
+    bad_argument(fmt::format("broadcast: rootTensor {} (one tensor per rank: 0)", opts.rootTensor));
+  }
+  if (opts.rootRank < 0 || opts.rootRank >= getSize()) {
+    bad_argument(fmt::format("broadcast: root rank {} is outside the group of {}", opts.rootRank, getSize()));
+  }
+  const int root = static_cast<int>(opts.rootRank);
+  const at::Tensor flat = contiguous(t);
+  const TensorView view = copy_view(flat);
+  std::function<void()> finish;
+  if (!flat.is_same(t)) finish = [t, flat] { t.copy_(flat); };
+  return start(
+      c10d::OpType::BROADCAST, "broadcast",
+      [&](auto& works) { works.push_back(comm_->broadcast_async(view, root)); }, {t}, {flat}, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                              std::vector<at::Tensor>& inputs,
+                                                              const c10d::AllgatherOptions&) {
+  const at::Tensor in = contiguous(single(inputs, "allgather"));
+  if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize())) {
+    bad_argument(fmt::format("allgather: expects one list of {} output tensors (the group's size), got {} list(s) "
+                             "of {}",
+                             getSize(), outputs.size(), outputs.empty() ? 0 : outputs[0].size()));
+  }
+  const std::vector<at::Tensor> outs = outputs[0];
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string what = fmt::format("output tensor {}", i);
+    same_kind(outs[i], in, "allgather", what);
+    if (outs[i].numel() != in.numel()) {
+      bad_argument(fmt::format("allgather: {} has {} elements, the input {}", what, outs[i].numel(), in.numel()));
+    }
+  }
+  const at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+  const TensorView vin = copy_view(in), vout = copy_view(flat);
+  const int64_t n = in.numel();
+  auto finish = [outs, flat, n] {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
+    }
+  };
+  return start(
+      c10d::OpType::ALLGATHER, "allgather",
+      [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, outs, {in, flat}, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                    const c10d::AllgatherOptions&) {
+  check_tensor(input, "all_gather_into_tensor", "the input");
+  same_kind(output, input, "all_gather_into_tensor", "the output");
+  if (output.numel() != getSize() * input.numel()) {
+    bad_argument(fmt::format("all_gather_into_tensor: the output has {} elements, expected {} (group size {} x "
+                             "input {})",
+                             output.numel(), getSize() * input.numel(), getSize(), input.numel()));
+  }
+  const at::Tensor in = contiguous(input), out = output;
+  const at::Tensor flat = contiguous(out);
+  const TensorView vin = copy_view(in), vout = copy_view(flat);
+  std::function<void()> finish;
+  if (!flat.is_same(out)) finish = [out, flat] { out.copy_(flat); };
+  return start(
+      c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
+      [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, {out}, {in, flat}, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<std::vector<at::Tensor>>& inputs,
+                                                                   const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor out = single(outputs, "reduce_scatter");
+  const ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
+  if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())) {
+    bad_argument(fmt::format("reduce_scatter: expects one list of {} input tensors (the group's size), got {} "
+                             "list(s) of {}",
+                             getSize(), inputs.size(), inputs.empty() ? 0 : inputs[0].size()));
+  }
+  const int64_t n = out.numel();
+  for (size_t i = 0; i < inputs[0].size(); ++i) {
+    const std::string what = fmt::format("input tensor {}", i);
+    same_kind(inputs[0][i], out, "reduce_scatter", what);
+    if (inputs[0][i].numel() != n) {
+      bad_argument(fmt::format("reduce_scatter: {} has {} elements, the output {}", what, inputs[0][i].numel(), n));
+    }
+  }
+  // The inputs end to end, allreduced; this rank's chunk is the result.
+  const at::Tensor flat = at::empty({getSize() * n}, out.options().memory_format(at::MemoryFormat::Contiguous));
+  for (size_t i = 0; i < inputs[0].size(); ++i) {
+    flat.narrow(0, static_cast<int64_t>(i) * n, n).copy_(inputs[0][i].reshape({n}));
+  }
+  const TensorView view = reduce_view(flat, "reduce_scatter");
+  const int64_t rank = getRank();
+  auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
+  return start(
+      c10d::OpType::REDUCE_SCATTER, "reduce_scatter",
+      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op)); }, {out}, {flat}, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                         const c10d::ReduceScatterOptions& opts) {
+  check_tensor(output, "reduce_scatter_tensor", "the output");
+  same_kind(input, output, "reduce_scatter_tensor", "the input");
+  const ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter_tensor");
+  const int64_t n = output.numel();
+  if (input.numel() != getSize() * n) {
+    bad_argument(fmt::format("reduce_scatter_tensor: the input has {} elements, expected {} (group size {} x "
+                             "output {})",
+                             input.numel(), getSize() * n, getSize(), n));
+  }
+  const at::Tensor out = output;
+  const at::Tensor flat = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);  // the input stays unchanged
+  const TensorView view = reduce_view(flat, "reduce_scatter_tensor");
+  const int64_t rank = getRank();
+  auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
+  return start(
+      c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
+      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op)); }, {out}, {flat}, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::barrier(const c10d::BarrierOptions&) {
+  const at::Tensor token = at::zeros({1}, at::kByte);
+  const TensorView view = copy_view(token);
+  return start(
+      c10d::OpType::BARRIER, "barrier",
+      [&](auto& works) { works.push_back(comm_->allreduce_async(view, ReduceOp::kSum)); }, {}, {token}, nullptr);
+}
+
+// ---- not provided ---------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce(std::vector<at::Tensor>&, const c10d::ReduceOptions&) {
+  unsupported("reduce");
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather_coalesced(std::vector<std::vector<at::Tensor>>&,
+                                                                        std::vector<at::Tensor>&,
+                                                                        const c10d::AllgatherOptions&) {
+  unsupported("allgather_coalesced");
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::gather(std::vector<std::vector<at::Tensor>>&,
+                                                           std::vector<at::Tensor>&, const c10d::GatherOptions&) {
+  unsupported("gather");
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::scatter(std::vector<at::Tensor>&,
+                                                            std::vector<std::vector<at::Tensor>>&,
+                                                            const c10d::ScatterOptions&) {
+  unsupported("scatter");
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::alltoall_base(at::Tensor&, at::Tensor&, std::vector<int64_t>&,
+                                                                  std::vector<int64_t>&,
+                                                                  const c10d::AllToAllOptions&) {
+  unsupported("alltoall_base (all_to_all_single)");
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::alltoall(std::vector<at::Tensor>&, std::vector<at::Tensor>&,
+                                                             const c10d::AllToAllOptions&) {
+  unsupported("alltoall");
+}
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::send(std::vector<at::Tensor>&, int, int) { unsupported("send"); }
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::recv(std::vector<at::Tensor>&, int, int) { unsupported("recv"); }
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::recvAnysource(std::vector<at::Tensor>&, int) {
+  unsupported("recv (any source)");
+}
+
+}  // namespace gradcomm::torch_backend

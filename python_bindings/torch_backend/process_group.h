@@ -1,0 +1,169 @@
+// ProcessGroupGradcomm: a torch.distributed (c10d) process group whose collectives
+// run on a gradcomm Communicator, so `dist.init_process_group("gradcomm")` gives
+// torch code (DDP included) gradcomm's transports and gradient compression.
+//
+// One communicator per process group, created in the constructor through the
+// c10d::Store torch hands the backend's creator (c10d_store.h): the rendezvous
+// needs no second port, and a subgroup (dist.new_group) gets its own communicator
+// under its own store prefix.
+//
+// Ops and how they map (all non-blocking: each issues gradcomm *_async calls and
+// returns a GradcommWork, work.h):
+//   allreduce            allreduce_async, in place (SUM, AVG, MIN, MAX)
+//   allreduce_coalesced  one allreduce_async per tensor (the engine fuses small ones)
+//   broadcast            broadcast_async, in place
+//   allgather            allgather_async into one flat buffer, then copied into the
+//                        caller's list; _allgather_base gathers straight into its output
+//   reduce_scatter       the library has none: the inputs laid end to end are
+//                        allreduced (dense, same op) and this rank's chunk copied out.
+//                        Exact for every op; it moves about twice the bytes of a true
+//                        reduce-scatter.
+//   barrier              a one-element allreduce: no rank completes it before every
+//                        rank has issued it, and it is ordered after earlier calls
+// Anything else (reduce, gather, scatter, alltoall, send/recv, ...) throws an error
+// that names the op and lists these (c10::NotImplementedError: Python's
+// NotImplementedError, as is a reduce op other than these). A bad argument (dtype,
+// sizes, device, layout, spec) is a std::invalid_argument (ValueError) naming the
+// op and what is wrong; it is raised before anything reaches the wire.
+//
+// Tensors: CPU (CUDA too when the library was built with CUDA; those run on the
+// default stream), strided, not sparse, one tensor per rank (one device per
+// process). A non-contiguous tensor goes through a contiguous copy that is copied
+// back before the work completes. Reductions take the library's dtypes (float32,
+// float16, bfloat16, float64, int32, int64, uint8); broadcast and allgather move any
+// dtype, as raw bytes when the library has no such type (bool, int8, complex).
+//
+// Compression: allreduce of float32 tensors with SUM or AVG and at least
+// `min_numel` elements uses the group's compressor spec ("none" = exact). Its
+// state (error feedback) is keyed by the tensor's storage: each storage gets an
+// ordinal the first time it is compressed (the same on every rank, since every
+// rank issues the same calls in the same order), and the key is
+// "torch/s<ordinal>/o<storage offset>/n<numel>". A tensor reduced again and again
+// (a DDP bucket) keeps its residual; a storage freed and reallocated gets a new
+// ordinal, never a dead tensor's state. Compressing a fresh tensor on every call
+// therefore creates state on every call: compress persistent gradient buffers.
+//
+// Threading: ops may be issued from any thread (DDP issues from autograd's); they
+// are issued whole, and handed to the Completer, under one lock, so the order of
+// calls on the wire, and of completions, is the order of issue.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "gradcomm/communicator.h"
+#include "work.h"
+
+namespace gradcomm::torch_backend {
+
+struct CompressionConfig {
+  std::string spec = "none";  // gradcomm spec string (README, "Compression")
+  // Smaller tensors are reduced exactly: a process group also carries metrics and
+  // counters, which a lossy compressor must not touch (gradcomm.torch.PG_MIN_COMPRESS_NUMEL).
+  int64_t min_numel = 1024;
+};
+
+// Runs `f` with the Python GIL released when the calling thread holds it (module.cc).
+// The process group's destructor uses it: it joins the completion thread, whose
+// future callbacks may need the GIL.
+void without_gil(const std::function<void()>& f);
+
+class ProcessGroupGradcomm : public c10d::ProcessGroup {
+ public:
+  // Blocks until every rank of the group has joined (or `timeout`, TimeoutError).
+  // `group_name` only labels errors. Throws std::runtime_error ("gradcomm <Kind>: ...").
+  ProcessGroupGradcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const std::string& group_name,
+                       CompressionConfig compression);
+  // shutdown().
+  ~ProcessGroupGradcomm() override;
+
+  // Fails outstanding work (the peers are told), then stops the completion thread;
+  // later ops raise an error that says so. Idempotent; never waits on a peer.
+  // gradcomm/torch.py calls it at interpreter exit for the groups still alive
+  // (torch keeps them referenced), so no engine thread runs into process teardown.
+  void shutdown();
+
+  const std::string getBackendName() const override { return "gradcomm"; }
+
+  // Validates the spec (InvalidArgument text naming the problem); applies to ops
+  // issued after it returns. Every rank must set the same.
+  void set_compression(CompressionConfig compression);
+  CompressionConfig compression() const;
+  // Bytes of the communicator's compression state (save_state), for tests: it must
+  // not grow with every fresh tensor reduced.
+  size_t compression_state_bytes();
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+  // Not provided: each throws an error naming the op and the supported ones.
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>&, const c10d::ReduceOptions&) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
+                                                     const c10d::AllgatherOptions&) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
+                                        const c10d::GatherOptions&) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
+                                         const c10d::ScatterOptions&) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor&, at::Tensor&, std::vector<int64_t>&,
+                                               std::vector<int64_t>&, const c10d::AllToAllOptions&) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>&, std::vector<at::Tensor>&,
+                                          const c10d::AllToAllOptions&) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override;
+
+ private:
+  // Runs `issue` (which appends the gradcomm works it starts) under the issue lock
+  // and queues the resulting GradcommWork on the Completer in the same critical section.
+  c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, const char* op,
+                                       const std::function<void(std::vector<std::shared_ptr<gradcomm::Work>>&)>& issue,
+                                       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+                                       std::function<void()> finish);
+  // The compressor options for an allreduce of `t` (staged in `flat`); caller holds issue_mutex_.
+  CompressOptions compress_options(const at::Tensor& t, const at::Tensor& flat, ReduceOp op);
+  std::string compression_key(const at::Tensor& t);  // caller holds issue_mutex_
+
+  mutable std::mutex issue_mutex_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Completer> completer_;
+  CompressionConfig compression_;
+  struct StorageOrdinal {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    uint64_t ordinal;
+    std::vector<std::string> keys;  // the compression keys issued on this storage
+  };
+  // Drops the entries of freed storages and their keys' compression state, once the
+  // map has grown to twice what was live at the last sweep (and at least kMinSweep).
+  void sweep_dead_storages();
+  static constexpr size_t kMinSweep = 64;
+  std::unordered_map<const c10::StorageImpl*, StorageOrdinal> ordinals_;
+  size_t sweep_at_ = kMinSweep;
+  uint64_t next_ordinal_ = 0;
+};
+
+}  // namespace gradcomm::torch_backend
