@@ -52,7 +52,7 @@ STAT_KEYS = ("bytes_sent", "bytes_received", "ops", "total_s", "reduce_s", "enco
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("variant", help="gloo | fp16 | powersgd | gradcomm:SPEC | compute")
+    p.add_argument("variant", help="gloo | fp16 | powersgd | gradcomm:SPEC | backend:SPEC | compute")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--batch-size", type=int, default=64)
@@ -78,7 +78,7 @@ def parse_args(argv):
         a.powersgd_buckets = a.variant.split("=", 1)[1]
         if a.powersgd_buckets not in ("one", "cap", "default"):
             p.error(f"'{a.variant}': buckets must be one, cap or default")
-    elif a.variant not in ("gloo", "fp16", "powersgd", "compute") and not a.variant.startswith("gradcomm:"):
+    elif a.variant not in ("gloo", "fp16", "powersgd", "compute") and not a.variant.startswith(("gradcomm:", "backend:")):
         p.error(f"unknown variant '{a.variant}'")
     if a.steps < 1 or a.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
@@ -227,7 +227,7 @@ def setup(args, model):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return ddp, None, None, notes
-    if v == "gloo":
+    if v == "gloo" or v.startswith("backend:"):  # backend: the process group compresses, no hook
         return ddp, None, None, notes
     # gradcomm:SPEC. Imported only now, with torch.distributed initialized, so that
     # gradcomm.init() rendezvouses through torch's store.
@@ -266,7 +266,14 @@ def main(argv):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     x, y = load_shard(args.data, rank, world)
     data = batches(x, y, args.batch_size, args.warmup + args.steps)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if args.variant.startswith("backend:"):
+        # DDP on gradcomm's torch.distributed backend: no hook; the process group
+        # compresses DDP's bucket allreduces itself.
+        import gradcomm.torch as gtorch
+        dist.init_process_group("gradcomm", rank=rank, world_size=world,
+                                pg_options=gtorch.ProcessGroupOptions(compression=args.variant.split(":", 1)[1]))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
 
     torch.manual_seed(args.seed)
     layers, width = [], 784

@@ -6,8 +6,11 @@
 #   bench/e2e/run.sh --ranks 4 --rates 1gbit,10gbit --rounds 3 --steps 30 --build build
 #
 # Variants (--variants, ';'- or ','-separated as in bench/cluster/run.sh):
-#   gloo | fp16 | powersgd[:buckets=one|cap|default] | gradcomm:SPEC | compute
+#   gloo | fp16 | powersgd[:buckets=one|cap|default] | gradcomm:SPEC | backend:SPEC | compute
 #                                                      bench/e2e/ddp_step.py, one rank per namespace
+#                                                      (gradcomm:SPEC: gradcomm's DDP hook over a gloo
+#                                                      group; backend:SPEC: DDP on init_process_group
+#                                                      ("gradcomm") compressing with SPEC, no hook)
 #   train:overlap | train:no-overlap                   BUILD/trainer/gradcomm-train (MLP 784-2048-2048-10,
 #                                                      batch 64, --compressor topk:ratio=0.01)
 # Every run has a deadline (--timeout); the first rank to fail ends its run, its log is shown,
@@ -88,8 +91,10 @@ for v in "${variant_list[@]}"; do
     gloo|fp16|powersgd|powersgd:buckets=*|compute) ;;
     gradcomm:?*) [[ -f $build/python/gradcomm/__init__.py ]] ||
                    die "variant $v needs the Python package: no $build/python/gradcomm (GRADCOMM_PYTHON)" ;;
+    backend:?*) compgen -G "$build/python/gradcomm/_gradcomm_torch*.so" >/dev/null ||
+                   die "variant $v needs the torch backend: no $build/python/gradcomm/_gradcomm_torch*.so (GRADCOMM_TORCH_BACKEND)" ;;
     train:overlap|train:no-overlap) [[ -x $trainer ]] || die "variant $v needs $trainer" ;;
-    *) die "unknown variant '$v' (gloo, fp16, powersgd, gradcomm:SPEC, train:overlap, train:no-overlap, compute)" ;;
+    *) die "unknown variant '$v' (gloo, fp16, powersgd, gradcomm:SPEC, backend:SPEC, train:overlap, train:no-overlap, compute)" ;;
   esac
 done
 IFS=',' read -r -a rate_list <<<"$rates"
