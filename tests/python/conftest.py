@@ -2,6 +2,7 @@
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -31,6 +32,32 @@ def torchrun_command():
         if first.startswith(b"#!") and os.path.realpath(first[2:].strip().split()[0].decode()) == os.path.realpath(PYTHON):
             return [exe]
     return [PYTHON, "-m", "torch.distributed.run"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script, *args, nproc=2, env=None):
+    """Runs `script` on nproc local ranks under torchrun; returns the CompletedProcess.
+
+    Not `--standalone`: torch 1.13 fixes its rendezvous at port 29400, so two tests
+    (or a user's job) running at once collide ("Address already in use"). A port the
+    kernel just handed out can still be taken before torchrun binds it; that case is
+    retried, nothing else is."""
+    # "--redirects 1 --tee 1": Debian's torch 1.13 on Python 3.11 cannot parse torchrun's
+    # default "--redirects 0" (enum.Flag iteration skips 0); this sends stdout to the console.
+    for attempt in range(3):
+        cmd = torchrun_command() + [
+            "--nnodes", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{_free_port()}",
+            "--rdzv_id", f"gradcomm-test-{os.getpid()}-{attempt}", f"--nproc_per_node={nproc}",
+            "--monitor_interval", "1", "--redirects", "1", "--tee", "1", script, *map(str, args)]
+        result = run(cmd, env={"OMP_NUM_THREADS": "1", **(env or {})})
+        if result.returncode == 0 or "errno: 98 - Address already in use" not in result.stdout:
+            return result
+    return result
 
 
 def run(cmd, timeout=150, env=None):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import EXAMPLES, PYTHON, WORKERS, expect_ok, launch, run, torchrun_command
+from conftest import EXAMPLES, WORKERS, expect_ok, launch, run, torchrun, torchrun_command
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():
@@ -28,12 +28,6 @@ def test_init_before_torch_leaves_master_port_to_torch():
     expect_ok(result, 2, "init-order")
 
 
-def torchrun(script, *args, nproc=2):
-    # Debian's torch 1.13 on Python 3.11 cannot parse torchrun's default "--redirects 0"
-    # (enum.Flag iteration skips 0); "--redirects 1 --tee 1" sends stdout to the console.
-    cmd = torchrun_command() + ["--standalone", f"--nproc_per_node={nproc}", "--monitor_interval", "1", "--redirects", "1", "--tee", "1",
-                                script, *args]
-    return run(cmd, env={"OMP_NUM_THREADS": "1"})
 
 
 def test_torchrun_launch_ddp_hook_uses_torch_store():

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import EXAMPLES, PYTHON, WORKERS, expect_ok, launch, run, torchrun_command
+from conftest import EXAMPLES, PYTHON, WORKERS, expect_ok, launch, run, torchrun
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():
@@ -56,10 +56,7 @@ def test_example_under_gradcomm_run():
 
 
 def test_example_under_torchrun():
-    # "--redirects 1 --tee 1": Debian's torch 1.13 on Python 3.11 cannot parse the default (see test_torch.py).
-    cmd = torchrun_command() + ["--standalone", "--nproc_per_node=2", "--monitor_interval", "1", "--redirects", "1",
-                                "--tee", "1", os.path.join(EXAMPLES, "torch_backend.py"), "--steps", "10"]
-    result = run(cmd, env={"OMP_NUM_THREADS": "1"})
+    result = torchrun(os.path.join(EXAMPLES, "torch_backend.py"), "--steps", "10")
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("bitwise identical") == 2, result.stdout
 
