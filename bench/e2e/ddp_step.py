@@ -32,6 +32,7 @@ hook returning an incomplete future is timed only up to its return).
 import argparse
 import faulthandler
 import functools
+import gc
 import gzip
 import json
 import os
@@ -39,6 +40,7 @@ import resource
 import sys
 import time
 import traceback
+import weakref
 
 import numpy as np
 import torch
@@ -332,6 +334,16 @@ def main(argv):
     dist.barrier()
     if gradcomm is not None:
         gradcomm.shutdown()
+    # DDP goes before its process group. Otherwise DDP's reducer drops the group's last
+    # reference when main() returns, with the GIL held, and torch 1.13's gloo destructor
+    # joins a worker thread that may be waiting for the GIL to free a tensor: a deadlock
+    # at exit (pytorch/pytorch#56297; seen once in CI). destroy_process_group() drops it
+    # with the GIL released.
+    ddp_ref = weakref.ref(model)
+    del model, loss
+    gc.collect()
+    if ddp_ref() is not None:
+        raise RuntimeError("ddp_step: the DDP module outlived its process group's teardown")
     dist.destroy_process_group()
 
 

@@ -50,4 +50,8 @@ assert all(torch.equal(everyone[0], everyone[r]) for r in range(gradcomm.size())
 print(f"rank {rank}: done, parameters identical on all {gradcomm.size()} ranks "
       f"({gradcomm.stats()['bytes_sent']} bytes sent by gradcomm)", flush=True)
 gradcomm.shutdown()
+# Free DDP before its process group: left to interpreter exit, DDP's reducer drops the gloo
+# group's last reference with the GIL held, and torch 1.13's gloo destructor may then wait
+# for a worker thread that needs the GIL (pytorch/pytorch#56297): a hang at exit.
+del ddp, loss
 dist.destroy_process_group()
