@@ -49,7 +49,7 @@
 #include "bench_cli.h"
 #include "bench_data.h"
 #include "bench_table.h"
-#include "env.h"
+#include "launch_config.h"
 #include "gradcomm/gradcomm.h"
 #include "local_store.h"
 #include "store/store.h"

@@ -1,4 +1,4 @@
-// Reduce kernels (the contract of src/reduce.h on device memory), in CUB's layers:
+// Reduce kernels (the contract of base/reduce.h on device memory), in CUB's layers:
 // thread helpers (one 16-byte vector through the element functor), kernels
 // (grid-stride loops, 64-bit indices), launchers (grid from the SM count, launch
 // on the caller's stream, check the launch, never synchronize).

@@ -1,4 +1,4 @@
-// GPU implementation of the reduce contract in src/reduce.h, on device memory.
+// GPU implementation of the reduce contract in base/reduce.h, on device memory.
 // The element arithmetic is cuda/reduce_op.cuh (shared with the CPU reference),
 // so results match the CPU bit for bit. This header holds only host declarations
 // (it needs cuda_runtime_api.h, nothing else), so .cc files may call the launchers.

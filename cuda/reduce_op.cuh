@@ -1,11 +1,11 @@
 // Element-wise arithmetic of the reduce contract, shared by the CUDA kernels
-// (cuda/reduce.cu) and CPU code (the reference in tests, and src/reduce.cc if it
-// includes this), so both produce the same bits. It mirrors src/reduce.h; a change
+// (cuda/reduce.cu) and CPU code (the reference in tests, and base/reduce.cc if it
+// includes this), so both produce the same bits. It mirrors base/reduce.h; a change
 // to the contract changes both. Compiles with the host compiler too: it needs no
 // CUDA header (the __host__ __device__ markers come from half.h's GRADCOMM_HD).
 //
 // Per element, with a = dst[i] and b = src[i]:
-//   1. widen   fp16/bf16 -> fp32 (src/half.h); other types stay as they are.
+//   1. widen   fp16/bf16 -> fp32 (base/half.h); other types stay as they are.
 //   2. combine kSum/kAvg add; integers wrap (two's complement, no UB).
 //              kMin/kMax: NaN propagates (either input NaN gives NaN); otherwise
 //              the smaller/larger, and on a tie (including -0 vs +0) a, the dst

@@ -4,8 +4,8 @@
 
 #include "comm_impl.h"
 #include "communicator_factory.h"
-#include "env.h"
 #include "gradcomm/communicator.h"
+#include "launch_config.h"
 #include "logging.h"
 #include "store/rendezvous.h"
 #include "transport/inproc/inproc_transport.h"

@@ -1,4 +1,4 @@
-// fp16 and bf16 on the GPU: one thread per 8 elements narrows them with src/half.h
+// fp16 and bf16 on the GPU: one thread per 8 elements narrows them with base/half.h
 // (the CPU's rounding, bit for bit) and stores the 16 bytes; decode widens back.
 // Kernels and launchers: compressors/quantize/gpu_dense_kernels.cuh.
 #include "compressors/quantize/gpu_dense_kernels.cuh"

@@ -23,7 +23,7 @@ struct Device {
 };
 
 // 16-bit storage types for TensorView::of. Arithmetic on them goes through fp32
-// (see src/half.h); they only name the bit layout.
+// (see base/half.h); they only name the bit layout.
 struct Half {
   uint16_t bits;
 };

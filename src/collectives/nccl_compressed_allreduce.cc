@@ -96,7 +96,7 @@ const CompressorSpec& cast_spec(ValueType type) {
 }
 
 // Sums values[0, count) across ranks in place: fp32 on the NCCL ring, or (values=fp16
-// or bf16) narrowed with that type's cast codec (src/half.h's rounding, sparse_narrow,
+// or bf16) narrowed with that type's cast codec (base/half.h's rounding, sparse_narrow,
 // as compression.cc's allreduce_values), summed in the 16-bit type in place inside the
 // payload (fp32 per hop), and widened back. The payload header stays untouched, so the
 // decode validates it.

@@ -78,13 +78,13 @@ command -v "$cxx" >/dev/null || {
 # linking the g++-built libfmt.
 flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined
-       -I"$root/include" -I"$root/src" -I"$root" -I"$here")
+       -I"$root/include" -I"$root/base" -I"$root/src" -I"$root" -I"$here")
 # Extra flags for experiments, e.g. GRADCOMM_FUZZ_CXXFLAGS=-fno-sanitize=nonnull-attribute.
 read -r -a extra <<< "${GRADCOMM_FUZZ_CXXFLAGS:-}"
 flags+=("${extra[@]}")
 # Host code only: the CUDA codecs' host halves (compressors/*/gpu_*.cc) need the CUDA
 # headers and have no CPU path to fuzz.
-lib_sources=(src/errors.cc src/types.cc src/state.cc src/env.cc src/logging.cc src/wire.cc src/gpu_plan.cc src/half_bulk.cc
+lib_sources=(src/errors.cc src/types.cc src/state.cc base/env.cc base/logging.cc src/wire.cc src/gpu_plan.cc base/half_bulk.cc
              compressors/payload.cc compressors/registry.cc compressors/philox.cc
              transport/ucx/ucx_wire.cc trainer/checkpoint.cc
              src/store/tcp_store_protocol.cc src/store/tcp_store_server.cc src/store/tcp_store_client.cc
@@ -103,7 +103,7 @@ fi
 compile_one() {
   local src=$1 obj=$build/obj/${1//\//_}.o
   if [[ -f $obj && $obj -nt $root/$src ]] &&
-     [[ -z $(find "$root/include" "$root/src" "$root/compressors" "$root/transport" "$root/trainer" "$here" \
+     [[ -z $(find "$root/include" "$root/base" "$root/src" "$root/compressors" "$root/transport" "$root/trainer" "$here" \
                 -name "*.h" -newer "$obj" \
                 -print -quit) ]]; then
     return 0

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "env.h"
+#include "launch_config.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

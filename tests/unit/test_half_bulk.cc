@@ -1,4 +1,4 @@
-// The fp16 codec's bulk conversions (src/half_bulk.h): the F16C path, where this
+// The fp16 codec's bulk conversions (base/half_bulk.h): the F16C path, where this
 // CPU has it, against half.h's scalar definitions, bit for bit.
 #include <gtest/gtest.h>
 

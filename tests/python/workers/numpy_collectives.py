@@ -54,7 +54,7 @@ gradcomm.barrier()
 numel, k = 5000, 50
 grads = [np.random.default_rng(100 + q).standard_normal(numel).astype(np.float32) for q in range(n)]
 def bf16(a):
-    """fp32 -> bf16 -> fp32, round to nearest even (the payload's values, src/half.h)."""
+    """fp32 -> bf16 -> fp32, round to nearest even (the payload's values, base/half.h)."""
     bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
     bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
     return bits.astype(np.uint32).view(np.float32)

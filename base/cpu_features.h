@@ -1,5 +1,5 @@
 // x86 features the CPU kernels dispatch on at run time (compressors/philox.cc,
-// src/half_bulk.cc), each read once. Always false off x86-64 or without GCC/clang.
+// base/half_bulk.cc), each read once. Always false off x86-64 or without GCC/clang.
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -1,6 +1,6 @@
 // CPU reduction kernels for the ring: one place that knows how each dtype adds.
 // fp16 and bf16 are widened to fp32, combined, and rounded back once per call
-// (src/half.h); integers wrap like the hardware does (two's complement).
+// (base/half.h); integers wrap like the hardware does (two's complement).
 // cuda/reduce.cuh implements the same contract on the GPU.
 #pragma once
 

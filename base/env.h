@@ -1,6 +1,6 @@
-// Environment configuration. Launch settings (rank, size, store, token, timeout,
-// transport) are resolved here, in the order docs/architecture.md ("Launching and rendezvous") gives. Tunables
-// are declared next to their use with env_int/env_string, one variable each.
+// Environment knobs, read and checked: tunables are declared next to their use with
+// env_int/env_bytes/env_string, one variable each. (Launch settings, which also read
+// InitOptions, are resolved a layer up: src/launch_config.h.)
 #pragma once
 
 #include <chrono>
@@ -8,7 +8,6 @@
 #include <optional>
 #include <string>
 
-#include "gradcomm/communicator.h"
 
 namespace gradcomm::detail {
 
@@ -16,25 +15,12 @@ namespace gradcomm::detail {
 std::optional<std::string> env_string(const char* name);
 // Integer knob in [min, max]; InvalidArgument naming the variable on garbage or out of range.
 int64_t env_int(const char* name, int64_t fallback, int64_t min, int64_t max);
+// The same, nullopt when the variable is unset or empty.
+std::optional<int64_t> env_int_if_set(const char* name, int64_t min, int64_t max);
 // Byte-size knob: "4M", "256K", "1G" or plain bytes.
 int64_t env_bytes(const char* name, int64_t fallback, int64_t min, int64_t max);
 // Parses "8", "1K", "64M", "2G" (powers of 1024). nullopt on garbage.
 std::optional<int64_t> parse_bytes(const std::string& text);
-
-struct LaunchConfig {
-  int rank = -1;
-  int world_size = -1;
-  std::string store;       // URL
-  std::string transport;   // "ucx" | "nccl" | "auto"
-  std::chrono::milliseconds timeout{300'000};
-  std::string job_token;
-};
-
-// InitOptions first, then RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE,
-// SLURM_PROCID/SLURM_NTASKS; store from options, GRADCOMM_STORE, tcp://MASTER_ADDR:MASTER_PORT;
-// GRADCOMM_TIMEOUT_S overrides a default timeout; GRADCOMM_TRANSPORT a default "auto".
-// InvalidArgument saying what is missing or inconsistent.
-LaunchConfig resolve_launch_config(const InitOptions& options);
 
 // Monotonic deadline.
 using Clock = std::chrono::steady_clock;

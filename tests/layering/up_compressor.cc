@@ -1,0 +1,1 @@
+#include "compressors/codec.h"  // the compressors, above base

@@ -1,0 +1,1 @@
+#include "transport/ucx/ucx_transport.h"  // a transport, above base
