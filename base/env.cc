@@ -50,16 +50,14 @@ std::optional<int64_t> parse_bytes(const std::string& text) {
   return *v * scale;
 }
 
-int64_t env_int(const char* name, int64_t fallback, int64_t min, int64_t max) {
-  auto v = env_string(name);
-  if (!v) return fallback;
-  return checked_knob(name, parse_int(*v), *v, min, max);
-}
-
 std::optional<int64_t> env_int_if_set(const char* name, int64_t min, int64_t max) {
   auto v = env_string(name);
   if (!v) return std::nullopt;
   return checked_knob(name, parse_int(*v), *v, min, max);
+}
+
+int64_t env_int(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  return env_int_if_set(name, min, max).value_or(fallback);
 }
 
 int64_t env_bytes(const char* name, int64_t fallback, int64_t min, int64_t max) {

@@ -28,8 +28,6 @@ def test_init_before_torch_leaves_master_port_to_torch():
     expect_ok(result, 2, "init-order")
 
 
-
-
 def test_torchrun_launch_ddp_hook_uses_torch_store():
     # torch_train.py asserts that gradcomm rendezvous through torch's store (its keys are there).
     result = torchrun(os.path.join(WORKERS, "torch_train.py"), "ddp:topk:ratio=0.05", "opt:qsgd:levels=16")
