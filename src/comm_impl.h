@@ -108,6 +108,9 @@ class CommunicatorImpl {
   // Runs one queued call alone: a collective in its own Op, or a local function.
   void execute(Call& call);
   CompressionEngine& compression() { return compression_; }
+  // Communicator::plan_allreduce and sent_mask (introspect.cc).
+  AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
+  bool sent_mask(const std::string& key, TensorView mask, void* stream);
 
   // Records the first failure; every later call raises it again (thread-safe).
   void mark_failed(ErrorCode code, const std::string& message);
@@ -137,6 +140,9 @@ class CommunicatorImpl {
   void gpu_allgather(Op& op, TensorView in, TensorView out);
   void gpu_broadcast(Op& op, TensorView t, int root);
   void gpu_synchronize();
+  // Copies `host` (dst.numel floats) into the device tensor `dst` on `stream` and
+  // waits for it: `host` may go once it returns.
+  void gpu_copy_to_device(const float* host, TensorView dst, void* stream);
   void gpu_abort() noexcept;
   // Raises an abort another rank sent, if one has arrived (GPU waits poll it).
   void watch_for_aborts();

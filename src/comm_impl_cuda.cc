@@ -15,6 +15,7 @@
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_compressed.h"
 #include "comm_impl.h"
+#include "cuda/check.h"
 #include "cuda/device.h"
 #include "gpu_context.h"
 
@@ -105,6 +106,14 @@ void CommunicatorImpl::gpu_broadcast(Op& op, TensorView t, int root) {
 }
 
 void CommunicatorImpl::gpu_synchronize() { gpu_->synchronize("synchronize"); }
+
+void CommunicatorImpl::gpu_copy_to_device(const float* host, TensorView dst, void* stream_ptr) {
+  DeviceGuard guard(dst.device.index);
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.numel) * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream));
+  GRADCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 void CommunicatorImpl::gpu_abort() noexcept {
   if (gpu_) gpu_->abort();

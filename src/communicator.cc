@@ -127,6 +127,13 @@ void Communicator::broadcast(TensorView t, int root) { Work(impl_->broadcast_asy
 void Communicator::barrier() { Work(impl_->barrier_async()).wait(); }
 void Communicator::synchronize() { impl_->synchronize(); }
 
+AllreducePlan Communicator::plan_allreduce(int64_t numel, const CompressOptions& options) {
+  return impl_->plan_allreduce(numel, options);
+}
+bool Communicator::sent_mask(const std::string& key, TensorView mask, void* stream) {
+  return impl_->sent_mask(key, mask, stream);
+}
+
 std::vector<uint8_t> Communicator::save_state() const { return impl_->save_state(); }
 void Communicator::load_state(std::span<const uint8_t> bytes) { impl_->load_state(bytes); }
 Stats Communicator::stats() const { return impl_->stats(); }

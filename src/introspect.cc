@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "comm_impl.h"
 #include "compressors/spec.h"
 
@@ -22,32 +24,64 @@ std::span<const float> residual_view(Communicator& comm, const std::string& key)
   return {reinterpret_cast<const float*>(k.residual.data()), static_cast<size_t>(k.numel)};
 }
 
-std::vector<float> sent_mask(Communicator& comm, const std::string& key) {
-  CompressionState& state = comm.impl().compression_state();
-  std::lock_guard lock(comm.impl().issue_mutex());  // the map (see introspect.h)
-  const auto it = state.keys.find(key);
-  if (it == state.keys.end() || it->second.device != nullptr || it->second.step == 0) return {};
-  const KeyState& k = it->second;
-  std::vector<float> mask(static_cast<size_t>(k.numel), 1.0f);
-  for (uint64_t i : k.sent) {
-    if (i < mask.size()) mask[i] = 0.0f;
-  }
-  return mask;
+AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOptions& options) {
+  const CompressorSpec spec = parse_compressor_spec(options.compressor.empty() ? "none" : options.compressor);
+  uint64_t step = 0;
+  std::lock_guard lock(issue_mutex_);
+  if (const auto it = state_.keys.find(options.key); it != state_.keys.end()) step = it->second.step;
+  AllreducePlan plan;
+  // The same tests, in the same order, as CompressionEngine::allreduce.
+  plan.compressed = !(spec.id == CompressorId::kNone || step < static_cast<uint64_t>(spec.warmup) ||
+                      numel < spec.min_numel);
+  plan.sparse_with_feedback = spec.ef && (spec.id == CompressorId::kTopk || spec.id == CompressorId::kRandomk ||
+                                          spec.id == CompressorId::kSketch);
+  return plan;
 }
 
-NextAllreduce next_allreduce(Communicator& comm, const std::string& spec_text, const std::string& key,
-                             int64_t numel) {
-  const CompressorSpec spec = parse_compressor_spec(spec_text.empty() ? "none" : spec_text);
-  uint64_t step = 0;
-  const CompressionState& state = comm.impl().compression_state();
-  std::lock_guard lock(comm.impl().issue_mutex());
-  if (const auto it = state.keys.find(key); it != state.keys.end()) step = it->second.step;
-  NextAllreduce next;
-  // The same tests, in the same order, as CompressionEngine::allreduce.
-  next.dense = spec.id == CompressorId::kNone || step < static_cast<uint64_t>(spec.warmup) || numel < spec.min_numel;
-  next.sparsifier_with_ef = spec.ef && (spec.id == CompressorId::kTopk || spec.id == CompressorId::kRandomk ||
-                                        spec.id == CompressorId::kSketch);
-  return next;
+bool CommunicatorImpl::sent_mask(const std::string& key, TensorView mask, void* stream) {
+  check_tensor(mask, "sent_mask", "mask");
+  if (mask.dtype != DType::kFloat32) {
+    throw InvalidArgument(fmt::format("rank {}: sent_mask: mask is {}, expected float32", rank(), dtype_name(mask.dtype)));
+  }
+  std::vector<float> host;
+  {
+    std::lock_guard lock(issue_mutex_);  // the map (the key's own fields: its last call has completed)
+    const auto it = state_.keys.find(key);
+    if (it == state_.keys.end()) return false;
+    const KeyState& k = it->second;
+    if (mask.numel != k.numel) {
+      throw InvalidArgument(fmt::format("rank {}: sent_mask: mask has {} elements, key '{}' has {}", rank(),
+                                        mask.numel, key, k.numel));
+    }
+    if (k.device != nullptr) {
+      if (mask.device.type != DeviceType::kCuda) {
+        throw InvalidArgument(fmt::format("rank {}: sent_mask: key '{}' keeps its state on the GPU; pass a mask in "
+                                          "device memory",
+                                          rank(), key));
+      }
+      return k.device->sent_mask(static_cast<float*>(mask.data), stream);
+    }
+    if (k.sent.empty()) return false;
+    if (mask.device.type == DeviceType::kCpu) {
+      auto* out = static_cast<float*>(mask.data);
+      std::fill(out, out + mask.numel, 1.0f);
+      for (uint64_t i : k.sent) {
+        if (i < static_cast<uint64_t>(mask.numel)) out[i] = 0.0f;
+      }
+      return true;
+    }
+    host.assign(static_cast<size_t>(mask.numel), 1.0f);
+    for (uint64_t i : k.sent) {
+      if (i < host.size()) host[i] = 0.0f;
+    }
+  }
+  // A device mask of state kept on the host (CUDA tensors on the staged path).
+#if GRADCOMM_WITH_CUDA
+  gpu_copy_to_device(host.data(), mask, stream);
+#else
+  (void)stream;  // check_tensor refused CUDA tensors in this build
+#endif
+  return true;
 }
 
 void forget_keys(Communicator& comm, std::span<const std::string> keys) {

@@ -60,15 +60,6 @@ class Reader {
 
 }  // namespace
 
-uint64_t fnv1a64(std::span<const uint8_t> bytes) {
-  uint64_t h = 14695981039346656037ull;
-  for (uint8_t b : bytes) {
-    h ^= b;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 void take_back_from_device(KeyState& key) {
   if (!key.device) return;
   key.residual = key.device->residual_to_host();

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "checksum.h"  // base/: fnv1a64, the state's checksum (and key hashes)
 #include "gradcomm/types.h"
 
 namespace gradcomm::detail {
@@ -37,6 +38,10 @@ class DeviceKeyState {
   virtual std::vector<uint8_t> residual_to_host() const = 0;
   // KeyState::extra's bytes (the compressor's own state, e.g. PowerSGD's Q), likewise.
   virtual std::vector<uint8_t> extra_to_host() const = 0;
+  // DGC's momentum mask of the last sparsified call (KeyState::sent's meaning) into
+  // `mask` (numel device floats on the key's device), enqueued on `stream`; false,
+  // writing nothing, when no sparsified call has run.
+  virtual bool sent_mask(float* mask, void* stream) const = 0;
 };
 
 struct KeyState {
@@ -48,7 +53,7 @@ struct KeyState {
   std::shared_ptr<DeviceKeyState> device;  // set while the state lives on a GPU (then `residual` and `extra` are empty)
   uint32_t parts_digest = 0;  // the shapes of the key's powersgd calls (shape.h), checked at issue; not saved
   // The indices this rank's last sparsified call of the key sent (topk, randomk, sketch),
-  // increasing: DGC's momentum masking (introspect.h). Not saved.
+  // increasing: DGC's momentum masking (Communicator::sent_mask). Not saved.
   std::vector<uint64_t> sent;
 };
 
@@ -65,6 +70,5 @@ std::vector<uint8_t> serialize_state(const CompressionState& state, int rank, in
 // InvalidArgument when well-formed state belongs to another rank or world size.
 CompressionState parse_state(std::span<const uint8_t> bytes, int rank, int world_size);
 
-uint64_t fnv1a64(std::span<const uint8_t> bytes);
 
 }  // namespace gradcomm::detail

@@ -1,13 +1,14 @@
 // Where the math runs: the CPU (OpenBLAS, the reference) or a CUDA device
 // (cuBLAS + trainer/kernels.cu). The training loop (train.cc) is written once
-// against this interface; the gradient always reaches the communicator as host
-// memory (see gradients_to_host()).
+// against this interface; the gradient reaches the communicator where it lives
+// (gradient(): host memory, or CUDA device memory for the NCCL path).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 
+#include "gradcomm/types.h"
 #include "trainer/mlp.h"
 #include "trainer/optimizer.h"
 
@@ -28,7 +29,7 @@ class Backend {
   // says whether the loss and every gradient element are finite. With
   // `layer_done`, it is called once each layer's gradient is complete (last layer
   // first) and the gradient is the caller's from then on (its allreduce may be
-  // writing it): *finite then covers the loss only.
+  // writing it): *finite then covers the loss and what zero_nonfinite() found.
   virtual double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite,
                                   const LayerDone& layer_done = nullptr) = 0;
   // Test hook (--debug-nan-at-step): makes the gradient's first element NaN.
@@ -36,20 +37,27 @@ class Backend {
   // Forward only over `count` host rows: adds to *correct and *loss_sum.
   virtual void evaluate(const float* x, const uint8_t* y, int64_t count, int64_t* correct, double* loss_sum) = 0;
 
-  // The gradient buffer as host memory, for the allreduce, and back. CPU: the
-  // buffer itself (no copy). CUDA: a pinned staging copy (see cuda_backend.cc).
-  virtual float* gradients_to_host() = 0;
-  virtual void gradients_from_host() = 0;
-  // The same for one range (a layer's weight or bias), as soon as backward has
-  // written it: the host pointer is gradients_to_host()'s + range.offset.
-  virtual float* range_to_host(const ParamRange& range) = 0;
-  virtual void range_from_host(const ParamRange& range) = 0;
+  // One range of the gradient buffer (a layer's weight or bias) as the communicator's
+  // tensor: the buffer itself, in host memory (cpu) or device memory (cuda), never a
+  // copy. Allreduced in place.
+  virtual TensorView gradient(const ParamRange& range) = 0;
+  // Scratch of the range's size on the same device, for Communicator::sent_mask.
+  virtual TensorView mask(const ParamRange& range) = 0;
+  // The stream the backend's work is ordered on (cudaStream_t; null on the CPU). The
+  // allreduces run on it (CompressOptions::stream), so kernels issued after a call
+  // returns see its result, as the CPU sees it once the call returns.
+  virtual void* stream() = 0;
+  // Inside layer_done: zeroes the range's non-finite elements before they leave (so
+  // no NaN reaches a peer or a residual); forward_backward's *finite then says
+  // whether there were any.
+  virtual void zero_nonfinite(const ParamRange& range) = 0;
 
   // Optimizer steps over one range of the buffers (optimizer.h has the formulas).
   virtual void dgc_accumulate(const ParamRange& range, const SgdConfig& config) = 0;
   virtual void sgd_update(const ParamRange& range, const SgdConfig& config, float lr) = 0;
-  // `mask`: the range's sent mask (host; introspect.h's sent_mask), zero where sent.
-  virtual void dgc_update(const ParamRange& range, float lr, std::span<const float> mask) = 0;
+  // `masked`: mask(range) holds the range's sent mask (Communicator::sent_mask), 0
+  // where this rank's allreduce sent; false masks nothing.
+  virtual void dgc_update(const ParamRange& range, float lr, bool masked) = 0;
 };
 
 // `max_batch`: the largest batch forward_backward / evaluate chunks will see.

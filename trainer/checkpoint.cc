@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "gradcomm/errors.h"
-#include "state.h"  // detail::fnv1a64, the checksum the communicator's state uses too
+#include "checksum.h"  // base/: detail::fnv1a64, the checksum of the communicator's state too
 
 namespace gradcomm::train {
 namespace {

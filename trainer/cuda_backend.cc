@@ -3,10 +3,10 @@
 // trainer/kernels.cu. Batches arrive as host rows and are staged through pinned
 // memory.
 //
-// The communicator cannot allreduce CUDA tensors yet (issue C2: the NCCL path):
-// until it can, gradients_to_host() copies the gradient buffer into pinned host
-// memory for the allreduce and gradients_from_host() copies the result back. When
-// C2 lands, the allreduce should take the device buffer and these two copies go.
+// The gradient goes to the communicator as device memory (gradient(): Device{kCuda}
+// views of grads_), so the allreduce runs on the GPU path (NCCL, the CUDA
+// compressors; or staged through the host when ranks share a GPU), ordered on this
+// backend's one stream: kernels enqueued after a call returns read its result.
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -15,14 +15,19 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/buffer.h"
-#include "cuda/check.h"
-#include "cuda/device.h"
 #include "gradcomm/errors.h"
 #include "trainer/backend.h"
+#include "trainer/cuda_util.h"
 #include "trainer/kernels.cuh"
 
 namespace gradcomm::train {
+
+void cuda::throw_cuda(cudaError_t status, const char* expression, const char* file, int line) {
+  (void)cudaGetLastError();  // clears a non-sticky error, so it does not resurface at the next check
+  throw CudaError(fmt::format("{} ({}) in `{}` at {}:{}", cudaGetErrorName(status), cudaGetErrorString(status),
+                              expression, file, line));
+}
+
 namespace {
 
 #define TRAIN_CUBLAS_CHECK(expr)                                                                          \
@@ -34,31 +39,31 @@ namespace {
     }                                                                                                     \
   } while (0)
 
-using detail::DeviceBuffer;
-using detail::PinnedBuffer;
+using cuda::DeviceMemory;
+using cuda::PinnedMemory;
 
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const MlpLayout& layout, int64_t max_batch, int device)
-      : layout_(layout), max_batch_(max_batch), device_(device), guard_(device) {
+      : layout_(layout), max_batch_(max_batch), device_(device), scope_(device) {
     const size_t n = static_cast<size_t>(layout.num_params) * sizeof(float);
-    params_ = DeviceBuffer(n);
-    grads_ = DeviceBuffer(n);
-    momentum_ = DeviceBuffer(n);
-    staging_ = PinnedBuffer(n);
-    mask_ = DeviceBuffer(n);
+    params_ = DeviceMemory(n);
+    grads_ = DeviceMemory(n);
+    momentum_ = DeviceMemory(n);
+    mask_ = DeviceMemory(n);
     for (size_t l = 0; l < layout.sizes.size(); ++l) {
       acts_.emplace_back(static_cast<size_t>(max_batch * layout.sizes[l]) * sizeof(float));
     }
-    delta_ = DeviceBuffer(static_cast<size_t>(max_batch * layout.max_width) * sizeof(float));
-    delta_prev_ = DeviceBuffer(delta_.size());
-    labels_ = DeviceBuffer(static_cast<size_t>(max_batch));
-    row_loss_ = DeviceBuffer(static_cast<size_t>(max_batch) * sizeof(float));
-    row_correct_ = DeviceBuffer(static_cast<size_t>(max_batch));
-    flag_ = DeviceBuffer(sizeof(int));
-    host_in_ = PinnedBuffer(static_cast<size_t>(max_batch * layout.sizes[0]) * sizeof(float) +
+    delta_ = DeviceMemory(static_cast<size_t>(max_batch * layout.max_width) * sizeof(float));
+    delta_prev_ = DeviceMemory(delta_.size());
+    labels_ = DeviceMemory(static_cast<size_t>(max_batch));
+    row_loss_ = DeviceMemory(static_cast<size_t>(max_batch) * sizeof(float));
+    row_correct_ = DeviceMemory(static_cast<size_t>(max_batch));
+    flag_ = DeviceMemory(sizeof(int));
+    TRAIN_CUDA_CHECK(cudaMemsetAsync(flag_.data(), 0, sizeof(int), stream_.get()));
+    host_in_ = PinnedMemory(static_cast<size_t>(max_batch * layout.sizes[0]) * sizeof(float) +
                             static_cast<size_t>(max_batch));
-    host_out_ = PinnedBuffer(static_cast<size_t>(max_batch) * (sizeof(float) + 1) + sizeof(int));
+    host_out_ = PinnedMemory(static_cast<size_t>(max_batch) * (sizeof(float) + 1) + sizeof(int));
     TRAIN_CUBLAS_CHECK(cublasCreate(&cublas_));
     TRAIN_CUBLAS_CHECK(cublasSetStream(cublas_, stream_.get()));
     TRAIN_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));  // FP32 GEMMs, like the CPU path
@@ -69,14 +74,14 @@ class CudaBackend final : public Backend {
 
   void upload(const float* params, const float* momentum) override {
     const size_t n = params_.size();
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(params_.data(), params, n, cudaMemcpyHostToDevice, stream_.get()));
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(momentum_.data(), momentum, n, cudaMemcpyHostToDevice, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(params_.data(), params, n, cudaMemcpyHostToDevice, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(momentum_.data(), momentum, n, cudaMemcpyHostToDevice, stream_.get()));
     stream_.synchronize();
   }
   void download(float* params, float* momentum) override {
     const size_t n = params_.size();
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(params, params_.data(), n, cudaMemcpyDeviceToHost, stream_.get()));
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(momentum, momentum_.data(), n, cudaMemcpyDeviceToHost, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(params, params_.data(), n, cudaMemcpyDeviceToHost, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(momentum, momentum_.data(), n, cudaMemcpyDeviceToHost, stream_.get()));
     stream_.synchronize();
   }
 
@@ -94,7 +99,7 @@ class CudaBackend final : public Backend {
                                      &one, a, int(layer.in), delta_.as<float>(), int(layer.out), &zero,
                                      grads_.as<float>() + layer.w_offset, int(layer.in)));
       cuda::column_sums(delta_.as<float>(), grads_.as<float>() + layer.b_offset, batch, layer.out, stream_.get());
-      if (layer_done) layer_done(l);  // range_to_host() waits for this layer's kernels
+      if (layer_done) layer_done(l);  // its allreduces queue on stream_, behind this layer's kernels
       if (l == 0) break;
       // delta_prev (batch, in) = delta . W  -> col-major (in x batch) = Wc . delta_c
       TRAIN_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, int(layer.in), int(batch), int(layer.out),
@@ -103,10 +108,12 @@ class CudaBackend final : public Backend {
       cuda::relu_backward(delta_prev_.as<float>(), a, batch * layer.in, stream_.get());
       std::swap(delta_, delta_prev_);
     }
-    GRADCOMM_CUDA_CHECK(cudaMemsetAsync(flag_.data(), 0, sizeof(int), stream_.get()));
-    cuda::flag_nonfinite(grads_.as<float>(), layout_.num_params, flag_.as<int>(), stream_.get());
+    // flag_ is zero here (the constructor, and every read below, clear it); with
+    // layer_done, zero_nonfinite has set it for what it zeroed.
+    if (!layer_done) cuda::flag_nonfinite(grads_.as<float>(), layout_.num_params, flag_.as<int>(), stream_.get());
     int* flag = reinterpret_cast<int*>(host_out_.as<uint8_t>() + max_batch_ * (sizeof(float) + 1));
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(flag, flag_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(flag, flag_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemsetAsync(flag_.data(), 0, sizeof(int), stream_.get()));
     const double loss = fetch_losses(batch, nullptr) / static_cast<double>(batch);  // synchronizes
     *finite = std::isfinite(loss) && *flag == 0;
     return loss;
@@ -114,7 +121,7 @@ class CudaBackend final : public Backend {
 
   void poison_gradient() override {
     const float nan = NAN;
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(grads_.data(), &nan, sizeof nan, cudaMemcpyHostToDevice, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(grads_.data(), &nan, sizeof nan, cudaMemcpyHostToDevice, stream_.get()));
     stream_.synchronize();
   }
 
@@ -126,30 +133,11 @@ class CudaBackend final : public Backend {
     }
   }
 
-  float* range_to_host(const ParamRange& r) override {
-    const size_t offset = static_cast<size_t>(r.offset) * sizeof(float);
-    const size_t bytes = static_cast<size_t>(r.numel) * sizeof(float);
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(staging_.as<uint8_t>() + offset, grads_.as<uint8_t>() + offset, bytes,
-                                        cudaMemcpyDeviceToHost, stream_.get()));
-    stream_.synchronize();
-    return staging_.as<float>() + r.offset;
-  }
-  void range_from_host(const ParamRange& r) override {
-    const size_t offset = static_cast<size_t>(r.offset) * sizeof(float);
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(grads_.as<uint8_t>() + offset, staging_.as<uint8_t>() + offset,
-                                        static_cast<size_t>(r.numel) * sizeof(float), cudaMemcpyHostToDevice,
-                                        stream_.get()));
-  }
-
-  float* gradients_to_host() override {
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(staging_.data(), grads_.data(), grads_.size(), cudaMemcpyDeviceToHost,
-                                        stream_.get()));
-    stream_.synchronize();
-    return staging_.as<float>();
-  }
-  void gradients_from_host() override {
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(grads_.data(), staging_.data(), grads_.size(), cudaMemcpyHostToDevice,
-                                        stream_.get()));
+  TensorView gradient(const ParamRange& r) override { return device_view(grads_.as<float>() + r.offset, r.numel); }
+  TensorView mask(const ParamRange& r) override { return device_view(mask_.as<float>() + r.offset, r.numel); }
+  void* stream() override { return stream_.get(); }
+  void zero_nonfinite(const ParamRange& r) override {
+    cuda::zero_nonfinite(grads_.as<float>() + r.offset, r.numel, flag_.as<int>(), stream_.get());
   }
 
   void dgc_accumulate(const ParamRange& r, const SgdConfig& config) override {
@@ -160,21 +148,16 @@ class CudaBackend final : public Backend {
     cuda::sgd_update(config, lr, params_.as<float>() + r.offset, grads_.as<float>() + r.offset,
                      momentum_.as<float>() + r.offset, r.numel, stream_.get());
   }
-  void dgc_update(const ParamRange& r, float lr, std::span<const float> host_mask) override {
-    const float* mask = nullptr;
-    if (!host_mask.empty()) {
-      // The mask comes from the communicator (host); the kernel needs it here.
-      GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(mask_.as<float>() + r.offset, host_mask.data(),
-                                          host_mask.size() * sizeof(float), cudaMemcpyHostToDevice, stream_.get()));
-      mask = mask_.as<float>() + r.offset;
-    }
+  void dgc_update(const ParamRange& r, float lr, bool masked) override {
     cuda::dgc_update(lr, params_.as<float>() + r.offset, grads_.as<float>() + r.offset,
-                     momentum_.as<float>() + r.offset, mask, r.numel, stream_.get());
-    // The caller frees the host mask we just queued a copy from when we return.
-    stream_.synchronize();
+                     momentum_.as<float>() + r.offset, masked ? mask_.as<float>() + r.offset : nullptr, r.numel,
+                     stream_.get());
   }
 
  private:
+  TensorView device_view(float* data, int64_t numel) const {
+    return TensorView::of(data, numel, Device{DeviceType::kCuda, device_});
+  }
   void check_batch(int64_t batch) const {
     if (batch <= 0 || batch > max_batch_) {
       throw InvalidArgument(fmt::format("CudaBackend: batch of {} rows, expected 1..{}", batch, max_batch_));
@@ -189,8 +172,8 @@ class CudaBackend final : public Backend {
     auto* staged = host_in_.as<uint8_t>();
     std::memcpy(staged, x, xbytes);
     std::memcpy(staged + xbytes, y, static_cast<size_t>(rows));
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(acts_[0].data(), staged, xbytes, cudaMemcpyHostToDevice, stream_.get()));
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), staged + xbytes, static_cast<size_t>(rows),
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(acts_[0].data(), staged, xbytes, cudaMemcpyHostToDevice, stream_.get()));
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), staged + xbytes, static_cast<size_t>(rows),
                                         cudaMemcpyHostToDevice, stream_.get()));
     const size_t L = layout_.layers.size();
     for (size_t l = 0; l < L; ++l) {
@@ -214,9 +197,9 @@ class CudaBackend final : public Backend {
   double fetch_losses(int64_t rows, int64_t* correct) {
     auto* losses = host_out_.as<float>();
     auto* right = host_out_.as<uint8_t>() + max_batch_ * sizeof(float);
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(losses, row_loss_.data(), static_cast<size_t>(rows) * sizeof(float),
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(losses, row_loss_.data(), static_cast<size_t>(rows) * sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_.get()));
-    GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(right, row_correct_.data(), static_cast<size_t>(rows), cudaMemcpyDeviceToHost,
+    TRAIN_CUDA_CHECK(cudaMemcpyAsync(right, row_correct_.data(), static_cast<size_t>(rows), cudaMemcpyDeviceToHost,
                                         stream_.get()));
     stream_.synchronize();
     double sum = 0;
@@ -230,24 +213,33 @@ class CudaBackend final : public Backend {
   const MlpLayout& layout_;
   int64_t max_batch_;
   int device_;
-  detail::DeviceGuard guard_;  // the device stays current while the backend lives
-  detail::Stream stream_;
+  cuda::DeviceScope scope_;  // the device stays current while the backend lives
+  cuda::Stream stream_;
   cublasHandle_t cublas_ = nullptr;
-  DeviceBuffer params_, grads_, momentum_;  // (num_params) each, layout in mlp.h
-  DeviceBuffer mask_;                       // (num_params): DGC masks, copied from the communicator
-  PinnedBuffer staging_;                    // (num_params): the gradient on its way through the allreduce
-  std::vector<DeviceBuffer> acts_;          // acts_[l]: (max_batch, sizes[l]); acts_[0] is the input
-  DeviceBuffer delta_, delta_prev_;         // (max_batch, max_width)
-  DeviceBuffer labels_;                     // (max_batch) u8
-  DeviceBuffer row_loss_, row_correct_;     // (max_batch) f32 / u8
-  DeviceBuffer flag_;                       // int: any non-finite gradient
-  PinnedBuffer host_in_, host_out_;         // batch upload; losses, correctness and flag download
+  DeviceMemory params_, grads_, momentum_;  // (num_params) each, layout in mlp.h
+  DeviceMemory mask_;                       // (num_params): DGC's sent masks, written by the communicator
+  std::vector<DeviceMemory> acts_;          // acts_[l]: (max_batch, sizes[l]); acts_[0] is the input
+  DeviceMemory delta_, delta_prev_;         // (max_batch, max_width)
+  DeviceMemory labels_;                     // (max_batch) u8
+  DeviceMemory row_loss_, row_correct_;     // (max_batch) f32 / u8
+  DeviceMemory flag_;                       // int: any non-finite gradient
+  PinnedMemory host_in_, host_out_;         // batch upload; losses, correctness and flag download
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const MlpLayout& layout, int64_t max_batch, int device) {
-  detail::require_cuda_device(device, "gradcomm-train --device cuda");  // Unsupported: "no CUDA device (...)"
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  if (status != cudaSuccess || count == 0) {
+    throw Unsupported(fmt::format("gradcomm-train --device cuda: no CUDA device ({})",
+                                  status != cudaSuccess ? cudaGetErrorString(status) : "none found"));
+  }
+  if (device < 0 || device >= count) {
+    throw Unsupported(fmt::format("gradcomm-train --device cuda:{}: no such CUDA device (this machine has {})", device,
+                                  count));
+  }
   return std::make_unique<CudaBackend>(layout, max_batch, device);
 }
 

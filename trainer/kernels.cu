@@ -2,7 +2,7 @@
 // the launch and never synchronize.
 #include <cmath>
 
-#include "cuda/check.h"
+#include "trainer/cuda_util.h"
 #include "trainer/kernels.cuh"
 
 namespace gradcomm::train::cuda {
@@ -72,6 +72,15 @@ __global__ void flag_nonfinite_kernel(const float* x, int64_t n, int* flag) {
   }
 }
 
+__global__ void zero_nonfinite_kernel(float* x, int64_t n, int* flag) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if (!isfinite(x[i])) {
+      x[i] = 0.0f;
+      *flag = 1;  // benign race, as above
+    }
+  }
+}
+
 __global__ void sgd_update_kernel(float momentum, float weight_decay, bool nesterov, float lr, float* w,
                                   const float* g, float* v, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -102,56 +111,62 @@ __global__ void dgc_update_kernel(float lr, float* w, const float* r, float* u, 
 void broadcast_rows(float* z, const float* b, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows * cols == 0) return;
   broadcast_rows_kernel<<<grid_for(rows * cols), kBlock, 0, stream>>>(z, b, rows, cols);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void relu(float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   relu_kernel<<<grid_for(n), kBlock, 0, stream>>>(x, n);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void relu_backward(float* delta, const float* a, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   relu_backward_kernel<<<grid_for(n), kBlock, 0, stream>>>(delta, a, n);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void column_sums(const float* delta, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (cols == 0) return;
   column_sums_kernel<<<grid_for(cols), kBlock, 0, stream>>>(delta, db, rows, cols);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void softmax_cross_entropy(const float* logits, const uint8_t* labels, int64_t rows, int64_t classes,
                            float* dlogits, float* loss, uint8_t* correct, cudaStream_t stream) {
   if (rows == 0) return;
   softmax_xent_kernel<<<grid_for(rows), kBlock, 0, stream>>>(logits, labels, rows, classes, dlogits, loss, correct);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void flag_nonfinite(const float* x, int64_t n, int* flag, cudaStream_t stream) {
   if (n == 0) return;
   flag_nonfinite_kernel<<<grid_for(n), kBlock, 0, stream>>>(x, n, flag);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void zero_nonfinite(float* x, int64_t n, int* flag, cudaStream_t stream) {
+  if (n == 0) return;
+  zero_nonfinite_kernel<<<grid_for(n), kBlock, 0, stream>>>(x, n, flag);
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void sgd_update(const SgdConfig& c, float lr, float* w, const float* g, float* v, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   sgd_update_kernel<<<grid_for(n), kBlock, 0, stream>>>(c.momentum, c.weight_decay, c.nesterov, lr, w, g, v, n);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void dgc_accumulate(const SgdConfig& c, const float* w, float* g, float* u, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   dgc_accumulate_kernel<<<grid_for(n), kBlock, 0, stream>>>(c.momentum, c.weight_decay, c.nesterov, w, g, u, n);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 void dgc_update(float lr, float* w, const float* r, float* u, const float* mask, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   dgc_update_kernel<<<grid_for(n), kBlock, 0, stream>>>(lr, w, r, u, mask, n);
-  GRADCOMM_CUDA_CHECK_LAUNCH();
+  TRAIN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gradcomm::train::cuda

@@ -26,6 +26,8 @@ void softmax_cross_entropy(const float* logits, const uint8_t* labels, int64_t r
                            float* dlogits, float* loss, uint8_t* correct, cudaStream_t stream);
 // *flag = 1 when any x[i] is not finite (flag must be zeroed by the caller).
 void flag_nonfinite(const float* x, int64_t n, int* flag, cudaStream_t stream);
+// x[i] = 0 where it is not finite, and then *flag = 1 (flag zeroed by the caller).
+void zero_nonfinite(float* x, int64_t n, int* flag, cudaStream_t stream);
 
 // optimizer.h, element for element.
 void sgd_update(const SgdConfig& config, float lr, float* w, const float* g, float* v, int64_t n,

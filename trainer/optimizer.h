@@ -38,7 +38,7 @@ void sgd_update(const SgdConfig& config, float lr, float* w, const float* g, flo
 
 // Momentum correction, before the allreduce: updates u and overwrites g with what to send.
 void dgc_accumulate(const SgdConfig& config, const float* w, float* g, float* u, int64_t n);
-// After the allreduce: w -= lr * r; u[i] = 0 where mask[i] == 0 (sent: introspect.h's
+// After the allreduce: w -= lr * r; u[i] = 0 where mask[i] == 0 (sent: Communicator::
 // sent_mask). An empty mask masks nothing.
 void dgc_update(float lr, float* w, const float* r, float* u, std::span<const float> mask, int64_t n);
 

@@ -32,7 +32,6 @@
 #include <numeric>
 
 #include "gradcomm/errors.h"
-#include "introspect.h"  // sent_mask / next_allreduce: DGC masking (internal API)
 #include "trainer/backend.h"
 #include "trainer/checkpoint.h"
 #include "trainer/dataset.h"
@@ -106,7 +105,8 @@ void trim_log(const std::string& path, int64_t completed_epochs) {
 
 class Trainer {
  public:
-  Trainer(const Config& config, Communicator& comm) : c_(config), comm_(comm) {}
+  Trainer(const Config& config, Communicator& comm, const BackendFactory& make_backend)
+      : c_(config), comm_(comm), make_backend_(make_backend) {}
   void run();
 
  private:
@@ -136,11 +136,13 @@ class Trainer {
     o.compressor = c_.compressor;
     o.key = r.name;
     o.shape = r.shape;
+    o.stream = backend_ ? backend_->stream() : nullptr;  // CUDA: the backend's stream orders the calls
     return o;
   }
 
   const Config& c_;
   Communicator& comm_;
+  const BackendFactory& make_backend_;
   int rank_ = 0, size_ = 1;
   FashionMnist data_;
   MlpLayout layout_;
@@ -189,16 +191,20 @@ void Trainer::setup() {
 
   // Validate the compressor (and momentum correction's needs) before any step.
   for (const ParamRange& r : layout_.ranges) {
-    const detail::NextAllreduce next = detail::next_allreduce(comm_, c_.compressor, r.name, r.numel);
-    if (c_.momentum_correction && !next.sparsifier_with_ef) {
+    const AllreducePlan plan = comm_.plan_allreduce(r.numel, options_for(r));
+    if (c_.momentum_correction && !plan.sparse_with_feedback) {
       throw InvalidArgument(fmt::format("--momentum-correction needs a sparsifier with error feedback (topk, randomk "
                                         "or sketch, ef=1); --compressor is '{}'",
                                         c_.compressor));
     }
   }
   const int64_t max_batch = std::max(c_.batch_size, kEvalChunk);
-  backend_ = device.type == DeviceType::kCpu ? make_cpu_backend(layout_, max_batch)
-                                             : make_cuda_backend(layout_, max_batch, device.index);
+  if (make_backend_) {
+    backend_ = make_backend_(layout_, max_batch, device);
+  } else {
+    backend_ = device.type == DeviceType::kCpu ? make_cpu_backend(layout_, max_batch)
+                                               : make_cuda_backend(layout_, max_batch, device.index);
+  }
   batch_x_.resize(static_cast<size_t>(c_.batch_size * kImagePixels));
   batch_y_.resize(static_cast<size_t>(c_.batch_size));
   dgc_mode_.assign(layout_.ranges.size(), 0);
@@ -394,16 +400,15 @@ bool Trainer::step_blocking(double& loss) {
     const ParamRange& r = layout_.ranges[i];
     // Momentum correction only where the allreduce really sparsifies; dense keys
     // (min_numel, warm-up) use plain momentum on the averaged gradient.
-    dgc_mode_[i] = c_.momentum_correction && !detail::next_allreduce(comm_, c_.compressor, r.name, r.numel).dense;
+    dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).compressed;
     if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
   }
-  float* grads = backend_->gradients_to_host();
   compute_s_ += seconds_since(t0);
 
   t0 = Clock::now();
   const Stats before = comm_.stats();
   for (const ParamRange& r : layout_.ranges) {
-    comm_.allreduce(TensorView::of(grads + r.offset, r.numel), ReduceOp::kAvg, options_for(r));
+    comm_.allreduce(backend_->gradient(r), ReduceOp::kAvg, options_for(r));
     // What the dense ring sends for this tensor: 2(N-1)/N of its bytes.
     s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
   }
@@ -412,7 +417,6 @@ bool Trainer::step_blocking(double& loss) {
   comm_s_ += seconds_since(t0) - ((after.encode_s - before.encode_s) + (after.decode_s - before.decode_s));
 
   t0 = Clock::now();
-  backend_->gradients_from_host();
   update();
   compute_s_ += seconds_since(t0);
   return true;
@@ -426,27 +430,22 @@ bool Trainer::step_blocking(double& loss) {
 bool Trainer::step_overlapped(double& loss) {
   const bool poison = s_.global_step == c_.debug_nan_at_step && rank_ == c_.debug_rank;
   std::vector<std::shared_ptr<Work>> works(layout_.ranges.size());
-  bool finite = true;
   const LayerDone layer_done = [&](size_t layer) {
     if (poison && layer == 0) backend_->poison_gradient();  // the first element of fc1.weight
     for (size_t i : {2 * layer, 2 * layer + 1}) {
       const ParamRange& r = layout_.ranges[i];
-      dgc_mode_[i] = c_.momentum_correction && !detail::next_allreduce(comm_, c_.compressor, r.name, r.numel).dense;
+      dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).compressed;
       if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
-      float* host = backend_->range_to_host(r);
-      if (!std::all_of(host, host + r.numel, [](float g) { return std::isfinite(g); })) {
-        finite = false;
-        std::fill(host, host + r.numel, 0.0f);
-      }
-      works[i] = comm_.allreduce_async(TensorView::of(host, r.numel), ReduceOp::kAvg, options_for(r));
+      backend_->zero_nonfinite(r);  // no NaN leaves; forward_backward's finite says if there was one
+      works[i] = comm_.allreduce_async(backend_->gradient(r), ReduceOp::kAvg, options_for(r));
       s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
     }
   };
   auto t0 = Clock::now();
-  bool loss_finite = true;
-  loss = backend_->forward_backward(batch_x_.data(), batch_y_.data(), c_.batch_size, &loss_finite, layer_done);
+  bool finite = true;  // the loss, and what zero_nonfinite zeroed
+  loss = backend_->forward_backward(batch_x_.data(), batch_y_.data(), c_.batch_size, &finite, layer_done);
   if (poison) loss = NAN;
-  finite = finite && loss_finite && std::isfinite(loss);
+  finite = finite && std::isfinite(loss);
   compute_s_ += seconds_since(t0);
 
   // Exposed communication: whatever of the allreduces backward did not hide. The
@@ -458,7 +457,6 @@ bool Trainer::step_overlapped(double& loss) {
   if (skip_nonfinite(flags)) return false;
 
   t0 = Clock::now();
-  for (const ParamRange& r : layout_.ranges) backend_->range_from_host(r);
   update();
   compute_s_ += seconds_since(t0);
   return true;
@@ -469,7 +467,8 @@ void Trainer::update() {
   for (size_t i = 0; i < layout_.ranges.size(); ++i) {
     const ParamRange& r = layout_.ranges[i];
     if (dgc_mode_[i]) {
-      backend_->dgc_update(r, lr, detail::sent_mask(comm_, r.name));
+      const bool masked = comm_.sent_mask(r.name, backend_->mask(r), backend_->stream());
+      backend_->dgc_update(r, lr, masked);
     } else {
       backend_->sgd_update(r, sgd_, lr);
     }
@@ -611,6 +610,8 @@ void Trainer::run() {
 
 }  // namespace
 
-void run_training(const Config& config, Communicator& comm) { Trainer(config, comm).run(); }
+void run_training(const Config& config, Communicator& comm, const BackendFactory& make_backend) {
+  Trainer(config, comm, make_backend).run();
+}
 
 }  // namespace gradcomm::train

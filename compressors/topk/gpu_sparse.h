@@ -125,6 +125,10 @@ void gpu_gather(const float* acc, const uint64_t* indices, const uint64_t* count
 // out[indices[j]] = values[j] for j < *count (the caller zero-fills out first).
 void gpu_scatter(float* out, const uint64_t* indices, const float* values, const uint64_t* count, int64_t capacity,
                  cudaStream_t stream);
+// DGC's momentum mask of a selection: mask[i] = 0 at indices[0, *count), 1 elsewhere
+// (n floats; indices < n, as every selection above leaves them).
+void gpu_sent_mask(float* mask, int64_t n, const uint64_t* indices, const uint64_t* count, int64_t capacity,
+                   cudaStream_t stream);
 // residual[i] = grad[i] + residual[i]: acc, for the compressors whose selection does
 // not read the data (random-k).
 void gpu_fold_residual(const float* grad, float* residual, int64_t n, cudaStream_t stream);

@@ -294,6 +294,16 @@ __global__ void scatter_kernel(float* out, const uint64_t* indices, const float*
   for (int64_t j = first_thread(); static_cast<uint64_t>(j) < c; j += thread_stride()) out[indices[j]] = values[j];
 }
 
+// DGC's momentum mask: 1 everywhere, then 0 at the selection (two kernels on one
+// stream: the second sees the first's writes).
+__global__ void fill_one_kernel(float* mask, int64_t n) {
+  for (int64_t i = first_thread(); i < n; i += thread_stride()) mask[i] = 1.0f;
+}
+__global__ void clear_at_kernel(float* mask, const uint64_t* indices, const uint64_t* count, int64_t capacity) {
+  const uint64_t c = bounded_count(count, capacity);
+  for (int64_t j = first_thread(); static_cast<uint64_t>(j) < c; j += thread_stride()) mask[indices[j]] = 0.0f;
+}
+
 __global__ void fold_kernel(const float* grad, float* residual, int64_t n) {
   for (int64_t i = first_thread(); i < n; i += thread_stride()) residual[i] = __fadd_rn(grad[i], residual[i]);
 }
@@ -351,6 +361,16 @@ void gpu_scatter(float* out, const uint64_t* indices, const float* values, const
                  cudaStream_t stream) {
   if (capacity <= 0) return;
   scatter_kernel<<<grid_for(capacity, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(out, indices, values, count, capacity);
+  GRADCOMM_CUDA_CHECK_LAUNCH();
+}
+
+void gpu_sent_mask(float* mask, int64_t n, const uint64_t* indices, const uint64_t* count, int64_t capacity,
+                   cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_one_kernel<<<grid_for(n, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(mask, n);
+  GRADCOMM_CUDA_CHECK_LAUNCH();
+  if (capacity <= 0) return;
+  clear_at_kernel<<<grid_for(capacity, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(mask, indices, count, capacity);
   GRADCOMM_CUDA_CHECK_LAUNCH();
 }
 

@@ -50,6 +50,16 @@ struct Stats {
   double comm_s() const { return total_s - reduce_s - encode_s - decode_s; }  // waiting on the wire
 };
 
+// How the next allreduce of a float32 tensor will travel (Communicator::plan_allreduce).
+struct AllreducePlan {
+  // Compressed, or on the dense ring: compressor "none", numel under the spec's
+  // min_numel, or the key still in its warm-up steps go dense.
+  bool compressed = false;
+  // A sparsifier with error feedback (topk, randomk, sketch with ef=1): what it did
+  // not send stays in the residual, and sent_mask() says what it sent.
+  bool sparse_with_feedback = false;
+};
+
 namespace detail {
 class CommunicatorImpl;
 struct WorkState;
@@ -116,6 +126,24 @@ class Communicator {
   std::shared_ptr<Work> broadcast_async(TensorView t, int root);
   // Waits for stream-ordered work (CUDA tensors) to finish and surfaces its errors.
   void synchronize();
+
+  // Compression state, read by optimizers that adapt to it (the reference trainer's
+  // DGC momentum correction). Both read a key's state as its last allreduce left it:
+  // call them once that call has completed (Work waited on; for CUDA tensors, on the
+  // same stream).
+  //
+  // How the next allreduce of `numel` float32 elements with `options` (compressor and
+  // key) will travel: the engine's own tests, in its order. InvalidArgument for a bad
+  // spec, as allreduce would throw.
+  AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
+  // DGC's momentum-factor masking (Lin et al., 2018): writes 0 into `mask` (float32,
+  // the key's numel) at the coordinates this rank's last sparsified allreduce of `key`
+  // sent, 1 elsewhere. The mask may be host memory, or device memory on the key's
+  // device (then written on `stream`, a cudaStream_t; null = default stream). Returns
+  // false, and leaves the mask untouched, when no sparsified allreduce of the key has
+  // run yet (nothing to mask). A key whose state lives on a GPU (CUDA tensors on the
+  // NCCL path) needs a device mask.
+  bool sent_mask(const std::string& key, TensorView mask, void* stream = nullptr);
 
   // All compression state (residuals, steps), after every call issued before it.
   std::vector<uint8_t> save_state() const;

@@ -47,6 +47,9 @@ class GpuKeyState final : public DeviceKeyState {
   // Both wait for every call enqueued so far (GpuContext::synchronize), then copy.
   std::vector<uint8_t> residual_to_host() const override;
   std::vector<uint8_t> extra_to_host() const override;  // the kept Q's bytes, or empty
+  bool sent_mask(float* mask, void* stream) const override;  // from `sparse`'s selection
+
+  bool has_selection = false;  // a sparsified call (topk, randomk, sketch) left its selection in `sparse`
 
   bool has_residual = false;
   int64_t numel = 0;

@@ -207,6 +207,15 @@ std::vector<uint8_t> GpuKeyState::extra_to_host() const {
   return out;
 }
 
+bool GpuKeyState::sent_mask(float* mask, void* stream) const {
+  if (!has_selection) return false;
+  DeviceGuard guard(gpu_->device());
+  // The selection is the last one on this key's stream; decoding never touches it
+  // (coded payloads decode through the workspace's own scratch).
+  gpu_sent_mask(mask, numel, sparse.indices(), sparse.count(), sparse.capacity(), static_cast<cudaStream_t>(stream));
+  return true;
+}
+
 void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t numel, ReduceOp reduce_op,
                                const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
                                const std::vector<powersgd::Part>* parts, cudaStream_t stream) {
@@ -250,6 +259,7 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
     }
     case CompressorId::kTopk:
       topk(op, gpu, ks, data, residual, numel, spec, mine, status, stream);
+      ks.has_selection = true;
       break;
     case CompressorId::kRandomk: {
       gpu_randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared, ks.sparse, stream);
@@ -259,6 +269,7 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
         acc = residual;
       }
       gather_sum_scatter(op, gpu, ks, data, acc, residual, numel, spec.values, status + op.rank(), stream);
+      ks.has_selection = true;
       break;
     }
     case CompressorId::kSketch: {
@@ -275,6 +286,7 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
       sketch.recover(table, numel, k, ks.sparse, stream);
       gather_sum_scatter(op, gpu, ks, data, residual != nullptr ? residual : data, residual, numel, spec.values,
                          status + op.rank(), stream);
+      ks.has_selection = true;
       break;
     }
     case CompressorId::kPowersgd:

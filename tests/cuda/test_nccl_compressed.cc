@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -89,6 +90,40 @@ TEST(NcclCompressed, SingleRankEveryCompressorGivesTheCpuPathsBytesOverSteps) {
     ASSERT_EQ(gpu->save_state(), cpu->save_state()) << "residuals and steps";
   }
   EXPECT_EQ(gpu->impl().cuda_path(), "nccl");
+}
+
+// Communicator::sent_mask of a key whose state lives on the GPU: written on the
+// device, equal to the CPU path's mask after the same steps (the selections are the
+// same); a host mask for device state is refused by name.
+TEST(NcclCompressed, SentMaskOnTheDeviceEqualsTheCpuPaths) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto gpu = testing::single_rank("nccl");
+  auto cpu = testing::single_rank("ucx");
+  const int64_t numel = 10007;
+  detail::DeviceBuffer mask(numel * sizeof(float));
+  const TensorView device_mask{mask.data(), numel, DType::kFloat32, {DeviceType::kCuda, 0}};
+  for (const char* spec : {"topk:ratio=0.01", "topk:ratio=0.02,select=sample", "randomk:ratio=0.05",
+                           "sketch:rows=5,k=20"}) {
+    SCOPED_TRACE(spec);
+    const bool heavy = std::string(spec).starts_with("sketch");
+    const CompressOptions options{spec, fmt::format("m/{}", spec), nullptr};
+    EXPECT_FALSE(gpu->sent_mask(options.key, device_mask)) << "nothing sent yet";
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> host(numel);
+      for (int64_t i = 0; i < numel; ++i) host[i] = input(0, step, i, heavy);
+      std::vector<float> reference = host;
+      cpu->allreduce(TensorView::of(reference.data(), numel), ReduceOp::kSum, options);
+      on_gpu(*gpu, host, options, ReduceOp::kSum);
+    }
+    std::vector<float> expected(numel), got(numel, -1.0f);
+    ASSERT_TRUE(cpu->sent_mask(options.key, TensorView::of(expected.data(), numel)));
+    ASSERT_TRUE(gpu->sent_mask(options.key, device_mask));
+    GRADCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+    GRADCOMM_CUDA_CHECK(cudaMemcpy(got.data(), mask.data(), numel * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, expected);
+    EXPECT_GT(std::count(got.begin(), got.end(), 0.0f), 0);
+    EXPECT_THROW(gpu->sent_mask(options.key, TensorView::of(got.data(), numel)), InvalidArgument);
+  }
 }
 
 // The NCCL path has only the sparse allgather; asking for the reduce-scatter is an

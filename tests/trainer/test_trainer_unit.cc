@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include "trainer/dataset.h"
 #include "trainer/mlp.h"
 #include "trainer/optimizer.h"
+#include "trainer/train.h"
 
 namespace gradcomm::train {
 namespace {
@@ -322,6 +325,109 @@ TEST(Checkpoint, WriteReplacesAtomicallyAndKeepsPrevious) {
   EXPECT_EQ(parse_checkpoint(*prev, "prev", 3, 4).global_step, 45);
   EXPECT_FALSE(fs::exists(checkpoint_path(dir.string(), 3) + ".tmp"));
   EXPECT_FALSE(read_file_if_exists((dir / "absent").string()).has_value());
+}
+
+// ---- what the trainer hands the communicator ------------------------------------
+
+// Computes on the CPU (make_cpu_backend) but labels the gradient and mask views it
+// hands out with `device`, and records them: what the CUDA backend hands the
+// communicator, observable without a GPU.
+class LabellingBackend final : public Backend {
+ public:
+  LabellingBackend(std::unique_ptr<Backend> inner, Device device, std::vector<TensorView>* handed)
+      : inner_(std::move(inner)), device_(device), handed_(handed) {}
+  const char* name() const override { return "labelling"; }
+  void upload(const float* p, const float* m) override { inner_->upload(p, m); }
+  void download(float* p, float* m) override { inner_->download(p, m); }
+  double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite,
+                          const LayerDone& layer_done) override {
+    return inner_->forward_backward(x, y, batch, finite, layer_done);
+  }
+  void poison_gradient() override { inner_->poison_gradient(); }
+  void evaluate(const float* x, const uint8_t* y, int64_t count, int64_t* correct, double* loss_sum) override {
+    inner_->evaluate(x, y, count, correct, loss_sum);
+  }
+  TensorView gradient(const ParamRange& r) override { return label(inner_->gradient(r)); }
+  TensorView mask(const ParamRange& r) override { return label(inner_->mask(r)); }
+  void* stream() override { return nullptr; }
+  void zero_nonfinite(const ParamRange& r) override { inner_->zero_nonfinite(r); }
+  void dgc_accumulate(const ParamRange& r, const SgdConfig& c) override { inner_->dgc_accumulate(r, c); }
+  void sgd_update(const ParamRange& r, const SgdConfig& c, float lr) override { inner_->sgd_update(r, c, lr); }
+  void dgc_update(const ParamRange& r, float lr, bool masked) override { inner_->dgc_update(r, lr, masked); }
+
+ private:
+  TensorView label(TensorView v) {
+    v.device = device_;
+    handed_->push_back(v);
+    return v;
+  }
+  std::unique_ptr<Backend> inner_;
+  Device device_;
+  std::vector<TensorView>* handed_;
+};
+
+// One rank, a tiny data set, one epoch of a small MLP on `device`.
+void train_with_labels(const std::string& name, bool overlap, const std::string& device_flag, Device label,
+                       std::vector<TensorView>* handed, std::vector<Device>* asked) {
+  Config c;
+  c.data_dir = tiny_dataset(name, 16).string();
+  c.hidden = {8};
+  c.epochs = 1;
+  c.batch_size = 4;
+  c.progress_s = 0;
+  c.overlap = overlap;
+  c.device = device_flag;
+  c.compressor = "topk:ratio=0.25";
+  InitOptions init;
+  init.rank = 0;
+  init.world_size = 1;
+  auto comm = Communicator::create(init);
+  run_training(c, *comm, [&](const MlpLayout& layout, int64_t max_batch, Device device) {
+    asked->push_back(device);
+    return std::make_unique<LabellingBackend>(make_cpu_backend(layout, max_batch), label, handed);
+  });
+}
+
+// The control: labelled as host memory, the same backend trains to the end, and the
+// communicator got the backend's own buffers (no copies) for every parameter.
+TEST(TrainerViews, HostViewsTrainToTheEnd) {
+  for (bool overlap : {true, false}) {
+    std::vector<TensorView> handed;
+    std::vector<Device> asked;
+    ASSERT_NO_THROW(train_with_labels("views_cpu", overlap, "cpu", Device{DeviceType::kCpu, 0}, &handed, &asked));
+    ASSERT_EQ(asked.size(), 1u);
+    EXPECT_EQ(asked[0].type, DeviceType::kCpu);
+    // 4 steps x 4 tensors (fc1/fc2 weight and bias), each handed once per step.
+    EXPECT_EQ(handed.size(), 16u) << "overlap " << overlap;
+  }
+}
+
+// --device cuda: the trainer asks for a CUDA backend and hands the communicator that
+// backend's Device{kCuda} views, not host copies. This machine's communicator then
+// refuses them (no CUDA device, or, on a GPU machine, host memory labelled as device
+// memory), naming the allreduce and the device: proof of what it was handed.
+TEST(TrainerViews, CudaTrainerHandsTheCommunicatorDeviceViews) {
+  for (bool overlap : {true, false}) {
+    std::vector<TensorView> handed;
+    std::vector<Device> asked;
+    try {
+      train_with_labels("views_cuda", overlap, "cuda:0", Device{DeviceType::kCuda, 0}, &handed, &asked);
+      FAIL() << "a CPU buffer labelled cuda:0 reached no allreduce";
+    } catch (const Error& e) {
+      std::string what = e.what();
+      std::transform(what.begin(), what.end(), what.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      EXPECT_NE(what.find("allreduce"), std::string::npos) << e.what();
+      EXPECT_NE(what.find("cuda"), std::string::npos) << e.what();
+    }
+    ASSERT_EQ(asked.size(), 1u);
+    EXPECT_EQ(asked[0].type, DeviceType::kCuda);
+    EXPECT_EQ(asked[0].index, 0);
+    ASSERT_FALSE(handed.empty()) << "overlap " << overlap;
+    for (const TensorView& v : handed) {
+      EXPECT_EQ(v.device.type, DeviceType::kCuda);
+      EXPECT_EQ(v.dtype, DType::kFloat32);
+    }
+  }
 }
 
 }  // namespace

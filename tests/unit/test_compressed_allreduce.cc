@@ -238,6 +238,64 @@ TEST(CompressedAllreduce, WarmupAndMinNumelGoDense) {
   }
 }
 
+// plan_allreduce: the engine's own decision, step by step. Warm-up and min_numel go
+// dense, "none" always does; only sparsifiers with error feedback report it.
+TEST(CompressedAllreduce, PlanAllreduceFollowsWarmupMinNumelAndTheFamily) {
+  testing::run_ranks(2, [](Communicator& comm) {
+    const int64_t numel = 1000;
+    const CompressOptions warm{"topk:ratio=0.01,warmup=2", "w", nullptr};
+    std::vector<bool> compressed;
+    for (int step = 0; step < 4; ++step) {
+      const AllreducePlan plan = comm.plan_allreduce(numel, warm);
+      compressed.push_back(plan.compressed);
+      EXPECT_TRUE(plan.sparse_with_feedback);
+      auto g = gradient(comm.rank(), numel, step + 1);
+      comm.allreduce(TensorView::of(g.data(), numel), ReduceOp::kSum, warm);
+    }
+    EXPECT_EQ(compressed, (std::vector<bool>{false, false, true, true}));
+    EXPECT_FALSE(comm.plan_allreduce(numel, {"none", "n", nullptr}).compressed);
+    EXPECT_FALSE(comm.plan_allreduce(numel, {"sign:min_numel=5000", "s", nullptr}).compressed);
+    EXPECT_TRUE(comm.plan_allreduce(5000, {"sign:min_numel=5000", "s", nullptr}).compressed);
+    EXPECT_FALSE(comm.plan_allreduce(numel, {"sign", "s", nullptr}).sparse_with_feedback);
+    EXPECT_FALSE(comm.plan_allreduce(numel, {"topk:ratio=0.1,ef=0", "t", nullptr}).sparse_with_feedback);
+    for (const char* spec : {"randomk:ratio=0.1", "sketch:k=10", "topk:k=5"}) {
+      EXPECT_TRUE(comm.plan_allreduce(numel, {spec, "x", nullptr}).sparse_with_feedback) << spec;
+    }
+    EXPECT_THROW(comm.plan_allreduce(numel, {"topk:ratio=7", "t", nullptr}), InvalidArgument);
+  });
+}
+
+// sent_mask: 0 exactly at what this rank's top-k sent (its own k largest magnitudes
+// of gradient + residual), 1 elsewhere; false before any sparsified call; bad masks
+// are refused by name.
+TEST(CompressedAllreduce, SentMaskMarksExactlyWhatThisRankSent) {
+  testing::run_ranks(2, [](Communicator& comm) {
+    const int64_t numel = 500, k = 7;
+    const CompressOptions options{"topk:k=7,values=fp32", "grad", nullptr};
+    std::vector<float> mask(numel, 5.0f);
+    EXPECT_FALSE(comm.sent_mask("grad", TensorView::of(mask.data(), numel)));
+    EXPECT_EQ(mask, std::vector<float>(numel, 5.0f)) << "untouched when nothing was sent";
+    auto g = gradient(comm.rank(), numel, 3);
+    const auto before = g;
+    comm.allreduce(TensorView::of(g.data(), numel), ReduceOp::kSum, options);
+    ASSERT_TRUE(comm.sent_mask("grad", TensorView::of(mask.data(), numel)));
+    // First step: the residual was zero, so the selection is the gradient's own top k.
+    std::vector<int64_t> order(numel);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return std::abs(before[a]) > std::abs(before[b]); });
+    std::vector<float> expected(numel, 1.0f);
+    for (int64_t j = 0; j < k; ++j) expected[order[j]] = 0.0f;
+    EXPECT_EQ(mask, expected) << "rank " << comm.rank();
+
+    std::vector<float> short_mask(numel - 1);
+    EXPECT_THROW(comm.sent_mask("grad", TensorView::of(short_mask.data(), numel - 1)), InvalidArgument);
+    std::vector<double> wide(numel);
+    EXPECT_THROW(comm.sent_mask("grad", TensorView::of(wide.data(), numel)), InvalidArgument);
+    EXPECT_FALSE(comm.sent_mask("never-used", TensorView::of(mask.data(), numel)));
+  });
+}
+
 // Checkpoint after a few steps, restore into fresh communicators, and the next
 // step matches the uninterrupted run bitwise (residuals and step counters survive).
 TEST(CompressedAllreduce, SaveAndLoadStateResumeExactly) {
