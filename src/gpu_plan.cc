@@ -78,44 +78,27 @@ GpuPathChoice choose_gpu_path(const std::string& preference, const std::vector<G
 // ---- the NCCL ring allreduce schedule ---------------------------------------------------
 
 GpuRingPlan::GpuRingPlan(int size, int rank, int64_t numel, int64_t chunk_elems, int max_chunks, int slots)
-    : size_(size), rank_(rank), numel_(numel), slots_(std::max(slots, 1)) {
-  if (size_ <= 1) return;
-  const int64_t max_seg = (numel + size - 1) / size;
-  chunk_elems = std::max<int64_t>(chunk_elems, 1);
-  chunks_ = std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, std::max(max_chunks, 1));
-  rs_units_ = int64_t{size - 1} * chunks_;
-  slot_elems_ = (max_seg + chunks_ - 1) / chunks_;
+    : schedule_(std::max(size, 1), rank, numel, /*align=*/1, chunk_elems, max_chunks), slots_(std::max(slots, 1)) {
   // An event index is re-recorded event_slots() units later; the latest wait on it
   // comes max(C, slots) units after its record (see unit()).
-  event_slots_ = static_cast<int>(std::max<int64_t>(chunks_, slots_)) + 1;
-}
-
-std::pair<int64_t, int64_t> GpuRingPlan::chunk(int s, int64_t j) const {
-  const int64_t b = seg_begin(s);
-  const int64_t len = seg_begin(s + 1) - b;
-  return {b + len * j / chunks_, b + len * (j + 1) / chunks_};
+  event_slots_ = static_cast<int>(std::max<int64_t>(schedule_.chunks(), slots_)) + 1;
 }
 
 RingUnit GpuRingPlan::unit(int64_t u) const {
-  const int64_t C = chunks_;
-  const bool rs = u < rs_units_;
-  const int64_t k = (rs ? u : u - rs_units_) / C;
-  const int64_t j = u % C;
+  const int64_t C = schedule_.chunks();
   RingUnit out;
-  // Reduce-scatter step k: send segment r-k, receive r-k-1. Allgather step k:
-  // send r+1-k, receive r-k (the textbook ring; see ring_allreduce.cc).
-  std::tie(out.send_begin, out.send_end) = chunk(rs ? wrap(rank_ - k) : wrap(rank_ + 1 - k), j);
-  std::tie(out.recv_begin, out.recv_end) = chunk(rs ? wrap(rank_ - k - 1) : wrap(rank_ - k), j);
-  out.reduce = rs;
-  out.last_step = rs && k == size_ - 2;
-  if (rs) {
+  std::tie(out.send_begin, out.send_end) = schedule_.send_range(u);
+  std::tie(out.recv_begin, out.recv_end) = schedule_.recv_range(u);
+  out.reduce = schedule_.reduce_scatter(u);
+  out.last_step = schedule_.last_reduce_step(u);
+  if (out.reduce) {
     out.slot = static_cast<int>(u % slots_);
     out.event_slot = static_cast<int>(u % event_slots_);
     if (u >= slots_) out.slot_waits_for = u - slots_;
   }
   // What unit u sends was completed at unit u - C: reduced there if that was a
   // reduce-scatter unit; an allgather receive is ordered on the stream already.
-  if (u >= C && u - C < rs_units_) out.send_waits_for = u - C;
+  if (u >= C && schedule_.reduce_scatter(u - C)) out.send_waits_for = u - C;
   return out;
 }
 

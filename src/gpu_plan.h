@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/ring_schedule.h"
+
 namespace gradcomm::detail {
 
 // ---- path choice ----------------------------------------------------------------
@@ -82,24 +84,16 @@ class GpuRingPlan {
   // `max_chunks` (bigger chunks for huge tensors, so the event pool stays small).
   GpuRingPlan(int size, int rank, int64_t numel, int64_t chunk_elems, int max_chunks, int slots);
 
-  int64_t units() const { return size_ > 1 ? 2 * rs_units_ : 0; }
-  int64_t chunks() const { return chunks_; }
+  int64_t units() const { return schedule_.units(); }
+  int64_t chunks() const { return schedule_.chunks(); }
   int slots() const { return slots_; }
-  int64_t slot_elems() const { return slot_elems_; }
+  int64_t slot_elems() const { return schedule_.max_chunk_elems(); }
   int event_slots() const { return event_slots_; }  // events the side stream cycles through
   RingUnit unit(int64_t u) const;
 
  private:
-  int64_t seg_begin(int s) const { return numel_ / size_ * s + numel_ % size_ * s / size_; }
-  std::pair<int64_t, int64_t> chunk(int s, int64_t j) const;
-  int wrap(int64_t v) const { return static_cast<int>(((v % size_) + size_) % size_); }
-
-  int size_, rank_;
-  int64_t numel_;
-  int64_t chunks_ = 1;
-  int64_t rs_units_ = 0;
+  RingSchedule schedule_;  // ring_allreduce.cc's segments, chunks and units
   int slots_;
-  int64_t slot_elems_ = 0;
   int event_slots_ = 1;
 };
 

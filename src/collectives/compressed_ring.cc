@@ -20,67 +20,37 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/compressed_ring_plan.h"
 #include "compressors/codec.h"
 #include "reduce.h"
 
 namespace gradcomm::detail {
-namespace {
-
-int wrap(int64_t value, int n) { return static_cast<int>(((value % n) + n) % n); }
-
-// Element ranges: segment s is [seg(s), seg(s+1)), aligned; chunk j of it splits
-// the segment's alignment units C ways.
-struct AlignedPlan {
-  int n;
-  int64_t numel, align, chunks;
-  int64_t units_total() const { return (numel + align - 1) / align; }
-  int64_t seg(int s) const { return std::min(numel, units_total() * s / n * align); }
-  std::pair<int64_t, int64_t> chunk(int s, int64_t j) const {
-    const int64_t b = seg(s), e = seg(s + 1);
-    const int64_t units = (e - b + align - 1) / align;
-    return {std::min(e, b + units * j / chunks * align), std::min(e, b + units * (j + 1) / chunks * align)};
-  }
-};
-
-}  // namespace
 
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
                                const PhiloxStream& rng, float* residual) {
   const int n = op.size();
-  const int r = op.rank();
-  const int right = wrap(r + 1, n);
-  const int left = wrap(r - 1, n);
+  const int right = (op.rank() + 1) % n;
+  const int left = (op.rank() + n - 1) % n;
   const int64_t align = codec.alignment();
-  const int64_t max_seg = ((numel + align - 1) / align + n - 1) / n * align;
-  const int64_t chunk_elems = std::max<int64_t>(align, chunk_bytes() / 4 / align * align);
   const int depth = pipeline_depth();
-  const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
-  const AlignedPlan plan{n, numel, align, std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, max_chunks)};
-  const int64_t C = plan.chunks;
-  const int64_t rs_units = int64_t{n - 1} * C;
-  const int64_t total_units = 2 * rs_units;
-
-  // Unit u's segment on the receive side and on the send side (as in the dense ring).
-  auto recv_chunk = [&](int64_t u) {
-    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
-    return plan.chunk(u < rs_units ? wrap(r - k - 1, n) : wrap(r - k, n), u % C);
-  };
-  auto send_chunk = [&](int64_t u) {
-    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
-    return plan.chunk(u < rs_units ? wrap(r - k, n) : wrap(r + 1 - k, n), u % C);
-  };
-  auto payload_bytes = [&](std::pair<int64_t, int64_t> c) { return codec.encoded_bytes(c.second - c.first); };
+  // Segments and units shared with the NCCL ring (compressed_ring_plan.h); chunks
+  // of chunk_bytes(), as the dense ring.
+  const CompressedRingPlan plan(n, op.rank(), numel, align, chunk_bytes() / 4, (1 << 30) / (n - 1),
+                                [&](int64_t count) { return codec.encoded_bytes(count); });
+  const int64_t C = plan.chunks();
+  const int64_t rs_units = plan.rs_units();
+  const int64_t total_units = plan.units();
 
   // Every unit has its own payload buffer: sends stay valid until they complete, and
   // allgather payloads are forwarded as received.
   std::vector<std::vector<uint8_t>> out(total_units), in(total_units);
   std::vector<RequestPtr> sends(total_units), recvs(total_units);
-  std::vector<float> scratch(static_cast<size_t>((max_seg + C - 1) / C + align));
+  std::vector<float> scratch(static_cast<size_t>(std::max<int64_t>(plan.max_chunk_elems(), 1)));
 
   // Encodes data[b, e) into out[u] and sends it; the loss goes to the residual.
   auto encode_and_send = [&](int64_t u, bool final_owner) {
-    const auto [b, e] = send_chunk(u);
-    out[u].resize(codec.encoded_bytes(e - b));
+    const auto [b, e] = plan.send_range(u);
+    out[u].resize(plan.send_bytes(u));
     {
       Op::PhaseTimer timer(op, &Stats::encode_s);
       codec.encode(data + b, e - b, out[u].data(), rng, b);
@@ -96,7 +66,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
   int64_t posted = 0;
   auto post_until = [&](int64_t limit) {
     for (limit = std::min(limit, total_units); posted < limit; ++posted) {
-      in[posted].resize(payload_bytes(recv_chunk(posted)));
+      in[posted].resize(plan.recv_bytes(posted));
       recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), in[posted].data(), in[posted].size());
     }
   };
@@ -107,7 +77,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
     const bool reduce_scatter = u < rs_units;
     op.wait(*recvs[u], reduce_scatter ? "compressed reduce-scatter receive" : "compressed allgather receive");
     recvs[u].reset();
-    const auto [b, e] = recv_chunk(u);
+    const auto [b, e] = plan.recv_range(u);
     if (reduce_scatter) {
       // recvReduceSend: our values plus the neighbour's decoded partial sum.
       {

@@ -7,7 +7,7 @@
 // the whole sum of segment r+1: it encodes it once (the final encode, whose
 // decoded values replace its own, so the owner keeps what everyone decodes) and
 // those exact bytes travel the allgather ring, each rank decoding and forwarding
-// them unchanged. Segments are the CPU ring's (nccl_compressed_plan.h), so the
+// them unchanged. Segments are the CPU ring's (compressed_ring_plan.h), so the
 // partial sums are formed in the same order with the same arithmetic: the result
 // equals the CPU path's bit for bit.
 //
@@ -25,7 +25,7 @@
 #include <array>
 
 #include "collectives/nccl_compressed.h"
-#include "collectives/nccl_compressed_plan.h"
+#include "collectives/compressed_ring_plan.h"
 
 namespace gradcomm::detail {
 namespace {

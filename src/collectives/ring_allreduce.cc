@@ -14,7 +14,8 @@
 // step is the segment sent at the next, so chunk j goes out again (as unit u+C)
 // the moment it has arrived and been reduced: NCCL's recvReduceSend, then
 // recvReduceCopySend at the last reduce-scatter step, then recvCopySend. Chunk
-// j+1 is on the wire while chunk j is being reduced.
+// j+1 is on the wire while chunk j is being reduced. The segments, chunks and
+// units are RingSchedule's (ring_schedule.h), the one schedule of every ring here.
 //
 // Buffers. Receives are posted depth units ahead. Reduce-scatter
 // receives land in staging slots (unit u in slot u mod depth, free again once u is
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/ring_schedule.h"
 #include "env.h"
 #include "reduce.h"
 
@@ -66,59 +68,24 @@ int pipeline_depth() {
   return static_cast<int>(env_int("GRADCOMM_PIPELINE_DEPTH", 8, 1, 1024));
 }
 
-namespace {
-
-int wrap(int64_t value, int n) { return static_cast<int>(((value % n) + n) % n); }
-
-// Element ranges of segments and chunks. Segment s is [numel*s/N, numel*(s+1)/N);
-// chunk j of it is the same balanced split again, C ways.
-struct RingPlan {
-  int n;
-  int64_t numel;
-  int64_t chunks;
-
-  int64_t seg_begin(int s) const { return numel / n * s + numel % n * s / n; }
-  std::pair<int64_t, int64_t> chunk(int s, int64_t j) const {
-    const int64_t b = seg_begin(s);
-    const int64_t len = seg_begin(s + 1) - b;
-    return {b + len * j / chunks, b + len * (j + 1) / chunks};
-  }
-};
-
-}  // namespace
-
 void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
   const int n = op.size();
-  const int r = op.rank();
-  const int right = wrap(r + 1, n);
-  const int left = wrap(r - 1, n);
+  const int right = (op.rank() + 1) % n;
+  const int left = (op.rank() + n - 1) % n;
   const size_t elem = dtype_size(dtype);
   auto* base = static_cast<uint8_t*>(data);
 
   // ---- plan: chunks per segment, units, staging ----------------------------------
-  const int64_t max_seg = (numel + n - 1) / n;
   const int64_t chunk_elems = std::max<int64_t>(1, dense_ring_chunk_bytes(n) / static_cast<int64_t>(elem));
   const int depth = pipeline_depth();
   // Units must fit the 31 bits below the second-phase tag range.
-  const int64_t max_chunks = (int64_t{1} << 30) / (n - 1);
-  const RingPlan plan{n, numel, std::clamp<int64_t>((max_seg + chunk_elems - 1) / chunk_elems, 1, max_chunks)};
-  const int64_t C = plan.chunks;
-  const int64_t rs_units = int64_t{n - 1} * C;
-  const int64_t total_units = 2 * rs_units;
+  const RingSchedule plan(n, op.rank(), numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
+  const int64_t C = plan.chunks();
+  const int64_t rs_units = plan.rs_units();
+  const int64_t total_units = plan.units();
   const int64_t divisor = reduce_op == ReduceOp::kAvg ? n : 1;
 
-  // What unit u carries: its receive region on this rank, and its send region.
-  auto recv_region = [&](int64_t u) {
-    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
-    return plan.chunk(u < rs_units ? wrap(r - k - 1, n) : wrap(r - k, n), u % C);
-  };
-  auto send_region = [&](int64_t u) {
-    const int64_t k = (u < rs_units ? u : u - rs_units) / C;
-    return plan.chunk(u < rs_units ? wrap(r - k, n) : wrap(r + 1 - k, n), u % C);
-  };
-
-  const int64_t slot_elems = (max_seg + C - 1) / C;
-  const size_t slot_bytes = static_cast<size_t>(slot_elems) * elem;
+  const size_t slot_bytes = static_cast<size_t>(plan.max_chunk_elems()) * elem;
   // Slot u mod depth; a call with fewer reduce-scatter units than that uses only those.
   const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * std::min<int64_t>(depth, rs_units));
 
@@ -126,7 +93,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   std::vector<uint8_t> send_posted(total_units, 0);
 
   auto send_unit = [&](int64_t u) {
-    const auto [b, e] = send_region(u);
+    const auto [b, e] = plan.send_range(u);
     sends[u] = op.send(right, unit_base + static_cast<uint32_t>(u), base + b * elem, static_cast<size_t>(e - b) * elem);
     send_posted[u] = 1;
   };
@@ -137,7 +104,7 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   int64_t posted = 0;
   auto post_until = [&](int64_t limit) {
     for (limit = std::min(limit, total_units); posted < limit; ++posted) {
-      const auto [b, e] = recv_region(posted);
+      const auto [b, e] = plan.recv_range(posted);
       const size_t bytes = static_cast<size_t>(e - b) * elem;
       if (posted < rs_units) {
         recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), staging.get() + (posted % depth) * slot_bytes,
@@ -166,8 +133,8 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
     if (reduce_scatter) {
       // recvReduceSend: fold the neighbour's partial sum into ours; the owner's
       // last fold (step N-2) also applies the average's division.
-      const auto [b, e] = recv_region(u);
-      const bool last_step = u / C == n - 2;
+      const auto [b, e] = plan.recv_range(u);
+      const bool last_step = plan.last_reduce_step(u);
       Op::PhaseTimer timer(op, &Stats::reduce_s);
       reduce_inplace(base + b * elem, staging.get() + (u % depth) * slot_bytes, e - b, dtype, reduce_op,
                      last_step ? divisor : 1);

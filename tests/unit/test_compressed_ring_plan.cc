@@ -1,5 +1,6 @@
-// The schedule of the compressed ring on NCCL (src/collectives/nccl_compressed_plan.h),
-// on the host: its layout invariants, and -- executed unit by unit on N simulated
+// The ring schedule every ring shares (src/collectives/ring_schedule.h) against its
+// definition; the compressed ring's plan (compressed_ring_plan.h), on the host: its
+// layout invariants, and -- executed unit by unit on N simulated
 // ranks with the CPU codecs, exactly as nccl_compressed_ring.cc orders encodes,
 // transfers and decodes -- the CPU path's result bit for bit (the communicator's
 // compressed allreduce over in-process threads, with error feedback across steps).
@@ -11,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/nccl_compressed_plan.h"
+#include "collectives/compressed_ring_plan.h"
+#include "collectives/ring_schedule.h"
 #include "compressors/codec.h"
 #include "compressors/philox.h"
 #include "state.h"
@@ -21,6 +23,53 @@ namespace gradcomm {
 namespace {
 
 using detail::CompressedRingPlan;
+using detail::RingSchedule;
+
+// The one ring schedule (ring_schedule.h) against its definition, written out here
+// independently: segment s of U = ceil(numel/A) units starts at min(numel,
+// floor(U*s/N)*A) (for A = 1, the dense ring's balanced split numel*s/N); chunk j of
+// a segment of V units starts floor(V*j/C)*A in; reduce-scatter step k sends segment
+// r-k and receives r-k-1, allgather step k sends r+1-k and receives r-k; every chunk
+// fits max_chunk_elems().
+TEST(RingSchedule, SegmentsChunksAndUnitsFollowTheirDefinition) {
+  for (int n : {1, 2, 3, 7}) {
+    for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{1000}, int64_t{65537}}) {
+      for (int64_t align : {int64_t{1}, int64_t{64}}) {
+        for (int64_t chunk_elems : {int64_t{1}, int64_t{100}, int64_t{1} << 20}) {
+          SCOPED_TRACE(::testing::Message() << "n " << n << " numel " << numel << " align " << align << " chunk "
+                                            << chunk_elems);
+          const int64_t U = (numel + align - 1) / align;
+          auto seg = [&](int s) { return std::min<int64_t>(numel, U * s / n * align); };
+          for (int r = 0; r < n; ++r) {
+            const RingSchedule plan(n, r, numel, align, chunk_elems, 1 << 20);
+            const int64_t C = plan.chunks();
+            ASSERT_GE(C, 1);
+            ASSERT_EQ(plan.units(), 2 * int64_t{n - 1} * C);
+            for (int s = 0; s <= n; ++s) ASSERT_EQ(plan.segment_begin(s), seg(s)) << "segment " << s;
+            for (int s = 0; s < n; ++s) {
+              const int64_t V = (seg(s + 1) - seg(s) + align - 1) / align;
+              for (int64_t j = 0; j < C; ++j) {
+                const auto [b, e] = plan.chunk(s, j);
+                ASSERT_EQ(b, std::min(seg(s + 1), seg(s) + V * j / C * align));
+                ASSERT_EQ(e, std::min(seg(s + 1), seg(s) + V * (j + 1) / C * align));
+                ASSERT_LE(e - b, plan.max_chunk_elems());
+              }
+            }
+            const auto mod = [n](int64_t v) { return static_cast<int>(((v % n) + n) % n); };
+            for (int64_t u = 0; u < plan.units(); ++u) {
+              const bool rs = u < int64_t{n - 1} * C;
+              const int64_t k = (rs ? u : u - int64_t{n - 1} * C) / C;
+              ASSERT_EQ(plan.reduce_scatter(u), rs);
+              ASSERT_EQ(plan.last_reduce_step(u), rs && k == n - 2);
+              ASSERT_EQ(plan.send_range(u), plan.chunk(rs ? mod(r - k) : mod(r + 1 - k), u % C));
+              ASSERT_EQ(plan.recv_range(u), plan.chunk(rs ? mod(r - k - 1) : mod(r - k), u % C));
+            }
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(CompressedRingPlan, RangesTileSegmentsAlignedAndRingNeighboursAgree) {
   for (int n : {2, 3, 5, 8}) {
