@@ -5,7 +5,7 @@
 #   2. the GPU microbenchmarks: bench_cuda_dense / bench_cuda_sparse, torch.topk against
 #      gradcomm's top-k (bench/cuda/torch_topk.py), and gradcomm-bench against ncclAllReduce;
 #   3. a one-epoch GPU trainer run at 1 rank and at 2 ranks (2 ranks share the GPU through
-#      the staged path);
+#      the staged path), and one with DGC's momentum correction (masks written on the GPU);
 # then writes bench/results/gpu-<date>.md: device, driver, toolchain, every command with its
 # status, time and output tail (a copy, and the full log, go to $OUT when that is set).
 #
@@ -216,10 +216,14 @@ if ((built == 0 && gpus > 0)); then
     step "trainer, $n rank(s), 1 epoch on the GPU" 150 -- "$run" -n "$n" -- "$(bin trainer/gradcomm-train)" --device cuda \
       --data "$data" --epochs 1 --hidden 2048,2048 --batch-size 64 --compressor topk:ratio=0.01 --progress 0
   done
+  # DGC's momentum correction: its masks come from Communicator::sent_mask on the device.
+  step "trainer, 1 rank, momentum correction (device sent masks)" 90 -- "$run" -n 1 -- \
+    "$(bin trainer/gradcomm-train)" --device cuda --data "$data" --epochs 1 --hidden 2048,2048 --batch-size 64 \
+    --compressor topk:ratio=0.01 --momentum-correction --progress 0
 else
   why="no GPU on this machine"; ((built == 0)) || why="the build failed"
   for s in bench_cuda_dense bench_cuda_sparse "torch.topk vs gradcomm top-k" "gradcomm-bench vs ncclAllReduce" \
-           "trainer, 1 and 2 ranks, on the GPU"; do not_run "$s" "$why"; done
+           "trainer, 1 and 2 ranks, on the GPU" "trainer, momentum correction"; do not_run "$s" "$why"; done
   # Their CPU side still runs: each GPU benchmark says it found no device and exits 0.
   if ((built == 0)); then
     step "bench_cuda_sparse without a GPU" 30 -- "$(bin bench/bench_cuda_sparse)" --sizes 1M
