@@ -60,6 +60,9 @@ GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, c
       key->extra = {};
     }
     state->numel = numel;
+    // From here the key's selections are the device's (GpuKeyState::sent_mask): a
+    // host one left from earlier CPU calls is not this key's last any more.
+    if (key != nullptr) key->sent.clear();
     slot = std::move(state);
   }
   auto& state = static_cast<GpuKeyState&>(*slot);
