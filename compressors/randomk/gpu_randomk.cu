@@ -28,7 +28,7 @@
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"
-#include "cuda/radix_select.cuh"  // SelectState: the workspace's count lives in it
+#include "compressors/topk/radix_select.cuh"  // SelectState: the workspace's count lives in it
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

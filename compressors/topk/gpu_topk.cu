@@ -1,5 +1,5 @@
 // Top-k selection on the GPU (gpu_sparse.h: gpu_topk_select), the CUDA twin of
-// topk_select.cc. Launchers only: the kernels are cuda/radix_select.cuh's, the
+// topk_select.cc. Launchers only: the kernels are radix_select.cuh's, the
 // arithmetic compressors/topk/topk_logic.h's, both shared with the CPU tests.
 //
 // exact, n elements, k < n:           reads of the input
@@ -27,7 +27,7 @@
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"
-#include "cuda/radix_select.cuh"
+#include "compressors/topk/radix_select.cuh"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

@@ -1,5 +1,5 @@
 // The arithmetic of top-k selection, shared by the CPU reference (topk_select.cc)
-// and the CUDA kernels (gpu_topk.cu, cuda/radix_select.cuh): magnitude keys, radix
+// and the CUDA kernels (gpu_topk.cu, radix_select.cuh): magnitude keys, radix
 // digits, the bucket pick of a histogram pass, the output slot of a stable
 // compaction, and the DGC sample plan. Everything a GPU thread computes is a
 // GRADCOMM_HD function here, so tests/unit/test_gpu_sparse_logic.cc can run the

@@ -29,7 +29,7 @@ namespace {
 using Hist = std::array<unsigned long long, topk::kRadixBuckets>;
 constexpr int64_t kTileThreads = 256, kTileItems = 16, kTile = kTileThreads * kTileItems;
 
-// ---- emulation of cuda/radix_select.cuh ---------------------------------------------
+// ---- emulation of compressors/topk/radix_select.cuh ---------------------------------------------
 struct Emulated {
   uint32_t threshold = 0;
   uint64_t take_equal = 0;

@@ -1,0 +1,1 @@
+#include "collectives/collectives.h"  // the core's collectives, above the compressors

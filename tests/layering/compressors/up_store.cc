@@ -1,0 +1,1 @@
+#include "store/store.h"  // the rendezvous store, part of the core

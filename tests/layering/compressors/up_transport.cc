@@ -1,0 +1,1 @@
+#include "transport/transport.h"  // a transport: beside the compressors, never below them
