@@ -62,20 +62,17 @@ bool CommunicatorImpl::sent_mask(const std::string& key, TensorView mask, void* 
       return k.device->sent_mask(static_cast<float*>(mask.data), stream);
     }
     if (k.sent.empty()) return false;
-    if (mask.device.type == DeviceType::kCpu) {
-      auto* out = static_cast<float*>(mask.data);
-      std::fill(out, out + mask.numel, 1.0f);
-      for (uint64_t i : k.sent) {
-        if (i < static_cast<uint64_t>(mask.numel)) out[i] = 0.0f;
-      }
-      return true;
-    }
-    host.assign(static_cast<size_t>(mask.numel), 1.0f);
+    // Written in place for a host mask; for a device one (state kept on the host: CUDA
+    // tensors on the staged path), built here and copied up below.
+    const bool on_host = mask.device.type == DeviceType::kCpu;
+    if (!on_host) host.resize(static_cast<size_t>(mask.numel));
+    const std::span<float> out(on_host ? static_cast<float*>(mask.data) : host.data(), static_cast<size_t>(mask.numel));
+    std::fill(out.begin(), out.end(), 1.0f);
     for (uint64_t i : k.sent) {
-      if (i < host.size()) host[i] = 0.0f;
+      if (i < out.size()) out[i] = 0.0f;
     }
+    if (on_host) return true;
   }
-  // A device mask of state kept on the host (CUDA tensors on the staged path).
 #if GRADCOMM_WITH_CUDA
   gpu_copy_to_device(host.data(), mask, stream);
 #else
