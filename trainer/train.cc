@@ -130,6 +130,14 @@ class Trainer {
   void report_progress();
   void save_checkpoint();
   std::vector<uint8_t> agree_nonfinite(bool finite);
+  // CUDA: a call on device tensors completes once enqueued, and the backend later
+  // synchronizes its stream (the loss, evaluation). Waiting here first, through the
+  // communicator, bounds that wait by its deadline and raises a peer's failure,
+  // instead of blocking in cudaStreamSynchronize on NCCL work a dead peer never
+  // matches. CPU: nothing to do.
+  void settle_device_work() {
+    if (backend_->stream() != nullptr) comm_.synchronize();
+  }
   // The allreduce options of one parameter: the compressor, its key, and its shape.
   CompressOptions options_for(const ParamRange& r) const {
     CompressOptions o;
@@ -412,6 +420,7 @@ bool Trainer::step_blocking(double& loss) {
     // What the dense ring sends for this tensor: 2(N-1)/N of its bytes.
     s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
   }
+  settle_device_work();
   const Stats after = comm_.stats();
   // Blocking: the calls' encode and decode are inside them; comm is the rest.
   comm_s_ += seconds_since(t0) - ((after.encode_s - before.encode_s) + (after.decode_s - before.decode_s));
@@ -440,6 +449,7 @@ bool Trainer::step_overlapped(double& loss) {
       works[i] = comm_.allreduce_async(backend_->gradient(r), ReduceOp::kAvg, options_for(r));
       s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
     }
+    if (layer == 0) settle_device_work();  // before backward's own stream sync (the loss)
   };
   auto t0 = Clock::now();
   bool finite = true;  // the loss, and what zero_nonfinite zeroed
