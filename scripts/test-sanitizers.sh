@@ -111,6 +111,7 @@ for stage in "${stages[@]}"; do
   else
     status=1
     summary+=("$stage: FAILED")
+    scripts/failed-output.sh "$dir"
     while read -r line; do summary+=("  $line"); done < "$dir/Testing/Temporary/LastTestsFailed.log"
   fi
   echo "test-sanitizers: $stage: build + tests took $((SECONDS - start)) s"

@@ -33,6 +33,7 @@ if [[ ${SANITIZERS:-1} != 0 ]]; then
   JOBS=$jobs scripts/test-sanitizers.sh || status=1
 fi
 if ((${#plain_failed[@]})); then
+  scripts/failed-output.sh "$build_dir"
   echo "test.sh: plain build: ${#plain_failed[@]} test(s) failed:"
   printf '  %s\n' "${plain_failed[@]}"
 fi

@@ -22,6 +22,7 @@ import gradcomm.torch  # noqa: F401  (registers the backend)
 kind = sys.argv[1]
 dist.init_process_group("gradcomm", timeout=datetime.timedelta(seconds=60))
 r, n = dist.get_rank(), dist.get_world_size()
+store = dist.distributed_c10d._get_default_store()  # ordering between ranks, not sleeps
 dist.all_reduce(torch.ones(4))  # a good call first
 if kind == "mismatch":
     t = torch.ones(100 + (r == 1))
@@ -76,10 +77,12 @@ elif kind == "slow_peer":
         except RuntimeError as e:
             assert "allreduce" in str(e) and "300 ms" in str(e), str(e)
         assert not work.is_completed()
+        store.set("slow_peer/timed_out", "1")  # only now may the peer join
         assert work.wait()
         assert torch.equal(t, torch.full((10,), float(n))), t
     else:
-        time.sleep(2)
+        # Told, not timed: a sleep here let a loaded machine reorder the two ranks.
+        store.wait(["slow_peer/timed_out"], datetime.timedelta(seconds=60))
         t = torch.full((10,), 1.0)
         dist.all_reduce(t)
         assert torch.equal(t, torch.full((10,), float(n))), t
@@ -91,6 +94,7 @@ elif kind == "destroy_pending":
         future = work.get_future()
         start = time.monotonic()
         dist.destroy_process_group()
+        store.set("destroy_pending/destroyed", "1")
         try:
             work.wait()
             raise SystemExit("the outstanding work succeeded after destroy_process_group")
@@ -102,8 +106,13 @@ elif kind == "destroy_pending":
         except RuntimeError as e:
             assert "gradcomm" in str(e), str(e)
         assert time.monotonic() - start < 30
+        # The store lives in this process: stay until the peer has read its key.
+        store.wait(["destroy_pending/seen"], datetime.timedelta(seconds=60))
     else:
-        time.sleep(1)
+        # Issued only once rank 0 has destroyed its group; a sleep let a loaded
+        # machine pair this call with rank 0's instead.
+        store.wait(["destroy_pending/destroyed"], datetime.timedelta(seconds=60))
+        store.set("destroy_pending/seen", "1")
         try:
             dist.all_reduce(torch.ones(5))
             raise SystemExit("an all_reduce with a destroyed peer group succeeded")
