@@ -1,6 +1,7 @@
 // Compressor specs: `name[:key=value[,key=value...]]`, parsed once by the registry
-// (registry.cc) into a CompressorSpec with every parameter resolved. Two ranks
-// agree on a compressor iff their canonical() strings are equal.
+// (registry.cc, through each family's descriptor, family.h) into a CompressorSpec
+// with every parameter resolved. Two ranks agree on a compressor iff their
+// canonical() strings are equal.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 
 namespace gradcomm::detail {
 
+// The byte a payload header carries for its family. Built-ins below; another
+// family takes an unused value (family.h: register_family).
 enum class CompressorId : uint8_t {
   kNone = 0,
   kFp16 = 1,
@@ -23,21 +26,9 @@ enum class CompressorId : uint8_t {
   kSketch = 8,
   kPowersgd = 9,
 };
-constexpr const char* compressor_name(CompressorId id) {
-  switch (id) {
-    case CompressorId::kNone: return "none";
-    case CompressorId::kFp16: return "fp16";
-    case CompressorId::kBf16: return "bf16";
-    case CompressorId::kTopk: return "topk";
-    case CompressorId::kRandomk: return "randomk";
-    case CompressorId::kQsgd: return "qsgd";
-    case CompressorId::kQuant: return "quant";
-    case CompressorId::kSign: return "sign";
-    case CompressorId::kSketch: return "sketch";
-    case CompressorId::kPowersgd: return "powersgd";
-  }
-  return "unknown";
-}
+// The registered family's name ("topk"); "unknown" for an id no family has
+// (family.h; registry.cc).
+const char* compressor_name(CompressorId id);
 
 enum class TopkSelect : uint8_t { kExact = 0, kSample = 1 };
 enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };

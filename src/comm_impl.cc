@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "compressors/family.h"
 #include "engine.h"
 #include "fusion.h"
 #include "logging.h"
@@ -247,8 +248,8 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
           throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
                                             rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
         }
-        if (spec.id == CompressorId::kPowersgd) {  // its Q is sized by the shapes
-          call.parts_digest = parts_digest(call.parts);  // only powersgd reads the shapes
+        if (family_of(spec.id).collective == Collective::kLowRank) {  // its Q is sized by the shapes
+          call.parts_digest = parts_digest(call.parts);  // only the low-rank family reads the shapes
           if (key.parts_digest != 0 && key.parts_digest != call.parts_digest) {
             throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' was used with other shapes before (now "
                                               "{}); a key's shapes must not change",
@@ -447,7 +448,7 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
       header.compressor_hash = fnv1a32(header.compressor);
       if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
       // A compressor that views the tensor as matrices: ranks must agree on the shapes.
-      if (call.spec->id == CompressorId::kPowersgd) header.fused_digest = call.parts_digest;
+      if (family_of(call.spec->id).collective == Collective::kLowRank) header.fused_digest = call.parts_digest;
       break;
     case Call::Kind::kAllgather:
       header.op = OpKind::kAllgather;

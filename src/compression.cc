@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "compressors/family.h"
 #include "compressors/topk/sparse_code.h"
 #include "comm_impl.h"
 #include "half.h"
@@ -57,19 +58,9 @@ const CompressorSpec& CompressionEngine::spec(const std::string& text) {
 }
 
 bool CompressionEngine::stateful(const CompressorSpec& spec) {
-  switch (spec.id) {
-    case CompressorId::kNone: return false;
-    case CompressorId::kRandomk:
-    case CompressorId::kQsgd:     // draws must change from step to step
-    case CompressorId::kPowersgd: return true;  // and Q carries over (or is redrawn each step)
-    case CompressorId::kQuant:
-      if (spec.round == Rounding::kStochastic) return true;
-      break;
-    case CompressorId::kTopk:
-      if (spec.select == TopkSelect::kSample) return true;
-      break;
-    default: break;
-  }
+  const Family& family = family_of(spec.id);
+  if (family.collective == Collective::kDense) return false;
+  if (family.keeps_state != nullptr && family.keeps_state(spec)) return true;
   return spec.ef || spec.warmup > 0;
 }
 
@@ -101,12 +92,8 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
     return;
   }
 
-  switch (spec.id) {
-    case CompressorId::kFp16:
-    case CompressorId::kBf16:
-    case CompressorId::kQuant:
-    case CompressorId::kQsgd:
-    case CompressorId::kSign: {
+  switch (family_of(spec.id).collective) {
+    case Collective::kCodecRing: {
       fold_residual(data, numel, residual);  // data now holds acc
       const DenseCodec& c = codec(spec);
       if (residual != nullptr) std::fill(residual, residual + numel, 0.0f);
@@ -130,7 +117,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       }
       break;
     }
-    case CompressorId::kTopk: {
+    case Collective::kSparseSelection: {
       const SparseFormat format = sparse_format(spec);
       const int64_t k = selection_count(spec.ratio, spec.k, numel);
       SparseVector selected;
@@ -147,7 +134,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       if (key != nullptr) key->sent = std::move(selected.indices);  // done with them: no copy
       return;
     }
-    case CompressorId::kRandomk: {
+    case Collective::kSharedIndices: {
       std::vector<uint64_t> indices;
       std::vector<float> values;
       {
@@ -163,7 +150,7 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       if (key != nullptr) key->sent = std::move(indices);
       break;
     }
-    case CompressorId::kSketch: {
+    case Collective::kSketchThenValues: {
       const int64_t k = selection_count(spec.ratio, spec.k, numel);
       const CountSketch sketch(spec.rows, sketch_columns(spec, k), shared);
       std::vector<float> table(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
@@ -189,11 +176,11 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
       if (key != nullptr) key->sent = std::move(indices);
       break;
     }
-    case CompressorId::kPowersgd:
+    case Collective::kLowRank:
       powersgd_allreduce(op, data, numel, reduce_op, spec, parts != nullptr ? *parts : std::vector<powersgd::Part>{},
                          key, key_hash, residual);
       return;
-    case CompressorId::kNone:
+    case Collective::kDense:
       fold_residual(data, numel, residual);
       dense_allreduce(op, data, numel, DType::kFloat32, reduce_op);
       return;

@@ -10,6 +10,7 @@
 
 #include "collectives/collectives.h"
 #include "compression.h"
+#include "compressors/family.h"
 #include "op.h"
 #include "reduce.h"
 
@@ -25,19 +26,16 @@ int64_t call_bytes(const Call& call) { return call.tensor.nbytes(); }
 // call whose residual is folded in first (CompressionEngine::allreduce's rule).
 bool goes_dense(const Call& call) {
   const CompressorSpec& spec = *call.spec;
-  if (spec.id == CompressorId::kNone) return true;
+  if (family_of(spec.id).collective == Collective::kDense) return true;
   const uint64_t step = call.key != nullptr ? call.key->step : 0;
   return step < static_cast<uint64_t>(spec.warmup) || call.tensor.numel < spec.min_numel;
 }
 
 // Specs whose work scales with the elements, so one call over the members means
-// the same thing as one call per member: not an absolute top-k count, not the
-// sketch (its table and k are sized per tensor), not powersgd (each tensor is its own
-// matrices; its two allreduces already batch every matrix of a call).
+// the same thing as one call per member (each family says: Family::fusable).
 bool fusable_spec(const CompressorSpec& spec) {
-  if (spec.id == CompressorId::kSketch || spec.id == CompressorId::kPowersgd) return false;
-  if (spec.id == CompressorId::kTopk && spec.k > 0) return false;
-  return true;
+  const Family& family = family_of(spec.id);
+  return family.fusable == nullptr || family.fusable(spec);
 }
 
 // A member's residual while the group runs: its slice of the group's.

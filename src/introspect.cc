@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "comm_impl.h"
+#include "compressors/family.h"
 #include "compressors/spec.h"
 
 namespace gradcomm::detail {
@@ -31,10 +32,12 @@ AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOpti
   if (const auto it = state_.keys.find(options.key); it != state_.keys.end()) step = it->second.step;
   AllreducePlan plan;
   // The same tests, in the same order, as CompressionEngine::allreduce.
-  plan.compressed = !(spec.id == CompressorId::kNone || step < static_cast<uint64_t>(spec.warmup) ||
+  const Collective collective = family_of(spec.id).collective;
+  plan.compressed = !(collective == Collective::kDense || step < static_cast<uint64_t>(spec.warmup) ||
                       numel < spec.min_numel);
-  plan.sparse_with_feedback = spec.ef && (spec.id == CompressorId::kTopk || spec.id == CompressorId::kRandomk ||
-                                          spec.id == CompressorId::kSketch);
+  plan.sparse_with_feedback = spec.ef && (collective == Collective::kSparseSelection ||
+                                          collective == Collective::kSharedIndices ||
+                                          collective == Collective::kSketchThenValues);
   return plan;
 }
 

@@ -1,10 +1,11 @@
-// make_dense_codec, and the argument and payload checks every dense codec shares.
+// make_dense_codec (through the family, family.h), and the argument and payload checks every dense codec shares.
 #include <fmt/format.h>
 
 #include <cstdint>
 #include <limits>
 
 #include "compressors/codec.h"
+#include "compressors/family.h"
 #include "compressors/quantize/dense_util.h"
 #include "gradcomm/errors.h"
 
@@ -46,38 +47,22 @@ DenseSections read_dense_sections(std::span<const uint8_t> payload, CompressorId
   return s;
 }
 
-std::unique_ptr<DenseCodec> make_dense_codec(const CompressorSpec& spec) {
-  const char* name = compressor_name(spec.id);
-  auto check_bucket = [&] {
-    // The bucket travels in the header's u32 param1.
-    if (spec.bucket < 1 || spec.bucket > std::numeric_limits<uint32_t>::max()) {
-      throw InvalidArgument(fmt::format("{}: bucket={} outside [1, 2^32 - 1]", name, spec.bucket));
-    }
-  };
-  switch (spec.id) {
-    case CompressorId::kFp16:
-    case CompressorId::kBf16:
-      return make_cast_codec(spec.id);
-    case CompressorId::kQuant:
-      check_bucket();
-      if (spec.bits != 1 && spec.bits != 2 && spec.bits != 4 && spec.bits != 8) {
-        throw InvalidArgument(fmt::format("quant: bits={} (accepted: 1, 2, 4, 8)", spec.bits));
-      }
-      return make_quant_codec(spec.bits, spec.bucket, spec.round);
-    case CompressorId::kQsgd:
-      check_bucket();
-      // Levels must be exact in fp32 and fit the 25-bit codes of bitpack.h.
-      if (spec.levels < 1 || spec.levels >= (1 << 24)) {
-        throw InvalidArgument(fmt::format("qsgd: levels={} outside [1, 2^24 - 1]", spec.levels));
-      }
-      return make_qsgd_codec(spec.levels, spec.bucket);
-    case CompressorId::kSign:
-      check_bucket();
-      return make_sign_codec(spec.bucket);
-    default:
-      throw InvalidArgument(
-          fmt::format("make_dense_codec: {} is not a dense codec (accepted: fp16, bf16, quant, qsgd, sign)", name));
+void check_bucket(const char* family, int64_t bucket) {
+  if (bucket < 1 || bucket > std::numeric_limits<uint32_t>::max()) {
+    throw InvalidArgument(fmt::format("{}: bucket={} outside [1, 2^32 - 1]", family, bucket));
   }
+}
+
+std::unique_ptr<DenseCodec> make_dense_codec(const CompressorSpec& spec) {
+  const Family& family = family_of(spec.id);
+  if (family.make_codec == nullptr) {
+    std::string dense;
+    for (const Family* f : registered_families()) {
+      if (f->make_codec != nullptr) dense += fmt::format("{}{}", dense.empty() ? "" : ", ", f->name);
+    }
+    throw InvalidArgument(fmt::format("make_dense_codec: {} is not a dense codec (accepted: {})", family.name, dense));
+  }
+  return family.make_codec(spec);
 }
 
 }  // namespace gradcomm::detail

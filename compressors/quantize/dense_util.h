@@ -123,7 +123,12 @@ struct DenseSections {
 DenseSections read_dense_sections(std::span<const uint8_t> payload, CompressorId id, int64_t n, uint32_t param0,
                                   uint32_t param1, size_t scale_bytes, size_t code_bytes, uint64_t code_bits_total);
 
-// A codec's constructor for each family (the factory in dense_codec_factory.cc
+// Buckets travel in the header's u32 param1; a spec takes at most int32's range.
+constexpr int64_t kMaxBucket = INT32_MAX;
+// InvalidArgument naming the family unless bucket is in [1, 2^32 - 1].
+void check_bucket(const char* family, int64_t bucket);
+
+// A codec's constructor for each family (each family's make_codec, <folder>/family.cc,
 // validates the spec first).
 std::unique_ptr<DenseCodec> make_cast_codec(CompressorId id);
 std::unique_ptr<DenseCodec> make_quant_codec(int bits, int64_t bucket, Rounding round);

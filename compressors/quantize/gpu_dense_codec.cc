@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "compressors/codec.h"
+#include "compressors/family.h"
 #include "compressors/payload.h"
 #include "compressors/quantize/dense_util.h"
 #include "compressors/quantize/gpu_dense_launch.h"
@@ -45,6 +46,11 @@ void check_disjoint(const void* a, uint64_t a_bytes, const char* a_name, const v
 
 GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec) : spec_(spec) {
   make_dense_codec(spec);  // the CPU factory's checks: dense id, bits, levels, bucket range
+  if (!family_of(spec.id).device_codec) {
+    throw InvalidArgument(fmt::format("{}: no CUDA codec; on the NCCL path only families with GPU kernels compress "
+                                      "(CPU tensors, or transport=ucx staging, use its CPU codec)",
+                                      compressor_name(spec.id)));
+  }
 }
 
 size_t GpuDenseCodec::encoded_bytes(int64_t n) const {

@@ -16,6 +16,7 @@
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_compressed.h"
 #include "compressors/codec.h"
+#include "compressors/family.h"
 #include "compressors/payload.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
@@ -237,12 +238,8 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
   }
 
   DeviceStatus* status = gpu.payload_status(n, stream);
-  switch (spec.id) {
-    case CompressorId::kFp16:
-    case CompressorId::kBf16:
-    case CompressorId::kQuant:
-    case CompressorId::kQsgd:
-    case CompressorId::kSign: {
+  switch (family_of(spec.id).collective) {
+    case Collective::kCodecRing: {
       const GpuDenseCodec codec(spec);
       if (n == 1) {
         // Nothing to exchange, but the output is still what compression keeps:
@@ -260,11 +257,11 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
       }
       break;
     }
-    case CompressorId::kTopk:
+    case Collective::kSparseSelection:
       topk(op, gpu, ks, data, residual, numel, spec, mine, status, stream);
       ks.has_selection = true;
       break;
-    case CompressorId::kRandomk: {
+    case Collective::kSharedIndices: {
       gpu_randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared, ks.sparse, stream);
       const float* acc = data;
       if (residual != nullptr) {
@@ -275,7 +272,7 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
       ks.has_selection = true;
       break;
     }
-    case CompressorId::kSketch: {
+    case Collective::kSketchThenValues: {
       const int64_t k = selection_count(spec.ratio, spec.k, numel);
       const GpuCountSketch sketch(spec.rows, sketch_columns(spec, k), shared);
       const int64_t cells = int64_t{sketch.rows()} * sketch.cols();
@@ -292,13 +289,13 @@ void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t num
       ks.has_selection = true;
       break;
     }
-    case CompressorId::kPowersgd:
+    case Collective::kLowRank:
       // Two dense rings of its own, no payloads to check; the average is its own.
       nccl_powersgd_allreduce(op, gpu, ks, context_blas(gpu, stream), data, numel, reduce_op, spec,
                               parts != nullptr ? *parts : std::vector<powersgd::Part>{}, key, key_hash, residual,
                               stream);
       return;
-    case CompressorId::kNone:
+    case Collective::kDense:
       nccl_ring_allreduce(op, gpu, data, numel, DType::kFloat32, reduce_op, stream);
       return;
   }

@@ -1,0 +1,29 @@
+// fp16 and bf16: every value cast to 16 bits over the compressed ring (cast_codec.cc).
+#include "compressors/codec.h"
+#include "compressors/family.h"
+#include "compressors/quantize/dense_util.h"
+
+namespace gradcomm::detail {
+namespace {
+
+constexpr std::string_view kKeys[] = {"ef", "min_numel", "warmup", "seed"};
+
+std::unique_ptr<DenseCodec> make_codec(const CompressorSpec& spec) { return make_cast_codec(spec.id); }
+
+constexpr Family cast_family(CompressorId id, const char* name) {
+  return Family{.id = id,
+                .name = name,
+                .keys = kKeys,
+                .ef_default = false,
+                .values_default = ValueType::kFp32,
+                .collective = Collective::kCodecRing,
+                .make_codec = make_codec,
+                .device_codec = true};
+}
+
+}  // namespace
+
+extern constinit const Family kFp16Family = cast_family(CompressorId::kFp16, "fp16");
+extern constinit const Family kBf16Family = cast_family(CompressorId::kBf16, "bf16");
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,125 @@
+// A compressor family, described in one place: its name and wire id, its spec keys
+// (parsed and printed back by the family itself), whether a key keeps state between
+// steps, the collective the engine runs for it, and its payload codec. The registry
+// (registry.cc) parses specs through these descriptors; the CPU and GPU engines
+// dispatch on `collective`, never on the family's id. families.cc registers the
+// built-in families, one line each; docs/adding-a-compressor.md walks through a new one.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "compressors/spec.h"
+
+namespace gradcomm::detail {
+
+class DenseCodec;
+
+// What the engines (src/compression.cc, src/collectives/nccl_compressed_allreduce.cc)
+// do with a family's output. A new family that fits one of these needs no engine change.
+enum class Collective : uint8_t {
+  kDense,             // nothing to compress: the dense ring (none)
+  kCodecRing,         // a DenseCodec's fixed-size payloads over the compressed ring
+  kSparseSelection,   // each rank's own selection, exchanged as sparse payloads (top-k)
+  kSharedIndices,     // indices every rank draws alike; a dense allreduce of their values (random-k)
+  kSketchThenValues,  // a summed count-sketch table picks shared indices; then as kSharedIndices
+  kLowRank,           // P and Q factors over two dense rings (powersgd)
+};
+
+// A family's view of its spec's key=value pairs, already checked against its key list
+// and for duplicates. Every failure throws InvalidArgument naming the spec, the family,
+// the key and what is accepted.
+class SpecReader {
+ public:
+  struct Pair {
+    std::string_view key, value;
+  };
+  SpecReader(std::string_view spec, std::string_view name, std::vector<Pair> pairs)
+      : spec_(spec), name_(name), pairs_(std::move(pairs)) {}
+
+  std::string_view name() const { return name_; }
+  // The value of `key` if it was given.
+  std::optional<std::string_view> take(std::string_view key) const;
+  // A decimal integer in [lo, hi]; `fallback` when the key is absent.
+  int64_t integer(std::string_view key, int64_t lo, int64_t hi, int64_t fallback) const;
+  int64_t parse_integer(std::string_view key, std::string_view value, int64_t lo, int64_t hi) const;
+  // A finite number in (0, 1] ("0.01", "1e-3").
+  double parse_ratio(std::string_view key, std::string_view value) const;
+  // A finite number in [lo, hi].
+  double parse_number(std::string_view key, std::string_view value, double lo, double hi) const;
+  // Exactly one of ratio=R, k=K: fills spec.ratio or spec.k (topk, sketch).
+  void ratio_or_k(CompressorSpec& spec) const;
+  // One of the listed words; `fallback` when the key is absent.
+  template <class T>
+  T choice(std::string_view key, std::initializer_list<std::pair<std::string_view, T>> options, T fallback) const {
+    const auto value = take(key);
+    if (!value) return fallback;
+    std::string accepted;
+    for (const auto& [word, result] : options) {
+      if (word == *value) return result;
+      accepted += accepted.empty() ? "" : ", ";
+      accepted += word;
+    }
+    unknown_choice(key, *value, accepted);
+  }
+  [[noreturn]] void fail(std::string_view problem) const;
+
+ private:
+  [[noreturn]] void unknown_choice(std::string_view key, std::string_view value, const std::string& accepted) const;
+
+  std::string_view spec_;
+  std::string_view name_;
+  std::vector<Pair> pairs_;
+};
+
+struct Family {
+  CompressorId id;   // the byte payload headers carry: unique, never reused
+  const char* name;  // the spec's name ("topk")
+  // Keys in canonical order: the family's own first, then any of the common keys it
+  // takes (ef, min_numel, warmup, seed, values). Empty: the family takes no keys.
+  std::span<const std::string_view> keys;
+  bool ef_default;           // error feedback unless the spec says ef=0 (README's table)
+  ValueType values_default;  // sparse values on the wire, for families with a `values` key
+  Collective collective;
+  // Reads the family's own keys into `spec` (the common ones are read already).
+  void (*parse)(const SpecReader& reader, CompressorSpec& spec) = nullptr;
+  // The family's own keys as "key=value," each, in `keys` order, for canonical().
+  std::string (*canonical)(const CompressorSpec& spec) = nullptr;
+  // True when a key must keep state between steps beyond error feedback and warm-up
+  // (draws that change every step, a factor carried over). Null: never.
+  bool (*keeps_state)(const CompressorSpec& spec) = nullptr;
+  // kCodecRing: the CPU codec, after checking what the payload header can carry.
+  std::unique_ptr<DenseCodec> (*make_codec)(const CompressorSpec& spec) = nullptr;
+  // kCodecRing: GpuDenseCodec has kernels for this family (compressors/quantize/gpu_dense_codec.h).
+  bool device_codec = false;
+  // One call over many small tensors means the same as one call each. Null: always.
+  bool (*fusable)(const CompressorSpec& spec) = nullptr;
+
+  bool takes(std::string_view key) const {
+    for (const auto& k : keys) {
+      if (k == key) return true;
+    }
+    return false;
+  }
+};
+
+// "ratio=R" or "k=K", whichever the spec holds (topk's and sketch's canonical forms).
+std::string ratio_or_k_text(const CompressorSpec& spec);
+
+// The family of a registered id; InvalidArgument for an id no family has.
+const Family& family_of(CompressorId id);
+// Every registered family, in id order.
+std::vector<const Family*> registered_families();
+// Adds a family (built-ins in families.cc; a test or an extension at start-up, before
+// any communicator parses a spec naming it). InvalidArgument when its id or name is
+// taken or it is incomplete for its collective.
+void register_family(const Family& family);
+
+}  // namespace gradcomm::detail
