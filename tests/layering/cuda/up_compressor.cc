@@ -1,0 +1,1 @@
+#include "compressors/codec.h"  // a compressor, above the GPU plumbing

@@ -1,0 +1,1 @@
+#include "transport/transport.h"  // a transport, above the GPU plumbing

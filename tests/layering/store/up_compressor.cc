@@ -1,0 +1,1 @@
+#include "compressors/codec.h"  // a compressor, beside the transports, above the store

@@ -1,0 +1,1 @@
+#include "comm_impl.h"  // the core, above the store

@@ -1,0 +1,1 @@
+#include "collectives/collectives.h"  // the collectives (core), above the transports
