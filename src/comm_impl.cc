@@ -7,23 +7,14 @@
 
 #include "collectives/collectives.h"
 #include "compressors/family.h"
+#include "device_path.h"
 #include "engine.h"
 #include "fusion.h"
+#include "gpu_plan.h"
 #include "logging.h"
 #include "shape.h"
 
-#if GRADCOMM_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "cuda/device.h"
-#include "gpu_context.h"
-#endif
-
 namespace gradcomm::detail {
-
-#if !GRADCOMM_WITH_CUDA
-class GpuContext {};  // never created without CUDA; complete only so the unique_ptr can be destroyed
-#endif
 
 CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
                                    std::unique_ptr<Store> store)
@@ -42,7 +33,7 @@ CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::ch
 CommunicatorImpl::~CommunicatorImpl() {
   engine_->stop();
   engine_.reset();
-  gpu_.reset();
+  device_.reset();
   transport_.reset();
   store_.reset();
 }
@@ -64,11 +55,9 @@ void CommunicatorImpl::mark_failed(ErrorCode code, const std::string& message) {
     std::lock_guard lock(failure_mutex_);
     if (!failure_) failure_.emplace(code, message);
   }
-#if GRADCOMM_WITH_CUDA
   // NCCL kernels of this or earlier calls may wait on a peer that will never
   // come: aborting the NCCL communicator releases them.
-  gpu_abort();
-#endif
+  if (device_) device_->abort();
 }
 
 void CommunicatorImpl::tell_peers_destroyed(uint64_t seq) {
@@ -90,10 +79,7 @@ void CommunicatorImpl::set_transport_preference(const std::string& preference) {
 }
 
 std::string CommunicatorImpl::cuda_path() const {
-#if GRADCOMM_WITH_CUDA
-  if (gpu_) return gpu_->path() == GpuPath::kNccl ? "nccl" : "staging";
-#endif
-  return "";
+  return device_ ? device_->name() : "";
 }
 
 void CommunicatorImpl::watch_for_aborts() {
@@ -138,32 +124,7 @@ void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const c
                                       t.numel));
   }
   if (t.device.type == DeviceType::kCuda) {
-#if GRADCOMM_WITH_CUDA
-    require_cuda_device(t.device.index, fmt::format("rank {}: {}: {} on cuda:{}", rank(), op, name,
-                                                    t.device.index).c_str());
-    if (t.numel > 0) {
-      // NCCL and the copies would fault (or silently read the wrong memory) on a
-      // pointer that is not this device's: catch a mislabelled tensor here.
-      cudaPointerAttributes attributes{};
-      const cudaError_t status = cudaPointerGetAttributes(&attributes, t.data);
-      if (status != cudaSuccess) (void)cudaGetLastError();
-      const bool device_memory = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
-                                                           attributes.type == cudaMemoryTypeManaged);
-      if (!device_memory) {
-        throw InvalidArgument(fmt::format("rank {}: {}: {} is labelled cuda:{} but {:p} is not CUDA device memory "
-                                          "(host memory? pass Device{{DeviceType::kCpu}})",
-                                          rank(), op, name, t.device.index, t.data));
-      }
-      if (attributes.type == cudaMemoryTypeDevice && attributes.device != t.device.index) {
-        throw InvalidArgument(fmt::format("rank {}: {}: {} is labelled cuda:{} but its memory is on cuda:{}", rank(),
-                                          op, name, t.device.index, attributes.device));
-      }
-    }
-#else
-    throw Unsupported(fmt::format("rank {}: {}: {} is a CUDA tensor, but this gradcomm was built without CUDA "
-                                  "(configure with GRADCOMM_CUDA=ON)",
-                                  rank(), op, name));
-#endif
+    check_device_tensor(t, fmt::format("rank {}: {}: {}", rank(), op, name));
   } else if (t.device.type != DeviceType::kCpu) {
     throw InvalidArgument(fmt::format("rank {}: {}: {} has an unknown device type {}", rank(), op, name,
                                       static_cast<int>(t.device.type)));
@@ -344,12 +305,11 @@ std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count,
 }
 
 void CommunicatorImpl::synchronize() {
-#if GRADCOMM_WITH_CUDA
   run_local([&] {
-    if (!gpu_) return;  // no CUDA call yet: nothing in flight, nothing new to report
+    if (!device_) return;  // no CUDA call yet: nothing in flight, nothing new to report
     check_usable();
     try {
-      gpu_synchronize();
+      device_->synchronize();
     } catch (const std::exception& e) {
       auto* error = dynamic_cast<const Error*>(&e);
       const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
@@ -368,7 +328,6 @@ void CommunicatorImpl::synchronize() {
       throw_error(code, message);
     }
   });
-#endif
 }
 
 std::vector<uint8_t> CommunicatorImpl::save_state() {
@@ -474,26 +433,22 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
     case Call::Kind::kAllreduce: {
       const CompressorSpec& spec = *call.spec;
       if (spec.id == CompressorId::kNone) {
-#if GRADCOMM_WITH_CUDA
         if (cuda) {
-          gpu_allreduce(op, t, call.reduce_op, call.stream, nullptr);
+          device_->allreduce(op, t, call.reduce_op, call.stream, nullptr);
           break;
         }
-#endif
         dense_allreduce(op, t.data, t.numel, t.dtype, call.reduce_op);
         break;
       }
-#if GRADCOMM_WITH_CUDA
       if (cuda) {
         const std::function<void(float*)> engine = [&](float* host) {
           compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash, &call.parts);
         };
-        const GpuCompressed compressed{&spec, call.key, call.key_hash, &engine, &call.parts};
-        gpu_allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
+        const DevicePath::Compressed compressed{&spec, call.key, call.key_hash, &engine, &call.parts};
+        device_->allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
         if (call.key != nullptr) call.key->step += 1;
         break;
       }
-#endif
       if (t.numel > 0) {
         compression_.allreduce(op, static_cast<float*>(t.data), t.numel, call.reduce_op, spec, call.key, call.key_hash,
                                &call.parts);
@@ -502,12 +457,10 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
       break;
     }
     case Call::Kind::kAllgather: {
-#if GRADCOMM_WITH_CUDA
       if (cuda) {
-        gpu_allgather(op, t, call.out);
+        device_->allgather(op, t, call.out);
         break;
       }
-#endif
       const size_t elem = dtype_size(t.dtype);
       auto* base = static_cast<uint8_t*>(call.out.data);
       uint8_t* mine = base + static_cast<size_t>(rank()) * t.numel * elem;
@@ -518,12 +471,10 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
       break;
     }
     case Call::Kind::kBroadcast:
-#if GRADCOMM_WITH_CUDA
       if (cuda) {
-        gpu_broadcast(op, t, call.root);
+        device_->broadcast(op, t, call.root);
         break;
       }
-#endif
       if (size() > 1 && t.numel > 0) chain_broadcast(op, t.data, t.nbytes(), call.root);
       break;
     case Call::Kind::kBarrier:
@@ -541,11 +492,9 @@ void CommunicatorImpl::execute(Call& call) {
     return;
   }
   check_usable();
-#if GRADCOMM_WITH_CUDA
   if (call.tensor.device.type == DeviceType::kCuda && call.kind != Call::Kind::kBarrier) {
-    gpu_setup(call.tensor.device.index);
+    open_device(call.tensor.device.index);
   }
-#endif
   run_op(header_for(call, next_seq_), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     run_body(op, call);
     return 1;
@@ -567,9 +516,8 @@ void CommunicatorImpl::check_cuda_device(int device, const char* op_name) {
   }
 }
 
-#if GRADCOMM_WITH_CUDA
-void CommunicatorImpl::gpu_setup(int device) {
-  if (gpu_) return;
+void CommunicatorImpl::open_device(int device) {
+  if (device_) return;
   // A numbered call of its own, so a rank whose first CUDA call differs is caught
   // by the header check ("allgatherv(..., cuda-setup) #k" against its call).
   WireHeader header;
@@ -580,10 +528,9 @@ void CommunicatorImpl::gpu_setup(int device) {
   header.compressor_hash = fnv1a32(header.compressor);
   header.seq = next_seq_;
   run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
-    gpu_ = create_gpu_context(op, device, transport_preference_, timeout_, [this] { watch_for_aborts(); });
+    device_ = open_device_path(op, device, transport_preference_, timeout_, [this] { watch_for_aborts(); });
     return 1;  // numbered, but internal: Stats::ops counts the user's collectives
   });
 }
-#endif
 
 }  // namespace gradcomm::detail

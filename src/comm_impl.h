@@ -33,8 +33,8 @@
 
 namespace gradcomm::detail {
 
+class DevicePath;  // device_path.h
 class Engine;
-class GpuContext;  // gpu_context.h (CUDA builds only)
 
 // After a failure, how long outstanding sends (the abort to the others among them)
 // may take before the transport drops them.
@@ -123,27 +123,11 @@ class CommunicatorImpl {
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
   std::shared_ptr<WorkState> submit(Call call, const char* op);
-  // CUDA tensors (comm_impl_cuda.cc, CUDA builds only). gpu_setup runs the
-  // numbered setup call at a communicator's first CUDA call (every rank's first
-  // CUDA call must be the same call); the others run inside the call's Op and only
-  // enqueue on the NCCL path.
-  void gpu_setup(int device);
+  // CUDA tensors (device_path.h). open_device runs the numbered setup call at a
+  // communicator's first CUDA call (every rank's first CUDA call must be the same
+  // call), which chooses the path; the calls then run on it inside their Op.
+  void open_device(int device);
   void check_cuda_device(int device, const char* op);
-  struct GpuCompressed {
-    const CompressorSpec* spec;
-    KeyState* key;  // null for stateless specs without a key
-    uint64_t key_hash;
-    const std::function<void(float* host)>* host_engine;
-    const std::vector<powersgd::Part>* parts;  // the tensor's shapes (powersgd)
-  };
-  void gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream, const GpuCompressed* compressed);
-  void gpu_allgather(Op& op, TensorView in, TensorView out);
-  void gpu_broadcast(Op& op, TensorView t, int root);
-  void gpu_synchronize();
-  // Copies `host` (dst.numel floats) into the device tensor `dst` on `stream` and
-  // waits for it: `host` may go once it returns.
-  void gpu_copy_to_device(const float* host, TensorView dst, void* stream);
-  void gpu_abort() noexcept;
   // Raises an abort another rank sent, if one has arrived (GPU waits poll it).
   void watch_for_aborts();
 
@@ -170,7 +154,7 @@ class CommunicatorImpl {
   CompressionState state_;  // keys: see call.h for who touches which field
   CompressionEngine compression_;
   std::optional<ControlMessage> pending_abort_;
-  std::unique_ptr<GpuContext> gpu_;  // created at the first CUDA call
+  std::unique_ptr<DevicePath> device_;  // chosen at the first CUDA call
 
   std::unique_ptr<Engine> engine_;  // last: stopped first, before anything it uses goes
 };

@@ -1,10 +1,6 @@
-// CommunicatorImpl's CUDA branch (CUDA builds only): runs a call on CUDA tensors
-// inside its Op, on the path chosen at the first CUDA call (NCCL or staging), and
-// synchronize(). See gpu_context.h for the stream semantics and
-// collectives/gpu_collectives.h for the algorithms.
-//
-// Compressed allreduce: on the NCCL path the GPU codecs (collectives/nccl_compressed.h),
-// on the staging path the CPU engine on a pinned host copy.
+// The device paths of a CUDA build (device_path.h): NCCL and staging over one
+// GpuContext (gpu_context.h: the device, the NCCL communicator, stream ordering and
+// cached resources). Each call runs inside its Op, after its header matched.
 //
 // Streams: allreduce is ordered on CompressOptions::stream (null = the legacy
 // default stream); allgather and broadcast take no options and use the legacy
@@ -14,109 +10,164 @@
 #include "collectives/collectives.h"
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_compressed.h"
-#include "comm_impl.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "device_path.h"
 #include "gpu_context.h"
+#include "op.h"
 
 namespace gradcomm::detail {
+namespace {
 
-void CommunicatorImpl::gpu_allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream_ptr,
-                                     const GpuCompressed* compressed) {
-  GpuContext& gpu = *gpu_;
-  DeviceGuard guard(gpu.device());
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  op.finish();  // every rank agrees on the call before anything is enqueued for it
-  gpu.begin(stream, "allreduce");
-  if (compressed != nullptr && gpu.path() == GpuPath::kNccl) {
-    // The GPU codecs on NCCL, stream-ordered, state on the device
-    // (collectives/nccl_compressed.h).
-    nccl_compressed_allreduce(op, gpu, static_cast<float*>(t.data), t.numel, reduce_op, *compressed->spec,
-                              compressed->key, compressed->key_hash, compressed->parts, stream);
-  } else if (compressed != nullptr) {
-    // Staging: the CPU compression engine (the reference codecs, the same payload
-    // bytes, error feedback state on the host as for CPU tensors) on a pinned host
-    // copy of the whole tensor. The host transport moves the payloads either way,
-    // so the GPU codecs would only add copies here.
-    const int64_t bytes = t.nbytes();
-    StagedCopy copy;
-    copy.down_src = t.data;
-    copy.down_bytes = bytes;
-    copy.up_dst = t.data;
-    copy.up_bytes = bytes;
-    copy.host_bytes = bytes;
-    staged_call(op, gpu, copy, stream,
-                [&](uint8_t* host) { (*compressed->host_engine)(reinterpret_cast<float*>(host)); });
-  } else if (gpu.path() == GpuPath::kNccl) {
-    nccl_ring_allreduce(op, gpu, t.data, t.numel, t.dtype, reduce_op, stream);
-  } else {
-    staged_dense_allreduce(op, gpu, t.data, t.numel, t.dtype, reduce_op, stream);
+// What both paths share: the context, and each call's begin/end on its stream.
+class GpuPathBase : public DevicePath {
+ public:
+  explicit GpuPathBase(std::unique_ptr<GpuContext> gpu) : gpu_(std::move(gpu)) {}
+
+  void synchronize() override { gpu_->synchronize("synchronize"); }
+  void abort() noexcept override { gpu_->abort(); }
+
+ protected:
+  // Runs `body` as one call on `stream`: every rank agrees on the call before
+  // anything is enqueued for it, and the call is ordered after the previous one.
+  template <class Body>
+  void call(Op& op, cudaStream_t stream, const char* what, Body&& body) {
+    DeviceGuard guard(gpu_->device());
+    op.finish();
+    gpu_->begin(stream, what);
+    body();
+    gpu_->end(stream);
   }
-  gpu.end(stream);
-}
 
-void CommunicatorImpl::gpu_allgather(Op& op, TensorView in, TensorView out) {
-  GpuContext& gpu = *gpu_;
-  DeviceGuard guard(gpu.device());
-  const cudaStream_t stream = nullptr;
-  op.finish();
-  gpu.begin(stream, "allgather");
-  const int64_t bytes = in.nbytes();
-  if (gpu.path() == GpuPath::kNccl) {
-    nccl_allgather(op, gpu, in.data, out.data, bytes, stream);
-  } else {
-    StagedCopy copy;
-    copy.down_src = in.data;
-    copy.down_bytes = bytes;
-    copy.down_offset = bytes * op.rank();
-    copy.up_dst = out.data;
-    copy.up_bytes = bytes * op.size();
-    copy.host_bytes = bytes * op.size();
-    staged_call(op, gpu, copy, stream, [&](uint8_t* host) {
-      if (op.size() > 1 && bytes > 0) {
-        ring_allgatherv(op, host, std::vector<int64_t>(op.size(), in.numel), dtype_size(in.dtype), /*unit_base=*/0);
+  std::unique_ptr<GpuContext> gpu_;
+};
+
+// NCCL: everything stream-ordered on the device; the GPU codecs, state on the device.
+class NcclPath final : public GpuPathBase {
+ public:
+  using GpuPathBase::GpuPathBase;
+  const char* name() const override { return "nccl"; }
+
+  void allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream_ptr, const Compressed* compressed) override {
+    const auto stream = static_cast<cudaStream_t>(stream_ptr);
+    call(op, stream, "allreduce", [&] {
+      if (compressed != nullptr) {
+        nccl_compressed_allreduce(op, *gpu_, static_cast<float*>(t.data), t.numel, reduce_op, *compressed->spec,
+                                  compressed->key, compressed->key_hash, compressed->parts, stream);
+      } else {
+        nccl_ring_allreduce(op, *gpu_, t.data, t.numel, t.dtype, reduce_op, stream);
       }
     });
   }
-  gpu.end(stream);
-}
 
-void CommunicatorImpl::gpu_broadcast(Op& op, TensorView t, int root) {
-  GpuContext& gpu = *gpu_;
-  DeviceGuard guard(gpu.device());
-  const cudaStream_t stream = nullptr;
-  op.finish();
-  gpu.begin(stream, "broadcast");
-  const int64_t bytes = t.nbytes();
-  if (gpu.path() == GpuPath::kNccl) {
-    nccl_broadcast(op, gpu, t.data, bytes, root, stream);
-  } else {
-    const bool is_root = op.rank() == root;
-    StagedCopy copy;
-    copy.down_src = t.data;
-    copy.down_bytes = is_root ? bytes : 0;
-    copy.up_dst = t.data;
-    copy.up_bytes = is_root ? 0 : bytes;
-    copy.host_bytes = bytes;
-    staged_call(op, gpu, copy, stream, [&](uint8_t* host) {
-      if (op.size() > 1 && bytes > 0) chain_broadcast(op, host, bytes, root);
+  void allgather(Op& op, TensorView in, TensorView out) override {
+    call(op, nullptr, "allgather", [&] { nccl_allgather(op, *gpu_, in.data, out.data, in.nbytes(), nullptr); });
+  }
+
+  void broadcast(Op& op, TensorView t, int root) override {
+    call(op, nullptr, "broadcast", [&] { nccl_broadcast(op, *gpu_, t.data, t.nbytes(), root, nullptr); });
+  }
+};
+
+// Staging: a pinned host copy, the host collectives over the host transport, and
+// for compressed calls the CPU engine (the reference codecs, the same payload bytes,
+// error feedback state on the host as for CPU tensors). The host transport moves the
+// payloads either way, so the GPU codecs would only add copies here.
+class StagingPath final : public GpuPathBase {
+ public:
+  using GpuPathBase::GpuPathBase;
+  const char* name() const override { return "staging"; }
+
+  void allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream_ptr, const Compressed* compressed) override {
+    const auto stream = static_cast<cudaStream_t>(stream_ptr);
+    call(op, stream, "allreduce", [&] {
+      if (compressed == nullptr) {
+        staged_dense_allreduce(op, *gpu_, t.data, t.numel, t.dtype, reduce_op, stream);
+        return;
+      }
+      const int64_t bytes = t.nbytes();
+      StagedCopy copy;
+      copy.down_src = t.data;
+      copy.down_bytes = bytes;
+      copy.up_dst = t.data;
+      copy.up_bytes = bytes;
+      copy.host_bytes = bytes;
+      staged_call(op, *gpu_, copy, stream,
+                  [&](uint8_t* host) { (*compressed->host_engine)(reinterpret_cast<float*>(host)); });
     });
   }
-  gpu.end(stream);
+
+  void allgather(Op& op, TensorView in, TensorView out) override {
+    call(op, nullptr, "allgather", [&] {
+      const int64_t bytes = in.nbytes();
+      StagedCopy copy;
+      copy.down_src = in.data;
+      copy.down_bytes = bytes;
+      copy.down_offset = bytes * op.rank();
+      copy.up_dst = out.data;
+      copy.up_bytes = bytes * op.size();
+      copy.host_bytes = bytes * op.size();
+      staged_call(op, *gpu_, copy, nullptr, [&](uint8_t* host) {
+        if (op.size() > 1 && bytes > 0) {
+          ring_allgatherv(op, host, std::vector<int64_t>(op.size(), in.numel), dtype_size(in.dtype), /*unit_base=*/0);
+        }
+      });
+    });
+  }
+
+  void broadcast(Op& op, TensorView t, int root) override {
+    call(op, nullptr, "broadcast", [&] {
+      const int64_t bytes = t.nbytes();
+      const bool is_root = op.rank() == root;
+      StagedCopy copy;
+      copy.down_src = t.data;
+      copy.down_bytes = is_root ? bytes : 0;
+      copy.up_dst = t.data;
+      copy.up_bytes = is_root ? 0 : bytes;
+      copy.host_bytes = bytes;
+      staged_call(op, *gpu_, copy, nullptr, [&](uint8_t* host) {
+        if (op.size() > 1 && bytes > 0) chain_broadcast(op, host, bytes, root);
+      });
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DevicePath> open_device_path(Op& op, int device, const std::string& preference,
+                                             std::chrono::milliseconds timeout, std::function<void()> watchdog) {
+  std::unique_ptr<GpuContext> gpu = create_gpu_context(op, device, preference, timeout, std::move(watchdog));
+  if (gpu->path() == GpuPath::kNccl) return std::make_unique<NcclPath>(std::move(gpu));
+  return std::make_unique<StagingPath>(std::move(gpu));
 }
 
-void CommunicatorImpl::gpu_synchronize() { gpu_->synchronize("synchronize"); }
+void check_device_tensor(const TensorView& t, const std::string& what) {
+  require_cuda_device(t.device.index, fmt::format("{} on cuda:{}", what, t.device.index).c_str());
+  if (t.numel == 0) return;
+  // NCCL and the copies would fault (or silently read the wrong memory) on a
+  // pointer that is not this device's: catch a mislabelled tensor here.
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, t.data);
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  const bool device_memory = status == cudaSuccess &&
+                             (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
+  if (!device_memory) {
+    throw InvalidArgument(fmt::format("{} is labelled cuda:{} but {:p} is not CUDA device memory "
+                                      "(host memory? pass Device{{DeviceType::kCpu}})",
+                                      what, t.device.index, t.data));
+  }
+  if (attributes.type == cudaMemoryTypeDevice && attributes.device != t.device.index) {
+    throw InvalidArgument(
+        fmt::format("{} is labelled cuda:{} but its memory is on cuda:{}", what, t.device.index, attributes.device));
+  }
+}
 
-void CommunicatorImpl::gpu_copy_to_device(const float* host, TensorView dst, void* stream_ptr) {
+void copy_to_device(const float* host, TensorView dst, void* stream_ptr) {
   DeviceGuard guard(dst.device.index);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.numel) * sizeof(float),
                                       cudaMemcpyHostToDevice, stream));
   GRADCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
-}
-
-void CommunicatorImpl::gpu_abort() noexcept {
-  if (gpu_) gpu_->abort();
 }
 
 }  // namespace gradcomm::detail

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "comm_impl.h"
+#include "device_path.h"
 #include "compressors/family.h"
 #include "compressors/spec.h"
 
@@ -76,11 +77,7 @@ bool CommunicatorImpl::sent_mask(const std::string& key, TensorView mask, void* 
     }
     if (on_host) return true;
   }
-#if GRADCOMM_WITH_CUDA
-  gpu_copy_to_device(host.data(), mask, stream);
-#else
-  (void)stream;  // check_tensor refused CUDA tensors in this build
-#endif
+  copy_to_device(host.data(), mask, stream);
   return true;
 }
 
