@@ -21,6 +21,7 @@
 namespace gradcomm::detail {
 
 class DenseCodec;
+struct GpuDenseKernels;  // compressors/quantize/gpu_dense_launch.h (CUDA builds)
 
 // What the engines (src/compression.cc, src/collectives/nccl_compressed_allreduce.cc)
 // do with a family's output. A new family that fits one of these needs no engine change.
@@ -97,8 +98,10 @@ struct Family {
   bool (*keeps_state)(const CompressorSpec& spec) = nullptr;
   // kCodecRing: the CPU codec, after checking what the payload header can carry.
   std::unique_ptr<DenseCodec> (*make_codec)(const CompressorSpec& spec) = nullptr;
-  // kCodecRing: GpuDenseCodec has kernels for this family (compressors/quantize/gpu_dense_codec.h).
-  bool device_codec = false;
+  // kCodecRing: the family's GPU codec (layout and launchers) for GpuDenseCodec
+  // (compressors/quantize/gpu_dense_codec.h). Null: none, or a build without CUDA;
+  // the NCCL path then refuses the family by name.
+  const GpuDenseKernels* gpu_dense = nullptr;
   // One call over many small tensors means the same as one call each. Null: always.
   bool (*fusable)(const CompressorSpec& spec) = nullptr;
 

@@ -3,12 +3,22 @@
 #include "compressors/family.h"
 #include "compressors/quantize/dense_util.h"
 
+#if GRADCOMM_WITH_CUDA
+#include "compressors/quantize/gpu_dense_launch.h"
+#endif
+
 namespace gradcomm::detail {
 namespace {
 
 constexpr std::string_view kKeys[] = {"ef", "min_numel", "warmup", "seed"};
 
 std::unique_ptr<DenseCodec> make_codec(const CompressorSpec& spec) { return make_cast_codec(spec.id); }
+
+#if GRADCOMM_WITH_CUDA
+constexpr const GpuDenseKernels* kGpu = &kCastGpuKernels;
+#else
+constexpr const GpuDenseKernels* kGpu = nullptr;  // built without CUDA
+#endif
 
 constexpr Family cast_family(CompressorId id, const char* name) {
   return Family{.id = id,
@@ -18,7 +28,7 @@ constexpr Family cast_family(CompressorId id, const char* name) {
                 .values_default = ValueType::kFp32,
                 .collective = Collective::kCodecRing,
                 .make_codec = make_codec,
-                .device_codec = true};
+                .gpu_dense = kGpu};
 }
 
 }  // namespace

@@ -5,7 +5,11 @@
 
 namespace gradcomm::detail {
 
-void gpu_cast_encode(const GpuEncodeArgs& args) {
+namespace {
+
+DenseLayout layout(const CompressorSpec& spec, uint64_t n) { return cast_layout(spec.id, n); }
+
+void encode(const GpuEncodeArgs& args, const CompressorSpec&) {
   if (args.layout.id == CompressorId::kBf16) {
     gpu_dense::launch_encode(CastPolicy<true>{}, args);
   } else {
@@ -13,12 +17,16 @@ void gpu_cast_encode(const GpuEncodeArgs& args) {
   }
 }
 
-void gpu_cast_decode(const GpuDecodeArgs& args) {
+void decode(const GpuDecodeArgs& args) {
   if (args.layout.id == CompressorId::kBf16) {
     gpu_dense::launch_decode(CastPolicy<true>{}, args);
   } else {
     gpu_dense::launch_decode(CastPolicy<false>{}, args);
   }
 }
+
+}  // namespace
+
+const GpuDenseKernels kCastGpuKernels{layout, encode, decode};
 
 }  // namespace gradcomm::detail

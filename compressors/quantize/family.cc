@@ -7,6 +7,10 @@
 #include "compressors/quantize/dense_util.h"
 #include "gradcomm/errors.h"
 
+#if GRADCOMM_WITH_CUDA
+#include "compressors/quantize/gpu_dense_launch.h"
+#endif
+
 namespace gradcomm::detail {
 namespace {
 
@@ -55,6 +59,17 @@ std::unique_ptr<DenseCodec> make_quant(const CompressorSpec& s) {
 
 bool always(const CompressorSpec&) { return true; }  // qsgd's draws change from step to step
 
+#if GRADCOMM_WITH_CUDA
+constexpr const GpuDenseKernels* kQsgdGpu = &kQsgdGpuKernels;
+#else
+constexpr const GpuDenseKernels* kQsgdGpu = nullptr;  // built without CUDA
+#endif
+#if GRADCOMM_WITH_CUDA
+constexpr const GpuDenseKernels* kQuantGpu = &kQuantGpuKernels;
+#else
+constexpr const GpuDenseKernels* kQuantGpu = nullptr;  // built without CUDA
+#endif
+
 }  // namespace
 
 extern constinit const Family kQsgdFamily{.id = CompressorId::kQsgd,
@@ -67,7 +82,7 @@ extern constinit const Family kQsgdFamily{.id = CompressorId::kQsgd,
                                           .canonical = canonical_qsgd,
                                           .keeps_state = always,
                                           .make_codec = make_qsgd,
-                                          .device_codec = true};
+                                          .gpu_dense = kQsgdGpu};
 
 extern constinit const Family kQuantFamily{.id = CompressorId::kQuant,
                                            .name = "quant",
@@ -79,6 +94,6 @@ extern constinit const Family kQuantFamily{.id = CompressorId::kQuant,
                                            .canonical = canonical_quant,
                                            .keeps_state = quant_keeps_state,
                                            .make_codec = make_quant,
-                                           .device_codec = true};
+                                           .gpu_dense = kQuantGpu};
 
 }  // namespace gradcomm::detail

@@ -1,5 +1,5 @@
-// GpuDenseCodec: argument checks and dispatch to the per-family launchers
-// (gpu_dense_launch.h). Host code only; the kernels live in the .cu files.
+// GpuDenseCodec: argument checks, then the family's own GPU codec (its
+// GpuDenseKernels table, gpu_dense_launch.h). Host code only; the kernels live in the .cu files.
 #include "compressors/quantize/gpu_dense_codec.h"
 
 #include <fmt/format.h>
@@ -21,10 +21,6 @@ static_assert(kDenseMagic == PayloadHeader::kMagic && kDenseVersion == PayloadHe
 
 namespace {
 
-DenseLayout layout_for(const CompressorSpec& s, int64_t n) {
-  return make_dense_layout(s.id, s.bits, s.levels, s.bucket, static_cast<uint64_t>(n));
-}
-
 // InvalidArgument unless p is null only when allowed, and 4-byte aligned (fp32).
 void check_floats(const void* p, int64_t n, const char* name, const char* what) {
   if (p == nullptr && n > 0) throw InvalidArgument(fmt::format("{}: {} is null with n={}", what, name, n));
@@ -44,9 +40,11 @@ void check_disjoint(const void* a, uint64_t a_bytes, const char* a_name, const v
 
 }  // namespace
 
-GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec) : spec_(spec) {
-  make_dense_codec(spec);  // the CPU factory's checks: dense id, bits, levels, bucket range
-  if (!family_of(spec.id).device_codec) {
+GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec)
+    : spec_(spec),
+      kernels_(family_of(spec.id).gpu_dense),
+      alignment_(make_dense_codec(spec)->alignment()) {  // the CPU codec's checks: bits, levels, bucket
+  if (kernels_ == nullptr) {
     throw InvalidArgument(fmt::format("{}: no CUDA codec; on the NCCL path only families with GPU kernels compress "
                                       "(CPU tensors, or transport=ucx staging, use its CPU codec)",
                                       compressor_name(spec.id)));
@@ -55,12 +53,10 @@ GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec) : spec_(spec) {
 
 size_t GpuDenseCodec::encoded_bytes(int64_t n) const {
   check_dense_numel(compressor_name(spec_.id), n);
-  return static_cast<size_t>(layout_for(spec_, n).total_bytes());
+  return static_cast<size_t>(kernels_->layout(spec_, static_cast<uint64_t>(n)).total_bytes());
 }
 
-int64_t GpuDenseCodec::alignment() const {
-  return spec_.id == CompressorId::kFp16 || spec_.id == CompressorId::kBf16 ? 1 : spec_.bucket;
-}
+int64_t GpuDenseCodec::alignment() const { return alignment_; }
 
 void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const PhiloxStream& rng, int64_t first,
                            float* residual, cudaStream_t stream) const {
@@ -71,7 +67,7 @@ void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const P
                            const EncodeFeedback& feedback, cudaStream_t stream) const {
   const std::string what = fmt::format("{} GPU encode", compressor_name(spec_.id));
   check_dense_encode(what.c_str(), n, first, alignment());
-  const DenseLayout layout = layout_for(spec_, n);
+  const DenseLayout layout = kernels_->layout(spec_, static_cast<uint64_t>(n));
   const uint64_t floats = static_cast<uint64_t>(n) * sizeof(float);
   check_floats(in, n, "in", what.c_str());
   if (payload == nullptr) throw InvalidArgument(fmt::format("{}: payload is null", what));
@@ -94,16 +90,7 @@ void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const P
     // a partial overlap would make the result depend on scheduling.
     if (feedback.decoded != in) check_disjoint(feedback.decoded, floats, "decoded", in, floats, "in", what.c_str());
   }
-  const GpuEncodeArgs args{layout, in, payload, rng, static_cast<uint64_t>(first), feedback, stream};
-  switch (spec_.id) {
-    case CompressorId::kFp16:
-    case CompressorId::kBf16: return gpu_cast_encode(args);
-    case CompressorId::kQuant: return gpu_quant_encode(args, spec_.round);
-    case CompressorId::kQsgd: return gpu_qsgd_encode(args);
-    case CompressorId::kSign: return gpu_sign_encode(args);
-    default: break;
-  }
-  throw InvalidArgument(fmt::format("{}: not a dense codec", what));  // unreachable: the constructor checked
+  kernels_->encode(GpuEncodeArgs{layout, in, payload, rng, static_cast<uint64_t>(first), feedback, stream}, spec_);
 }
 
 void GpuDenseCodec::decode(const uint8_t* payload, size_t payload_bytes, int64_t n, float* out, bool add,
@@ -117,16 +104,8 @@ void GpuDenseCodec::decode(const uint8_t* payload, size_t payload_bytes, int64_t
   }
   check_disjoint(out, static_cast<uint64_t>(n) * sizeof(float), "out", payload, payload_bytes, "payload",
                  what.c_str());
-  const GpuDecodeArgs args{layout_for(spec_, n), payload, payload_bytes, out, add, status, stream};
-  switch (spec_.id) {
-    case CompressorId::kFp16:
-    case CompressorId::kBf16: return gpu_cast_decode(args);
-    case CompressorId::kQuant: return gpu_quant_decode(args);
-    case CompressorId::kQsgd: return gpu_qsgd_decode(args);
-    case CompressorId::kSign: return gpu_sign_decode(args);
-    default: break;
-  }
-  throw InvalidArgument(fmt::format("{}: not a dense codec", what));
+  kernels_->decode(
+      GpuDecodeArgs{kernels_->layout(spec_, static_cast<uint64_t>(n)), payload, payload_bytes, out, add, status, stream});
 }
 
 }  // namespace gradcomm::detail

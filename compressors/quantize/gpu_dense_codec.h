@@ -29,6 +29,8 @@
 
 namespace gradcomm::detail {
 
+struct GpuDenseKernels;
+
 // What error feedback does around an encode.
 enum class ResidualMode : uint8_t {
   // acc = in + residual; payload = encode(acc); residual = acc - decode(payload).
@@ -49,8 +51,9 @@ struct EncodeFeedback {
 
 class GpuDenseCodec {
  public:
-  // fp16, bf16, quant, qsgd, sign; InvalidArgument otherwise or for parameters the
-  // CPU factory (make_dense_codec) rejects. Makes no CUDA call.
+  // A codec-ring family with GPU kernels (Family::gpu_dense: fp16, bf16, quant, qsgd,
+  // sign); InvalidArgument otherwise or for parameters its CPU codec rejects. Makes no
+  // CUDA call.
   explicit GpuDenseCodec(const CompressorSpec& spec);
 
   CompressorId id() const { return spec_.id; }
@@ -78,6 +81,8 @@ class GpuDenseCodec {
 
  private:
   CompressorSpec spec_;
+  const GpuDenseKernels* kernels_;  // the family's (never null once constructed)
+  int64_t alignment_;              // the CPU codec's: the bucket, 1 for the casts
 };
 
 }  // namespace gradcomm::detail

@@ -1,8 +1,9 @@
-// Internal: the launchers behind GpuDenseCodec, one per codec family, implemented in
-// compressors/cast/gpu_cast_codec.cu, quantize/gpu_quant_codec.cu,
-// quantize/gpu_qsgd_codec.cu and sign/gpu_sign_codec.cu. Host-only declarations.
-// The arguments are already validated (gpu_dense_codec.cc); the launchers only
-// compute grids, launch on the stream and check the launches.
+// Internal: the launchers behind GpuDenseCodec. Each dense family with GPU kernels
+// defines a GpuDenseKernels table in its .cu file (compressors/cast/gpu_cast_codec.cu,
+// quantize/gpu_quant_codec.cu, quantize/gpu_qsgd_codec.cu, sign/gpu_sign_codec.cu),
+// and its Family points at it (Family::gpu_dense). Host-only declarations. The
+// arguments are already validated (gpu_dense_codec.cc); the launchers only compute
+// grids, launch on the stream and check the launches.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,13 +37,18 @@ struct GpuDecodeArgs {
   cudaStream_t stream;
 };
 
-void gpu_cast_encode(const GpuEncodeArgs& args);  // layout.id: fp16 or bf16
-void gpu_cast_decode(const GpuDecodeArgs& args);
-void gpu_quant_encode(const GpuEncodeArgs& args, Rounding round);
-void gpu_quant_decode(const GpuDecodeArgs& args);
-void gpu_qsgd_encode(const GpuEncodeArgs& args);
-void gpu_qsgd_decode(const GpuDecodeArgs& args);
-void gpu_sign_encode(const GpuEncodeArgs& args);
-void gpu_sign_decode(const GpuDecodeArgs& args);
+// A dense family's GPU codec: the payload layout of its spec for n elements, and its
+// two launchers.
+struct GpuDenseKernels {
+  DenseLayout (*layout)(const CompressorSpec& spec, uint64_t n);
+  void (*encode)(const GpuEncodeArgs& args, const CompressorSpec& spec);
+  void (*decode)(const GpuDecodeArgs& args);
+};
+
+// The built-in tables (their families' family.cc point at them).
+extern const GpuDenseKernels kCastGpuKernels;  // fp16 and bf16 (layout.id says which)
+extern const GpuDenseKernels kQuantGpuKernels;
+extern const GpuDenseKernels kQsgdGpuKernels;
+extern const GpuDenseKernels kSignGpuKernels;
 
 }  // namespace gradcomm::detail

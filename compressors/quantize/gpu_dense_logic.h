@@ -98,26 +98,21 @@ struct DenseLayout {
   GRADCOMM_HD uint64_t groups() const { return (n + kGroupElems - 1) / kGroupElems; }
 };
 
-// The layout a validated spec writes (quant: param0 = bits; qsgd: param0 = levels;
-// both take the bucket; the casts neither). No validation here: the caller has run
-// the spec through make_dense_codec's checks.
-inline DenseLayout make_dense_layout(CompressorId id, int bits, int levels, int64_t bucket, uint64_t n) {
-  DenseLayout l{id, n, 0, 0, 0, 0, 16};
-  switch (id) {
-    case CompressorId::kQuant:
-      l = DenseLayout{id, n, static_cast<uint32_t>(bits), static_cast<uint32_t>(bucket), static_cast<uint64_t>(bucket),
-                      8, static_cast<unsigned>(bits)};
-      break;
-    case CompressorId::kQsgd:
-      l = DenseLayout{id, n, static_cast<uint32_t>(levels), static_cast<uint32_t>(bucket),
-                      static_cast<uint64_t>(bucket), 4, qsgd_code_bits(static_cast<uint32_t>(levels))};
-      break;
-    case CompressorId::kSign:
-      l = DenseLayout{id, n, 0, static_cast<uint32_t>(bucket), static_cast<uint64_t>(bucket), 4, 1};
-      break;
-    default: break;  // fp16, bf16
-  }
-  return l;
+// The layout each family's validated spec writes (quant: param0 = bits; qsgd:
+// param0 = levels; both take the bucket; the casts neither). No validation here: the
+// caller has run the spec through its family's make_codec checks. Each family's GPU
+// codec (GpuDenseKernels, gpu_dense_launch.h) names its own.
+inline DenseLayout cast_layout(CompressorId id, uint64_t n) { return DenseLayout{id, n, 0, 0, 0, 0, 16}; }
+inline DenseLayout quant_layout(int bits, int64_t bucket, uint64_t n) {
+  return DenseLayout{CompressorId::kQuant,          n, static_cast<uint32_t>(bits), static_cast<uint32_t>(bucket),
+                     static_cast<uint64_t>(bucket), 8, static_cast<unsigned>(bits)};
+}
+inline DenseLayout qsgd_layout(int levels, int64_t bucket, uint64_t n) {
+  return DenseLayout{CompressorId::kQsgd,           n, static_cast<uint32_t>(levels), static_cast<uint32_t>(bucket),
+                     static_cast<uint64_t>(bucket), 4, qsgd_code_bits(static_cast<uint32_t>(levels))};
+}
+inline DenseLayout sign_layout(int64_t bucket, uint64_t n) {
+  return DenseLayout{CompressorId::kSign, n, 0, static_cast<uint32_t>(bucket), static_cast<uint64_t>(bucket), 4, 1};
 }
 
 // The 24-byte header (payload.h): flags always 0 for the dense codecs.

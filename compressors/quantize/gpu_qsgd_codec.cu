@@ -5,12 +5,20 @@
 
 namespace gradcomm::detail {
 
-void gpu_qsgd_encode(const GpuEncodeArgs& args) {
+namespace {
+
+DenseLayout layout(const CompressorSpec& spec, uint64_t n) { return qsgd_layout(spec.levels, spec.bucket, n); }
+
+void encode(const GpuEncodeArgs& args, const CompressorSpec&) {
   gpu_dense::launch_encode(QsgdPolicy{args.layout.param0, args.layout.code_bits}, args);
 }
 
-void gpu_qsgd_decode(const GpuDecodeArgs& args) {
+void decode(const GpuDecodeArgs& args) {
   gpu_dense::launch_decode(QsgdPolicy{args.layout.param0, args.layout.code_bits}, args);
 }
+
+}  // namespace
+
+const GpuDenseKernels kQsgdGpuKernels{layout, encode, decode};
 
 }  // namespace gradcomm::detail

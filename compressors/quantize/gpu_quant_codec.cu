@@ -7,15 +7,21 @@
 namespace gradcomm::detail {
 
 namespace {
+
 QuantPolicy quant_policy(const DenseLayout& l, bool stochastic) {
   return QuantPolicy{(1u << l.code_bits) - 1u, l.code_bits, stochastic};
 }
-}  // namespace
 
-void gpu_quant_encode(const GpuEncodeArgs& args, Rounding round) {
-  gpu_dense::launch_encode(quant_policy(args.layout, round == Rounding::kStochastic), args);
+DenseLayout layout(const CompressorSpec& spec, uint64_t n) { return quant_layout(spec.bits, spec.bucket, n); }
+
+void encode(const GpuEncodeArgs& args, const CompressorSpec& spec) {
+  gpu_dense::launch_encode(quant_policy(args.layout, spec.round == Rounding::kStochastic), args);
 }
 
-void gpu_quant_decode(const GpuDecodeArgs& args) { gpu_dense::launch_decode(quant_policy(args.layout, false), args); }
+void decode(const GpuDecodeArgs& args) { gpu_dense::launch_decode(quant_policy(args.layout, false), args); }
+
+}  // namespace
+
+const GpuDenseKernels kQuantGpuKernels{layout, encode, decode};
 
 }  // namespace gradcomm::detail

@@ -6,6 +6,10 @@
 #include "compressors/family.h"
 #include "compressors/quantize/dense_util.h"
 
+#if GRADCOMM_WITH_CUDA
+#include "compressors/quantize/gpu_dense_launch.h"
+#endif
+
 namespace gradcomm::detail {
 namespace {
 
@@ -20,6 +24,12 @@ std::unique_ptr<DenseCodec> make_codec(const CompressorSpec& s) {
   return make_sign_codec(s.bucket);
 }
 
+#if GRADCOMM_WITH_CUDA
+constexpr const GpuDenseKernels* kGpu = &kSignGpuKernels;
+#else
+constexpr const GpuDenseKernels* kGpu = nullptr;  // built without CUDA
+#endif
+
 }  // namespace
 
 extern constinit const Family kSignFamily{.id = CompressorId::kSign,
@@ -31,6 +41,6 @@ extern constinit const Family kSignFamily{.id = CompressorId::kSign,
                                           .parse = parse,
                                           .canonical = canonical,
                                           .make_codec = make_codec,
-                                          .device_codec = true};
+                                          .gpu_dense = kGpu};
 
 }  // namespace gradcomm::detail

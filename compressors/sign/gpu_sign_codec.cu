@@ -5,8 +5,16 @@
 
 namespace gradcomm::detail {
 
-void gpu_sign_encode(const GpuEncodeArgs& args) { gpu_dense::launch_encode(SignPolicy{}, args); }
+namespace {
 
-void gpu_sign_decode(const GpuDecodeArgs& args) { gpu_dense::launch_decode(SignPolicy{}, args); }
+DenseLayout layout(const CompressorSpec& spec, uint64_t n) { return sign_layout(spec.bucket, n); }
+
+void encode(const GpuEncodeArgs& args, const CompressorSpec&) { gpu_dense::launch_encode(SignPolicy{}, args); }
+
+void decode(const GpuDecodeArgs& args) { gpu_dense::launch_decode(SignPolicy{}, args); }
+
+}  // namespace
+
+const GpuDenseKernels kSignGpuKernels{layout, encode, decode};
 
 }  // namespace gradcomm::detail

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/family.h"
 #include "compressors/quantize/gpu_dense_codec.h"
+#include "compressors/quantize/gpu_dense_launch.h"
 #include "compressors/quantize/gpu_dense_logic.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"
@@ -358,7 +360,7 @@ TEST_F(GpuDenseCodecs, CorruptPayloadsAreReportedAndWriteNothing) {
     const auto cpu = make_dense_codec(s);
     const GpuDenseCodec gpu(s);
     const int64_t n = 2 * std::max<int64_t>(s.bucket, 8) + 3;
-    const DenseLayout layout = make_dense_layout(s.id, s.bits, s.levels, s.bucket, static_cast<uint64_t>(n));
+    const DenseLayout layout = family_of(s.id).gpu_dense->layout(s, static_cast<uint64_t>(n));
     const auto x = random_input(n, 3);
     std::vector<uint8_t> valid(cpu->encoded_bytes(n));
     cpu->encode(x.data(), n, valid.data(), kRng, 0);

@@ -113,8 +113,15 @@ void visit_policy(const CompressorSpec& s, const DenseLayout& l, F&& f) {
   }
 }
 
+// The layout each family's GPU codec names (its GpuDenseKernels::layout).
 DenseLayout layout_of(const CompressorSpec& s, int64_t n) {
-  return make_dense_layout(s.id, s.bits, s.levels, s.bucket, static_cast<uint64_t>(n));
+  const auto u = static_cast<uint64_t>(n);
+  switch (s.id) {
+    case CompressorId::kQuant: return quant_layout(s.bits, s.bucket, u);
+    case CompressorId::kQsgd: return qsgd_layout(s.levels, s.bucket, u);
+    case CompressorId::kSign: return sign_layout(s.bucket, u);
+    default: return cast_layout(s.id, u);
+  }
 }
 
 // The kernel's lane combine: shfl_down by 1, 2, 4 over an 8-lane group, each lane

@@ -122,7 +122,6 @@ constexpr detail::Family kScaledSignFamily{.id = kScaledSignId,
                                            .collective = detail::Collective::kCodecRing,
                                            .parse = parse_scaled_sign,
                                            .canonical = canonical_scaled_sign,
-                                           .make_codec = make_scaled_sign,
-                                           .device_codec = false};
+                                           .make_codec = make_scaled_sign};
 
 }  // namespace gradcomm::example
