@@ -7,34 +7,38 @@
 
 namespace gradcomm::detail {
 
-extern const Family kFp16Family, kBf16Family, kTopkFamily, kRandomkFamily, kQsgdFamily, kQuantFamily, kSignFamily,
-    kSketchFamily, kPowersgdFamily;
+// Each family's descriptor (<folder>/family.cc). Accessors, not extern objects: the
+// tests link the library's objects beside libgradcomm.so, and a global with external
+// linkage in both is an ODR violation to ASan.
+const Family &fp16_family(), &bf16_family(), &topk_family(), &randomk_family(), &qsgd_family(), &quant_family(),
+    &sign_family(), &sketch_family(), &powersgd_family();
 
 namespace {
 
 // none: no keys, nothing to compress; the dense ring.
-constinit const Family kNoneFamily{.id = CompressorId::kNone,
-                                   .name = "none",
-                                   .keys = {},
-                                   .ef_default = false,
-                                   .values_default = ValueType::kFp32,
-                                   .collective = Collective::kDense};
-
-constinit const Family* const kBuiltins[] = {
-    &kNoneFamily,    // none
-    &kFp16Family,    // cast/
-    &kBf16Family,    // cast/
-    &kTopkFamily,    // topk/
-    &kRandomkFamily, // randomk/
-    &kQsgdFamily,    // quantize/
-    &kQuantFamily,   // quantize/
-    &kSignFamily,    // sign/
-    &kSketchFamily,  // sketch/
-    &kPowersgdFamily,// powersgd/
-};
+constexpr Family kNoneFamily{.id = CompressorId::kNone,
+                             .name = "none",
+                             .keys = {},
+                             .ef_default = false,
+                             .values_default = ValueType::kFp32,
+                             .collective = Collective::kDense};
 
 }  // namespace
 
-std::span<const Family* const> builtin_families() { return kBuiltins; }
+std::span<const Family* const> builtin_families() {
+  static const Family* const kBuiltins[] = {
+      &kNoneFamily,        // none
+      &fp16_family(),      // cast/
+      &bf16_family(),      // cast/
+      &topk_family(),      // topk/
+      &randomk_family(),   // randomk/
+      &qsgd_family(),      // quantize/
+      &quant_family(),     // quantize/
+      &sign_family(),      // sign/
+      &sketch_family(),    // sketch/
+      &powersgd_family(),  // powersgd/
+  };
+  return kBuiltins;
+}
 
 }  // namespace gradcomm::detail

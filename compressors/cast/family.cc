@@ -31,9 +31,12 @@ constexpr Family cast_family(CompressorId id, const char* name) {
                 .gpu_dense = kGpu};
 }
 
+constexpr Family kFp16Family = cast_family(CompressorId::kFp16, "fp16");
+constexpr Family kBf16Family = cast_family(CompressorId::kBf16, "bf16");
+
 }  // namespace
 
-extern constinit const Family kFp16Family = cast_family(CompressorId::kFp16, "fp16");
-extern constinit const Family kBf16Family = cast_family(CompressorId::kBf16, "bf16");
+const Family& fp16_family() { return kFp16Family; }
+const Family& bf16_family() { return kBf16Family; }
 
 }  // namespace gradcomm::detail

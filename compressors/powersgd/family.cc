@@ -37,17 +37,19 @@ std::string canonical(const CompressorSpec& s) {
 bool always(const CompressorSpec&) { return true; }   // Q carries over (or is redrawn each step)
 bool never(const CompressorSpec&) { return false; }   // each tensor is its own matrices
 
+constexpr Family kPowersgdFamily{.id = CompressorId::kPowersgd,
+                                 .name = "powersgd",
+                                 .keys = kKeys,
+                                 .ef_default = true,
+                                 .values_default = ValueType::kFp32,
+                                 .collective = Collective::kLowRank,
+                                 .parse = parse,
+                                 .canonical = canonical,
+                                 .keeps_state = always,
+                                 .fusable = never};
+
 }  // namespace
 
-extern constinit const Family kPowersgdFamily{.id = CompressorId::kPowersgd,
-                                              .name = "powersgd",
-                                              .keys = kKeys,
-                                              .ef_default = true,
-                                              .values_default = ValueType::kFp32,
-                                              .collective = Collective::kLowRank,
-                                              .parse = parse,
-                                              .canonical = canonical,
-                                              .keeps_state = always,
-                                              .fusable = never};
+const Family& powersgd_family() { return kPowersgdFamily; }
 
 }  // namespace gradcomm::detail

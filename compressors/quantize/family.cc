@@ -70,30 +70,33 @@ constexpr const GpuDenseKernels* kQuantGpu = &kQuantGpuKernels;
 constexpr const GpuDenseKernels* kQuantGpu = nullptr;  // built without CUDA
 #endif
 
+constexpr Family kQsgdFamily{.id = CompressorId::kQsgd,
+                             .name = "qsgd",
+                             .keys = kQsgdKeys,
+                             .ef_default = false,
+                             .values_default = ValueType::kFp32,
+                             .collective = Collective::kCodecRing,
+                             .parse = parse_qsgd,
+                             .canonical = canonical_qsgd,
+                             .keeps_state = always,
+                             .make_codec = make_qsgd,
+                             .gpu_dense = kQsgdGpu};
+
+constexpr Family kQuantFamily{.id = CompressorId::kQuant,
+                              .name = "quant",
+                              .keys = kQuantKeys,
+                              .ef_default = false,
+                              .values_default = ValueType::kFp32,
+                              .collective = Collective::kCodecRing,
+                              .parse = parse_quant,
+                              .canonical = canonical_quant,
+                              .keeps_state = quant_keeps_state,
+                              .make_codec = make_quant,
+                              .gpu_dense = kQuantGpu};
+
 }  // namespace
 
-extern constinit const Family kQsgdFamily{.id = CompressorId::kQsgd,
-                                          .name = "qsgd",
-                                          .keys = kQsgdKeys,
-                                          .ef_default = false,
-                                          .values_default = ValueType::kFp32,
-                                          .collective = Collective::kCodecRing,
-                                          .parse = parse_qsgd,
-                                          .canonical = canonical_qsgd,
-                                          .keeps_state = always,
-                                          .make_codec = make_qsgd,
-                                          .gpu_dense = kQsgdGpu};
-
-extern constinit const Family kQuantFamily{.id = CompressorId::kQuant,
-                                           .name = "quant",
-                                           .keys = kQuantKeys,
-                                           .ef_default = false,
-                                           .values_default = ValueType::kFp32,
-                                           .collective = Collective::kCodecRing,
-                                           .parse = parse_quant,
-                                           .canonical = canonical_quant,
-                                           .keeps_state = quant_keeps_state,
-                                           .make_codec = make_quant,
-                                           .gpu_dense = kQuantGpu};
+const Family& qsgd_family() { return kQsgdFamily; }
+const Family& quant_family() { return kQuantFamily; }
 
 }  // namespace gradcomm::detail

@@ -20,16 +20,18 @@ std::string canonical(const CompressorSpec& s) { return fmt::format("ratio={},",
 
 bool always(const CompressorSpec&) { return true; }  // the draws change from step to step
 
+constexpr Family kRandomkFamily{.id = CompressorId::kRandomk,
+                                .name = "randomk",
+                                .keys = kKeys,
+                                .ef_default = true,
+                                .values_default = ValueType::kFp32,
+                                .collective = Collective::kSharedIndices,
+                                .parse = parse,
+                                .canonical = canonical,
+                                .keeps_state = always};
+
 }  // namespace
 
-extern constinit const Family kRandomkFamily{.id = CompressorId::kRandomk,
-                                             .name = "randomk",
-                                             .keys = kKeys,
-                                             .ef_default = true,
-                                             .values_default = ValueType::kFp32,
-                                             .collective = Collective::kSharedIndices,
-                                             .parse = parse,
-                                             .canonical = canonical,
-                                             .keeps_state = always};
+const Family& randomk_family() { return kRandomkFamily; }
 
 }  // namespace gradcomm::detail

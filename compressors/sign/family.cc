@@ -30,17 +30,19 @@ constexpr const GpuDenseKernels* kGpu = &kSignGpuKernels;
 constexpr const GpuDenseKernels* kGpu = nullptr;  // built without CUDA
 #endif
 
+constexpr Family kSignFamily{.id = CompressorId::kSign,
+                             .name = "sign",
+                             .keys = kKeys,
+                             .ef_default = true,
+                             .values_default = ValueType::kFp32,
+                             .collective = Collective::kCodecRing,
+                             .parse = parse,
+                             .canonical = canonical,
+                             .make_codec = make_codec,
+                             .gpu_dense = kGpu};
+
 }  // namespace
 
-extern constinit const Family kSignFamily{.id = CompressorId::kSign,
-                                          .name = "sign",
-                                          .keys = kKeys,
-                                          .ef_default = true,
-                                          .values_default = ValueType::kFp32,
-                                          .collective = Collective::kCodecRing,
-                                          .parse = parse,
-                                          .canonical = canonical,
-                                          .make_codec = make_codec,
-                                          .gpu_dense = kGpu};
+const Family& sign_family() { return kSignFamily; }
 
 }  // namespace gradcomm::detail

@@ -31,16 +31,18 @@ std::string canonical(const CompressorSpec& s) {
 
 bool never(const CompressorSpec&) { return false; }  // its table and k are sized per tensor
 
+constexpr Family kSketchFamily{.id = CompressorId::kSketch,
+                               .name = "sketch",
+                               .keys = kKeys,
+                               .ef_default = true,
+                               .values_default = ValueType::kFp32,
+                               .collective = Collective::kSketchThenValues,
+                               .parse = parse,
+                               .canonical = canonical,
+                               .fusable = never};
+
 }  // namespace
 
-extern constinit const Family kSketchFamily{.id = CompressorId::kSketch,
-                                            .name = "sketch",
-                                            .keys = kKeys,
-                                            .ef_default = true,
-                                            .values_default = ValueType::kFp32,
-                                            .collective = Collective::kSketchThenValues,
-                                            .parse = parse,
-                                            .canonical = canonical,
-                                            .fusable = never};
+const Family& sketch_family() { return kSketchFamily; }
 
 }  // namespace gradcomm::detail

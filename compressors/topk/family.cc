@@ -35,19 +35,21 @@ bool keeps_state(const CompressorSpec& s) { return s.select == TopkSelect::kSamp
 // absolute k does not.
 bool fusable(const CompressorSpec& s) { return s.k == 0; }
 
-}  // namespace
-
 // Top-k's values are summed in fp32 after they arrive, so bf16 (fp32's range, no
 // overflow) costs only rounding, which error feedback keeps.
-extern constinit const Family kTopkFamily{.id = CompressorId::kTopk,
-                                          .name = "topk",
-                                          .keys = kKeys,
-                                          .ef_default = true,
-                                          .values_default = ValueType::kBf16,
-                                          .collective = Collective::kSparseSelection,
-                                          .parse = parse,
-                                          .canonical = canonical,
-                                          .keeps_state = keeps_state,
-                                          .fusable = fusable};
+constexpr Family kTopkFamily{.id = CompressorId::kTopk,
+                             .name = "topk",
+                             .keys = kKeys,
+                             .ef_default = true,
+                             .values_default = ValueType::kBf16,
+                             .collective = Collective::kSparseSelection,
+                             .parse = parse,
+                             .canonical = canonical,
+                             .keeps_state = keeps_state,
+                             .fusable = fusable};
+
+}  // namespace
+
+const Family& topk_family() { return kTopkFamily; }
 
 }  // namespace gradcomm::detail

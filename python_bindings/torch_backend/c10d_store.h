@@ -25,8 +25,8 @@ class C10dStore final : public detail::Store {
   C10dStore(c10::intrusive_ptr<c10d::Store> store, std::string address);
 
   void set(const std::string& key, std::span<const uint8_t> value) override;
-  // c10d's wait(keys, timeout) for the deadline, then get(): TimeoutError when the
-  // deadline passes (torch reports that as an error whose text says "timeout").
+  // c10d's check(keys) polled until the deadline (never wait(): store/poll.h), then
+  // get(): TimeoutError when the deadline passes.
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string address() const override { return address_; }
