@@ -8,7 +8,7 @@
 //  - set() writes a temporary file in the same directory, fsyncs it, renames it
 //    over the key's file and fsyncs the directory. rename() is atomic, so a reader
 //    sees the old value, the new one, or no file; never a partial value.
-//  - get() polls with backoff (1 ms doubling to 50 ms) until the file exists.
+//  - get() polls with backoff (1 ms doubling to 50 ms, store/poll.h) until the file exists.
 //  - add() holds flock(LOCK_EX) on the key's lock file ("l" + file name) while it
 //    reads the counter and writes the new value the same way set() does. flock is
 //    advisory: the lock only orders add()s, which is all it must do.
@@ -33,6 +33,7 @@
 
 #include "env.h"
 #include "gradcomm/errors.h"
+#include "store/poll.h"
 #include "store/socket_util.h"
 #include "store/store_backends.h"
 
@@ -41,8 +42,6 @@ namespace gradcomm::detail {
 namespace {
 
 constexpr size_t kMaxEncodedName = 200;
-constexpr auto kFirstPoll = std::chrono::milliseconds(1);
-constexpr auto kMaxPoll = std::chrono::milliseconds(50);
 
 // "k_" + percent-encoding, or "h_" + SHA-256 hex when that would be too long.
 // The prefixes keep the two kinds (and the lock and temporary files) apart.
@@ -82,18 +81,13 @@ class FileStore final : public Store {
 
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     timeout = clamp_store_wait(timeout);
-    const auto deadline = Deadline::after(timeout);
     const auto path = value_path(key);
-    auto pause = kFirstPoll;
-    for (;;) {
-      if (auto value = read_if_present(path, key)) return std::move(*value);
-      if (deadline.expired()) {
-        throw TimeoutError(fmt::format("store {}: get('{}') timed out after {} ms: no rank set the key (no file {})",
-                                       address_, key, timeout.count(), path.string()));
-      }
-      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(pause, deadline.remaining()));
-      pause = std::min(pause * 2, kMaxPoll);
+    std::optional<std::vector<uint8_t>> value;
+    if (!poll_until_ready([&] { return (value = read_if_present(path, key)).has_value(); }, timeout)) {
+      throw TimeoutError(fmt::format("store {}: get('{}') timed out after {} ms: no rank set the key (no file {})",
+                                     address_, key, timeout.count(), path.string()));
     }
+    return std::move(*value);
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
@@ -134,16 +128,14 @@ class FileStore final : public Store {
   // flock with LOCK_NB and backoff: the kernel releases a dead holder's lock, but a
   // live, stuck holder must give a TimeoutError rather than a hang.
   void acquire(int fd, const std::filesystem::path& path, const std::string& key) const {
-    const auto deadline = Deadline::after(timeout_);
-    auto pause = kFirstPoll;
-    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const auto locked = [&] {
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
       if (errno != EWOULDBLOCK && errno != EINTR) fail("flock", path, key);
-      if (deadline.expired()) {
-        throw TimeoutError(fmt::format("store {}: add('{}'): lock '{}' still held by another process after {} ms",
-                                       address_, key, path.string(), timeout_.count()));
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, kMaxPoll);
+      return false;
+    };
+    if (!poll_until_ready(locked, timeout_)) {
+      throw TimeoutError(fmt::format("store {}: add('{}'): lock '{}' still held by another process after {} ms",
+                                     address_, key, path.string(), timeout_.count()));
     }
   }
 

@@ -16,23 +16,23 @@
 #include <chrono>
 #include <thread>
 
+#include "env.h"
+
 namespace gradcomm::detail {
 
 // Calls ready() until it returns true or `timeout` has passed (ready() is called at
 // least once, and once more at the deadline). Sleeps between calls, 1 ms doubling to
-// 50 ms. Returns whether it became ready.
+// 50 ms. Returns whether it became ready. The file store polls with it too.
 template <class Ready>
 bool poll_until_ready(Ready&& ready, std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = Deadline::after(timeout);
   auto pause = std::chrono::milliseconds(1);
-  while (true) {
-    if (ready()) return true;
-    const auto now = Clock::now();
-    if (now >= deadline) return false;
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+  while (!ready()) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
+  return true;
 }
 
 }  // namespace gradcomm::detail
