@@ -10,7 +10,8 @@
 #   netns_down                        # removes everything netns_up made (the trap calls it too)
 #   netns_at_exit 'COMMAND'           # more cleanup for the trap (temporary directories)
 #
-# Names carry NETNS_TAG (default: the sourcing shell's pid), so parallel runs do not collide:
+# Names carry NETNS_TAG (default: the sourcing shell's pid; another number where names with that
+# tag exist already), so parallel runs and stale leftovers do not collide:
 # bridge gcbr<tag>, namespaces gcns<tag>_<r>, veth pairs gcv<tag>_<r> <-> eth0 (inside), addresses
 # $NETNS_SUBNET.<r+1>/24 on a 10.x.y.0/24 no route on the host already uses.
 #
@@ -74,7 +75,13 @@ netns_up() {
   done
   [[ -n $NETNS_SUBNET ]] || netns_die "no free 10.x.y.0/24 subnet"
 
-  ip link add "gcbr$NETNS_TAG" type bridge
+  # The bridge is the claim on the tag. A tag whose names are already there (another run, or
+  # what a run killed by SIGKILL left) is not ours to reuse or remove: take another.
+  local tries=0
+  until ! ip netns list | grep -q "^gcns${NETNS_TAG}_" && ip link add "gcbr$NETNS_TAG" type bridge 2>/dev/null; do
+    ((++tries <= 20)) || netns_die "no free name tag (gcbr<tag> exists for every tag tried)"
+    NETNS_TAG=$$$((RANDOM % 100))
+  done
   _netns_made_links+=("gcbr$NETNS_TAG")
   ip link set "gcbr$NETNS_TAG" up
   # tbf needs a bucket of at least rate/HZ bytes to reach its rate, and more than one

@@ -12,8 +12,9 @@ if [[ $EUID -ne 0 ]] || ! ip netns add gctestprobe$$ 2>/dev/null; then
 fi
 ip netns del gctestprobe$$
 fail() { echo "FAIL: $*"; exit 1; }
-leftovers() { { ip netns list; ip -o link show; } | grep -E "gcns[0-9]+_|gcbr[0-9]+|gcv[0-9]+_" || true; }
-[[ -z $(leftovers) ]] || fail "leftovers before the test: $(leftovers)"
+source "$src/tests/cluster/lib.sh"
+leftovers() { cluster_new_leftovers; }
+cluster_snapshot
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # 1. A normal run: 3 ranks, dense (against Gloo) and one compressor.

@@ -20,12 +20,12 @@ variants="gloo"
 n_variants=$(tr ';' '\n' <<<"$variants" | wc -l)
 
 fail() { echo "FAIL: $*"; exit 1; }
-leftovers() {
-  { ip netns list; ip -o link show; } | grep -E "gcns[0-9]+_|gcbr[0-9]+|gcv[0-9]+_" || true
-  # (only what the harness starts, not someone else's trainer on the machine)
-  pgrep -af "$src/bench/e2e/ddp_step.py|$build/trainer/gradcomm-train --hidden 2048,2048" || true
-}
-[[ -z $(leftovers) ]] || fail "leftovers before the test: $(leftovers)"
+source "$src/tests/cluster/lib.sh"
+# (rank processes: only what the harness starts, not someone else's trainer on the machine)
+harness_procs() { pgrep -af "$src/bench/e2e/ddp_step.py|$build/trainer/gradcomm-train --hidden 2048,2048"; }
+leftovers() { cluster_new_leftovers harness_procs; }
+[[ -z $(harness_procs) ]] || fail "harness processes running before the test: $(harness_procs)"
+cluster_snapshot
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 common=(--ranks 2 --rates 10gbit --rounds 1 --steps 3 --warmup 2 --timeout 60 --build "$build")
 
