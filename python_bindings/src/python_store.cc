@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include "gradcomm/errors.h"
+#include "store/poll.h"
 
 namespace py = pybind11;
 
@@ -73,10 +75,46 @@ void PythonStore::set(const std::string& key, std::span<const uint8_t> value) {
   }
 }
 
+namespace {
+
+// What the probe below asks for; a value nobody stores.
+constexpr char kAbsent[] = "\x01gradcomm: no such key\x01";
+
+}  // namespace
+
+// torch's TCPStore cannot wait() with a short deadline: one that expires leaves the
+// connection out of step (src/store/poll.h says how). Stores with compare_set (all of
+// torch's) are polled instead: compare_set(key, absent, absent) changes nothing and
+// answers at once, with the value when the key is there and `absent` when it is not.
+// Other store objects (a user's own) are waited on, as torch's own code does.
 std::vector<uint8_t> PythonStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   const std::string full = prefix_ + key;
+  std::optional<std::string> value;
+  bool can_probe = false;
+  {
+    py::gil_scoped_acquire gil;
+    can_probe = py::hasattr(store("get", key), "compare_set");
+  }
+  if (can_probe) {
+    const auto probe = [&] {
+      py::gil_scoped_acquire gil;
+      try {
+        std::string seen = store("get", key).attr("compare_set")(full, kAbsent, kAbsent).cast<std::string>();
+        if (seen != kAbsent) value = std::move(seen);
+      } catch (py::error_already_set& e) {
+        rethrow(e, address_, "compare_set", full, false);
+      } catch (py::cast_error& e) {
+        throw TransportError(fmt::format("{}: compare_set('{}') returned a value that is not bytes: {}", address_,
+                                         full, e.what()));
+      }
+      return value.has_value();
+    };
+    if (!detail::poll_until_ready(probe, timeout)) {
+      throw TimeoutError(fmt::format("{}: get('{}'): not set within {} ms", address_, full, timeout.count()));
+    }
+    return std::vector<uint8_t>(value->begin(), value->end());
+  }
   py::gil_scoped_acquire gil;
-  std::string value;
   try {
     py::object s = store("get", key);
     // wait() takes the deadline; a bare get() would use the store's own timeout.
@@ -97,7 +135,7 @@ std::vector<uint8_t> PythonStore::get(const std::string& key, std::chrono::milli
     throw TransportError(fmt::format("{}: get('{}') returned a value that is not bytes: {}", address_, full,
                                      e.what()));
   }
-  return std::vector<uint8_t>(value.begin(), value.end());
+  return std::vector<uint8_t>(value->begin(), value->end());
 }
 
 int64_t PythonStore::add(const std::string& key, int64_t delta) {

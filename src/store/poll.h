@@ -9,7 +9,7 @@
 // timeout at the short value. So the adapter over torch's C++ stores
 // (python_bindings/torch_backend/c10d_store.cc) never calls wait(): it polls
 // check(keys), which answers at once, and get()s only a key that is there.
-// (torch 1.13's Python Store has no check(), so python_store.cc still waits.)
+// (torch 1.13's Python Store has no check(); python_store.cc polls compare_set.)
 #pragma once
 
 #include <algorithm>

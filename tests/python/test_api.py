@@ -284,3 +284,60 @@ def test_python_store_failure_is_transport_error_naming_the_call():
                                                       r"OSError: disk full$"):
         gradcomm.init(rank=0, world_size=2, store=FailingStore(), timeout=1)
     assert not gradcomm.is_initialized()
+
+
+def test_python_store_polls_compare_set_and_never_waits():
+    # torch 1.13's TCPStore.wait() with a deadline that expires leaves its connection out
+    # of step (the server's late STOP_WAITING is read as the next reply), so a store with
+    # compare_set is polled through it, changing nothing, and wait() is never called.
+    class DictStore:
+        def __init__(self):
+            self.d, self.waits, self.probes = {}, 0, 0
+
+        def set(self, key, value):
+            self.d[key] = value if isinstance(value, bytes) else value.encode()
+
+        def get(self, key):
+            return self.d[key]
+
+        def add(self, key, delta):
+            self.d[key] = str(int(self.d.get(key, b"0")) + delta).encode()
+            return int(self.d[key])
+
+        def compare_set(self, key, expected, desired):
+            self.probes += 1
+            if key not in self.d:
+                return expected.encode() if isinstance(expected, str) else expected
+            return self.d[key]
+
+        def wait(self, keys, timeout):
+            self.waits += 1
+            raise AssertionError("wait() called")
+
+    store = DictStore()
+    with pytest.raises(gradcomm.TimeoutError, match=r"waiting for rank 1 .*gradcomm/g1/comm/ucx/addr/1"):
+        gradcomm.init(rank=0, world_size=2, store=store, timeout=0.5)
+    assert store.waits == 0 and store.probes > 0
+    # The probe changed nothing: only what rank 0 set is there (its join record,
+    # counter and address), no key of rank 1's.
+    assert not [k for k in store.d if k.endswith("/1")], sorted(store.d)
+
+
+def test_python_store_tcp_store_with_late_ranks():
+    # Real torch TCPStores, rank 0 hosting; ranks 1 and 2 come 1.5 s apart, so the
+    # rendezvous keeps looking for keys that are not there yet.
+    pytest.importorskip("torch")
+    from conftest import PYTHON, WORKERS, _free_port
+    import subprocess
+    port, n = _free_port(), 3
+    procs = [subprocess.Popen([PYTHON, f"{WORKERS}/tcp_store_late_rank.py", str(port), str(r), str(n), "1.5"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=120)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for r, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0 and f"OK tcp-store rank={r}" in out, f"rank {r}: exit {p.returncode}\n{out}"
