@@ -23,8 +23,8 @@ namespace gradcomm::detail {
 class DenseCodec;
 struct GpuDenseKernels;  // compressors/quantize/gpu_dense_launch.h (CUDA builds)
 
-// What the engines (src/compression.cc, src/collectives/nccl_compressed_allreduce.cc)
-// do with a family's output. A new family that fits one of these needs no engine change.
+// What the engine (src/compressed_allreduce.h, on host and device primitives) does with
+// a family's output. A new family that fits one of these needs no engine change.
 enum class Collective : uint8_t {
   kDense,             // nothing to compress: the dense ring (none)
   kCodecRing,         // a DenseCodec's fixed-size payloads over the compressed ring
@@ -118,6 +118,13 @@ std::string ratio_or_k_text(const CompressorSpec& spec);
 
 // The family of a registered id; InvalidArgument for an id no family has.
 const Family& family_of(CompressorId id);
+// Whether a call with `spec` at a key's `step` over `numel` elements runs the dense
+// allreduce this time: nothing to compress, a warm-up step, or a tensor below min_numel
+// (the engine, src/compressed_allreduce.h; fusion and plan_allreduce ask the same).
+inline bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel) {
+  return family_of(spec.id).collective == Collective::kDense || step < static_cast<uint64_t>(spec.warmup) ||
+         numel < spec.min_numel;
+}
 // Every registered family, in id order.
 std::vector<const Family*> registered_families();
 // Adds a family (built-ins in families.cc; a test or an extension at start-up, before

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "compressed_allreduce.h"
 #include "compressors/family.h"
 #include "compressors/topk/sparse_code.h"
 #include "comm_impl.h"
@@ -16,38 +17,172 @@
 namespace gradcomm::detail {
 namespace {
 
-// acc = data + residual, in data; the residual is then free to collect this step's loss.
-// (The fp32 sums are reduce.h's: the ring's own vectorized loop.)
-void fold_residual(float* data, int64_t numel, const float* residual) {
-  if (residual == nullptr) return;
-  reduce_inplace(data, residual, numel, DType::kFloat32, ReduceOp::kSum);
-}
-
-// The sparsifiers' form: acc = data + residual, in the residual, which then only
-// needs its transmitted coordinates zeroed (residual = acc with the selection
-// removed). Returns where acc is. Saves the copy acc -> residual, a full pass
-// of reads and writes, over folding into data. Same sums: fp32 addition commutes.
-const float* accumulate_in_residual(const float* data, int64_t numel, float* residual) {
-  if (residual == nullptr) return data;
-  reduce_inplace(residual, data, numel, DType::kFloat32, ReduceOp::kSum);
-  return residual;
-}
-
-// Error feedback after a selection was sent: the residual at a sent index keeps what
-// the value type's rounding dropped (x - x', 0 for fp32; sparse_code.h's rule), so
-// only the rounding, not the value, is carried to the next step.
-void keep_rounding(float* residual, const std::vector<uint64_t>& indices, const float* values, ValueType type) {
-  if (residual == nullptr) return;
-  for (size_t j = 0; j < indices.size(); ++j) {
-    residual[indices[j]] = sparse_rounding_residual(values[j], sparse_round(values[j], type));
+// The engine's primitives over host memory (compressed_allreduce.h lists them). One
+// object a call: the key's residual and the selection of this step.
+class HostPrimitives {
+ public:
+  HostPrimitives(CompressionEngine& engine, Op& op, const CompressedCall& call, int64_t numel)
+      : engine_(engine), call_(call), op_(op), spec_(call.spec) {
+    KeyState* key = call.key;
+    if (key == nullptr) return;
+    take_back_from_device(*key);  // the key's state was on a GPU (NCCL path)
+    if (spec_.ef) {
+      key->residual.resize(static_cast<size_t>(numel) * sizeof(float));  // zero-filled the first time
+      residual_ = reinterpret_cast<float*>(key->residual.data());
+    }
   }
-}
 
-// Output = zeros except `values` at `indices` (both of one selection).
-void scatter(float* data, int64_t numel, const std::vector<uint64_t>& indices, const float* values) {
-  std::fill(data, data + numel, 0.0f);
-  for (size_t j = 0; j < indices.size(); ++j) data[indices[j]] = values[j];
-}
+  void fold_and_clear(float* data, int64_t numel) {
+    if (residual_ == nullptr) return;
+    // (The fp32 sums are reduce.h's: the ring's own vectorized loop.)
+    reduce_inplace(data, residual_, numel, DType::kFloat32, ReduceOp::kSum);
+    std::fill(residual_, residual_ + numel, 0.0f);
+  }
+
+  // The sparsifiers' form: acc in the residual, which then only needs its transmitted
+  // coordinates replaced. Saves the copy acc -> residual, a full pass of reads and
+  // writes, over folding into data. Same sums: fp32 addition commutes.
+  const float* accumulate_in_residual(const float* data, int64_t numel) {
+    if (residual_ == nullptr) return data;
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    reduce_inplace(residual_, data, numel, DType::kFloat32, ReduceOp::kSum);
+    return residual_;
+  }
+
+  void dense_allreduce(float* data, int64_t numel, ReduceOp reduce_op, uint32_t unit_base) {
+    detail::dense_allreduce(op_, data, numel, DType::kFloat32, reduce_op, unit_base);
+  }
+
+  void codec_round_trip(float* data, int64_t numel, const PhiloxStream& rng) {
+    fold_and_clear(data, numel);
+    const DenseCodec& c = engine_.codec(spec_);
+    std::vector<uint8_t> payload(c.encoded_bytes(numel));
+    std::vector<float> decoded(static_cast<size_t>(numel));
+    {
+      Op::PhaseTimer timer(op_, &Stats::encode_s);
+      c.encode(data, numel, payload.data(), rng, 0);
+    }
+    {
+      Op::PhaseTimer timer(op_, &Stats::decode_s);
+      c.decode(payload, numel, decoded.data());
+    }
+    for (int64_t i = 0; i < numel; ++i) {
+      if (residual_ != nullptr) residual_[i] = data[i] - decoded[i];
+      data[i] = decoded[i];
+    }
+  }
+
+  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng) {
+    compressed_ring_allreduce(op_, data, numel, engine_.codec(spec_), rng, residual_);
+  }
+
+  SparseAlgo sparse_algo(int64_t numel) const { return choose_sparse_algo(spec_, op_.size(), numel); }
+
+  void select_topk(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    selected_ = topk_select_accumulate(data, residual_, numel, k, spec_.select, rng);
+    keep_rounding(selected_.values.data());
+  }
+
+  void sparse_allreduce(SparseAlgo algo, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
+    const SparseFormat format = sparse_format(spec_);
+    if (algo == SparseAlgo::kReduceScatter) {
+      sparse_reduce_scatter_allreduce(op_, data, numel, reduce_op, selected_, format, k, residual_);
+    } else {
+      sparse_allgather_allreduce(op_, data, numel, reduce_op, selected_, format, spec_.select == TopkSelect::kExact);
+    }
+  }
+
+  void select_random(int64_t numel, int64_t count, const PhiloxStream& rng) {
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    selected_.indices = randomk_indices(numel, count, rng);
+  }
+
+  CountSketch make_sketch(int rows, int cols, const PhiloxStream& rng) const { return CountSketch(rows, cols, rng); }
+  float* sketch_table(const CountSketch& sketch) {
+    table_.assign(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
+    return table_.data();
+  }
+  const float* sketch_accumulate(const CountSketch& sketch, const float* data, int64_t numel, float* table) {
+    const float* acc = accumulate_in_residual(data, numel);
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    sketch.accumulate(acc, numel, table);
+    return acc;
+  }
+  void sketch_recover(const CountSketch& sketch, const float* table, int64_t numel, int64_t k,
+                      const PhiloxStream& rng) {
+    std::vector<float> estimate(static_cast<size_t>(numel));
+    Op::PhaseTimer timer(op_, &Stats::decode_s);
+    sketch.estimate(table, numel, estimate.data());
+    selected_.indices = topk_select(estimate.data(), numel, k, TopkSelect::kExact, rng).indices;
+  }
+
+  void gather_sum_scatter(float* data, const float* acc, int64_t numel, ValueType type, uint32_t unit_base) {
+    const std::vector<uint64_t>& indices = selected_.indices;
+    std::vector<float>& values = selected_.values;
+    {
+      Op::PhaseTimer timer(op_, &Stats::encode_s);
+      values.resize(indices.size());
+      for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
+      keep_rounding(values.data());
+    }
+    allreduce_values(values, type, unit_base);
+    std::fill(data, data + numel, 0.0f);
+    for (size_t j = 0; j < indices.size(); ++j) data[indices[j]] = values[j];
+  }
+
+  void keep_selection() {
+    if (call_.key != nullptr) call_.key->sent = std::move(selected_.indices);  // done with them: no copy
+  }
+
+  void low_rank(float* data, int64_t numel, ReduceOp reduce_op) {
+    powersgd_allreduce(op_, data, numel, reduce_op, spec_,
+                       call_.parts != nullptr ? *call_.parts : std::vector<powersgd::Part>{}, call_.key,
+                       call_.key_hash, residual_);
+  }
+
+  void check_payloads(int64_t /*numel*/) {}  // the host decoders throw where they find a fault
+
+  void divide(float* data, int64_t numel, int ranks) {
+    Op::PhaseTimer timer(op_, &Stats::reduce_s);
+    divide_inplace(data, numel, DType::kFloat32, ranks);
+  }
+
+ private:
+  // Error feedback after a selection was sent: the residual at a sent index keeps what
+  // the value type's rounding dropped (x - x', 0 for fp32; sparse_code.h's rule), so
+  // only the rounding, not the value, is carried to the next step.
+  void keep_rounding(const float* values) {
+    if (residual_ == nullptr) return;
+    const std::vector<uint64_t>& indices = selected_.indices;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      residual_[indices[j]] = sparse_rounding_residual(values[j], sparse_round(values[j], spec_.values));
+    }
+  }
+
+  // Sums a selection's values across ranks, as fp32 or (values=fp16|bf16) as 16-bit
+  // values on the wire; `values` holds the sums afterwards.
+  void allreduce_values(std::vector<float>& values, ValueType type, uint32_t unit_base) {
+    if (type == ValueType::kFp32) {
+      detail::dense_allreduce(op_, values.data(), static_cast<int64_t>(values.size()), DType::kFloat32,
+                              ReduceOp::kSum, unit_base);
+      return;
+    }
+    std::vector<uint16_t> narrow(values.size());
+    for (size_t j = 0; j < values.size(); ++j) narrow[j] = sparse_narrow(values[j], type);
+    detail::dense_allreduce(op_, narrow.data(), static_cast<int64_t>(narrow.size()),
+                            type == ValueType::kFp16 ? DType::kFloat16 : DType::kBFloat16, ReduceOp::kSum, unit_base);
+    for (size_t j = 0; j < values.size(); ++j) values[j] = sparse_widen(narrow[j], type);
+  }
+
+  CompressionEngine& engine_;
+  const CompressedCall& call_;
+  Op& op_;
+  const CompressorSpec& spec_;
+  float* residual_ = nullptr;  // null without error feedback
+  SparseVector selected_;      // this step's selection (top-k, random-k, the sketch's)
+  std::vector<float> table_;   // the sketch's
+};
 
 }  // namespace
 
@@ -73,137 +208,9 @@ const DenseCodec& CompressionEngine::codec(const CompressorSpec& spec) {
 
 void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                                   KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts) {
-  const int n = op.size();
-  const uint64_t step = key != nullptr ? key->step : 0;
-  if (key != nullptr) take_back_from_device(*key);  // the key's state was on a GPU (NCCL path)
-  float* residual = nullptr;
-  if (spec.ef && key != nullptr) {
-    key->residual.resize(static_cast<size_t>(numel) * sizeof(float));  // zero-filled the first time
-    residual = reinterpret_cast<float*>(key->residual.data());
-  }
-  const PhiloxStream mine{spec.seed, philox_stream_id(key_hash, step, op.rank())};
-  const PhiloxStream shared{spec.seed, philox_stream_id(key_hash, step, -1)};
-
-  // Warm-up steps and small tensors go dense (with what the residual still holds).
-  if (step < static_cast<uint64_t>(spec.warmup) || numel < spec.min_numel) {
-    fold_residual(data, numel, residual);
-    if (residual != nullptr) std::fill(residual, residual + numel, 0.0f);
-    dense_allreduce(op, data, numel, DType::kFloat32, reduce_op);
-    return;
-  }
-
-  switch (family_of(spec.id).collective) {
-    case Collective::kCodecRing: {
-      fold_residual(data, numel, residual);  // data now holds acc
-      const DenseCodec& c = codec(spec);
-      if (residual != nullptr) std::fill(residual, residual + numel, 0.0f);
-      if (n == 1) {  // nothing to exchange, but the output is still what compression keeps
-        std::vector<uint8_t> payload(c.encoded_bytes(numel));
-        std::vector<float> decoded(static_cast<size_t>(numel));
-        {
-          Op::PhaseTimer timer(op, &Stats::encode_s);
-          c.encode(data, numel, payload.data(), mine, 0);
-        }
-        {
-          Op::PhaseTimer timer(op, &Stats::decode_s);
-          c.decode(payload, numel, decoded.data());
-        }
-        for (int64_t i = 0; i < numel; ++i) {
-          if (residual != nullptr) residual[i] = data[i] - decoded[i];
-          data[i] = decoded[i];
-        }
-      } else {
-        compressed_ring_allreduce(op, data, numel, c, mine, residual);
-      }
-      break;
-    }
-    case Collective::kSparseSelection: {
-      const SparseFormat format = sparse_format(spec);
-      const int64_t k = selection_count(spec.ratio, spec.k, numel);
-      SparseVector selected;
-      {
-        Op::PhaseTimer timer(op, &Stats::encode_s);
-        selected = topk_select_accumulate(data, residual, numel, k, spec.select, mine);
-        keep_rounding(residual, selected.indices, selected.values.data(), spec.values);
-      }
-      if (choose_sparse_algo(spec, n, numel) == SparseAlgo::kReduceScatter) {
-        sparse_reduce_scatter_allreduce(op, data, numel, reduce_op, selected, format, k, residual);
-      } else {
-        sparse_allgather_allreduce(op, data, numel, reduce_op, selected, format, spec.select == TopkSelect::kExact);
-      }
-      if (key != nullptr) key->sent = std::move(selected.indices);  // done with them: no copy
-      return;
-    }
-    case Collective::kSharedIndices: {
-      std::vector<uint64_t> indices;
-      std::vector<float> values;
-      {
-        Op::PhaseTimer timer(op, &Stats::encode_s);
-        const float* acc = accumulate_in_residual(data, numel, residual);
-        indices = randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared);
-        values.resize(indices.size());
-        for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
-        keep_rounding(residual, indices, values.data(), spec.values);
-      }
-      allreduce_values(op, values, spec.values, 0);
-      scatter(data, numel, indices, values.data());
-      if (key != nullptr) key->sent = std::move(indices);
-      break;
-    }
-    case Collective::kSketchThenValues: {
-      const int64_t k = selection_count(spec.ratio, spec.k, numel);
-      const CountSketch sketch(spec.rows, sketch_columns(spec, k), shared);
-      std::vector<float> table(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
-      std::vector<float> estimate(static_cast<size_t>(numel));
-      const float* acc = nullptr;
-      {
-        Op::PhaseTimer timer(op, &Stats::encode_s);
-        acc = accumulate_in_residual(data, numel, residual);
-        sketch.accumulate(acc, numel, table.data());
-      }
-      dense_allreduce(op, table.data(), static_cast<int64_t>(table.size()), DType::kFloat32, ReduceOp::kSum);
-      {
-        Op::PhaseTimer timer(op, &Stats::decode_s);
-        sketch.estimate(table.data(), numel, estimate.data());
-      }
-      // Same summed table on every rank, so the same heavy hitters everywhere.
-      std::vector<uint64_t> indices = topk_select(estimate.data(), numel, k, TopkSelect::kExact, shared).indices;
-      std::vector<float> values(indices.size());
-      for (size_t j = 0; j < indices.size(); ++j) values[j] = acc[indices[j]];
-      keep_rounding(residual, indices, values.data(), spec.values);
-      allreduce_values(op, values, spec.values, kSecondPhaseUnits);
-      scatter(data, numel, indices, values.data());
-      if (key != nullptr) key->sent = std::move(indices);
-      break;
-    }
-    case Collective::kLowRank:
-      powersgd_allreduce(op, data, numel, reduce_op, spec, parts != nullptr ? *parts : std::vector<powersgd::Part>{},
-                         key, key_hash, residual);
-      return;
-    case Collective::kDense:
-      fold_residual(data, numel, residual);
-      dense_allreduce(op, data, numel, DType::kFloat32, reduce_op);
-      return;
-  }
-  if (reduce_op == ReduceOp::kAvg) {
-    Op::PhaseTimer timer(op, &Stats::reduce_s);
-    divide_inplace(data, numel, DType::kFloat32, n);
-  }
-}
-
-// Sums the values of a sparse selection across ranks, as fp32 or (values=fp16|bf16)
-// as 16-bit values on the wire; the caller's vector holds the sums afterwards.
-void CompressionEngine::allreduce_values(Op& op, std::vector<float>& values, ValueType type, uint32_t unit_base) {
-  if (type == ValueType::kFp32) {
-    dense_allreduce(op, values.data(), static_cast<int64_t>(values.size()), DType::kFloat32, ReduceOp::kSum,
-                    unit_base);
-    return;
-  }
-  std::vector<uint16_t> narrow(values.size());
-  for (size_t j = 0; j < values.size(); ++j) narrow[j] = sparse_narrow(values[j], type);
-  dense_allreduce(op, narrow.data(), static_cast<int64_t>(narrow.size()),
-                  type == ValueType::kFp16 ? DType::kFloat16 : DType::kBFloat16, ReduceOp::kSum, unit_base);
-  for (size_t j = 0; j < values.size(); ++j) values[j] = sparse_widen(narrow[j], type);
+  const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
+  HostPrimitives host(*this, op, call, numel);
+  compressed_allreduce(host, call, data, numel, reduce_op);
 }
 
 }  // namespace gradcomm::detail

@@ -1,6 +1,8 @@
-// Compressed allreduce (docs/architecture.md, "Compression"): each compressor family on its collective,
-// with error feedback and per-key state. Runs inside the allreduce's Op, after
-// the call header (which carries the canonical spec and the key's step) matched.
+// Compressed allreduce of host tensors (docs/architecture.md, "Compression"): each
+// compressor family on its collective, with error feedback and per-key state. The
+// steps are compressed_allreduce.h's, shared with the GPU path; compression.cc holds
+// their host primitives. Runs inside the allreduce's Op, after the call header (which
+// carries the canonical spec and the key's step) matched.
 //
 //   fp16, bf16, quant, qsgd, sign -> compressed ring (compressed_ring.cc)
 //   topk                          -> sparse allgather, decoded in rank order
@@ -46,10 +48,10 @@ class CompressionEngine {
   void allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                  KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts = nullptr);
 
- private:
+  // The spec's CPU codec (kCodecRing families), made once per canonical spec.
   const DenseCodec& codec(const CompressorSpec& spec);
-  static void allreduce_values(Op& op, std::vector<float>& values, ValueType type, uint32_t unit_base);
 
+ private:
   std::unordered_map<std::string, CompressorSpec> specs_;
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec
 };

@@ -23,12 +23,9 @@ constexpr size_t kMaxMembers = 1024;
 int64_t call_bytes(const Call& call) { return call.tensor.nbytes(); }
 
 // A compressed call that goes dense this step (warm-up, min_numel) is a dense
-// call whose residual is folded in first (CompressionEngine::allreduce's rule).
+// call whose residual is folded in first (compressed_allreduce.h's rule).
 bool goes_dense(const Call& call) {
-  const CompressorSpec& spec = *call.spec;
-  if (family_of(spec.id).collective == Collective::kDense) return true;
-  const uint64_t step = call.key != nullptr ? call.key->step : 0;
-  return step < static_cast<uint64_t>(spec.warmup) || call.tensor.numel < spec.min_numel;
+  return runs_dense(*call.spec, call.key != nullptr ? call.key->step : 0, call.tensor.numel);
 }
 
 // Specs whose work scales with the elements, so one call over the members means

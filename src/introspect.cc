@@ -32,10 +32,9 @@ AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOpti
   std::lock_guard lock(issue_mutex_);
   if (const auto it = state_.keys.find(options.key); it != state_.keys.end()) step = it->second.step;
   AllreducePlan plan;
-  // The same tests, in the same order, as CompressionEngine::allreduce.
+  // The engine's own test (compressed_allreduce.h).
   const Collective collective = family_of(spec.id).collective;
-  plan.compressed = !(collective == Collective::kDense || step < static_cast<uint64_t>(spec.warmup) ||
-                      numel < spec.min_numel);
+  plan.compressed = !runs_dense(spec, step, numel);
   plan.sparse_with_feedback = spec.ef && (collective == Collective::kSparseSelection ||
                                           collective == Collective::kSharedIndices ||
                                           collective == Collective::kSketchThenValues);

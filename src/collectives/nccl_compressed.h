@@ -8,11 +8,11 @@
 //   sketch                        -> NCCL dense ring on the table, then on the exact values
 //   powersgd                      -> NCCL dense ring on every P (and the dense parts), then
 //                                    on every Q (nccl_powersgd_allreduce.cc)
-// (nccl_compressed_allreduce.cc holds the dispatch, error feedback and the sparse
-// families.) Every decision the CPU engine (src/compression.cc) makes is made the
-// same way here: warm-up and min_numel go dense, the Philox streams are
-// philox_stream_id(key_hash, step, rank) and (key_hash, step, -1), EF folds and
-// residual rules are the same element arithmetic. So results equal the CPU path's
+// (nccl_compressed_allreduce.cc holds the engine's device primitives.) The steps are
+// the CPU engine's own code (src/compressed_allreduce.h): warm-up and min_numel go
+// dense, the Philox streams are philox_stream_id(key_hash, step, rank) and (key_hash,
+// step, -1), and the EF folds and residual rules are the same element arithmetic
+// (the __host__ __device__ formula headers). So results equal the CPU path's
 // bytes, except the sketch (the GPU table is summed with atomics), the small
 // dense allreduces of randomk/sketch for N > 2 (the CPU uses recursive doubling for
 // small tensors, NCCL the ring), and powersgd, within the tolerance stated in

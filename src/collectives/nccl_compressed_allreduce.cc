@@ -1,11 +1,9 @@
-// The GPU compression engine on the NCCL path (see nccl_compressed.h): per-key
-// device state, warm-up and min_numel, error feedback, and the three sparse
-// families (top-k's sparse allgather, random-k and the sketch on the NCCL dense
-// ring). The dense codecs' ring is nccl_compressed_ring.cc; PowerSGD's step is
+// The compressed allreduce on the NCCL path (see nccl_compressed.h): the engine's
+// primitives (src/compressed_allreduce.h) over device memory, stream-ordered on the
+// caller's stream, with the key's state on the GPU. The steps themselves are the
+// CPU engine's, the same code: only how each primitive touches memory differs. The
+// dense codecs' ring is nccl_compressed_ring.cc; PowerSGD's step is
 // nccl_powersgd_allreduce.cc.
-//
-// Each branch mirrors src/compression.cc step for step (same counts, same Philox
-// streams, same EF arithmetic), so the two can be read side by side.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "compressed_allreduce.h"
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_compressed.h"
 #include "compressors/codec.h"
@@ -84,14 +83,6 @@ GpuBlas& context_blas(GpuContext& gpu, cudaStream_t stream) {
   return *shared.blas;
 }
 
-// acc = data + residual into data; the residual is then zero, free to collect this
-// step's loss (compression.cc's fold_residual + fill).
-void fold_and_clear(float* data, float* residual, int64_t numel, cudaStream_t stream) {
-  if (residual == nullptr) return;
-  launch_reduce_inplace(data, residual, numel, DType::kFloat32, ReduceOp::kSum, 1, stream);
-  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(residual, 0, static_cast<size_t>(numel) * sizeof(float), stream));
-}
-
 // The cast codec that narrows sparse values of a 16-bit type (fp16 or bf16).
 const CompressorSpec& cast_spec(ValueType type) {
   static const CompressorSpec fp16 = parse_compressor_spec("fp16");
@@ -101,7 +92,7 @@ const CompressorSpec& cast_spec(ValueType type) {
 
 // Sums values[0, count) across ranks in place: fp32 on the NCCL ring, or (values=fp16
 // or bf16) narrowed with that type's cast codec (base/half.h's rounding, sparse_narrow,
-// as compression.cc's allreduce_values), summed in the 16-bit type in place inside the
+// as HostPrimitives::allreduce_values in compression.cc), summed in the 16-bit type in place inside the
 // payload (fp32 per hop), and widened back. The payload header stays untouched, so the
 // decode validates it.
 void allreduce_values(Op& op, GpuContext& gpu, GpuKeyState& ks, float* values, int64_t count, ValueType type,
@@ -125,71 +116,177 @@ void allreduce_values(Op& op, GpuContext& gpu, GpuKeyState& ks, float* values, i
   codec.decode(payload, bytes, count, values, /*add=*/false, own_status, stream);
 }
 
-// Top-k: select (EF fused, keeping the values' rounding), encode in the spec's format,
-// allgather the payloads, decode all in rank order. Only the sparse allgather exists
-// here: algo=auto means it on this path, algo=reduce_scatter is refused.
-void topk(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, float* residual, int64_t numel,
-          const CompressorSpec& spec, const PhiloxStream& mine, DeviceStatus* status, cudaStream_t stream) {
-  if (spec.algo == SparseAlgo::kReduceScatter) {
-    throw InvalidArgument(
-        "topk algo=reduce_scatter is not available for CUDA tensors (NCCL path); use algo=allgather or auto");
-  }
-  const int n = op.size();
-  const int r = op.rank();
-  const SparseFormat format = sparse_format(spec);
-  const int64_t k = selection_count(spec.ratio, spec.k, numel);
-  gpu_topk_select(data, residual, numel, k, spec.select, mine, format.values, ks.sparse, stream);
-  const int64_t capacity = ks.sparse.capacity();
-  // The payload size grows with the count, so the capacity's bounds every rank's.
-  const size_t block = round_up(sparse_payload_bytes(numel, capacity, format));
+// The engine's primitives over device memory (compressed_allreduce.h lists them), on
+// `stream`. One object a call; the residual and the selection are the key's GpuKeyState's.
+class DevicePrimitives {
+ public:
+  DevicePrimitives(Op& op, const CompressedCall& call, GpuContext& gpu, int64_t numel, cudaStream_t stream)
+      : call_(call),
+        op_(op),
+        spec_(call.spec),
+        gpu_(gpu),
+        stream_(stream),
+        ks_(key_state(gpu, call.key, numel, call.spec.ef, stream)),
+        residual_(call.spec.ef && call.key != nullptr ? ks_.residual.as<float>() : nullptr) {}
 
-  // Sizes. Exact: min(k, n) entries on every rank, known here. Sample: the count is
-  // on the device; we read it (one stream sync) and agree on all counts over the
-  // host transport. Sending capacity-sized blocks instead would avoid the sync but
-  // put up to 2k entries on the wire, and the decoder needs the exact length anyway
-  // (its length check is part of validating an untrusted payload).
-  std::vector<uint64_t> counts(static_cast<size_t>(n), static_cast<uint64_t>(std::min(k, numel)));
-  if (spec.select == TopkSelect::kSample) {
-    counts[r] = static_cast<uint64_t>(ks.sparse.read_count(stream));
-    if (n > 1) {
-      ring_allgatherv(op, reinterpret_cast<uint8_t*>(counts.data()), std::vector<int64_t>(n, 1), sizeof(uint64_t),
-                      /*unit_base=*/0);
+  void fold_and_clear(float* data, int64_t numel) {
+    if (residual_ == nullptr) return;
+    launch_reduce_inplace(data, residual_, numel, DType::kFloat32, ReduceOp::kSum, 1, stream_);
+    GRADCOMM_CUDA_CHECK(cudaMemsetAsync(residual_, 0, static_cast<size_t>(numel) * sizeof(float), stream_));
+  }
+
+  const float* accumulate_in_residual(const float* data, int64_t numel) {
+    if (residual_ == nullptr) return data;
+    gpu_fold_residual(data, residual_, numel, stream_);  // residual = acc
+    return residual_;
+  }
+
+  void dense_allreduce(float* data, int64_t numel, ReduceOp reduce_op, uint32_t /*unit_base: host rings only*/) {
+    nccl_ring_allreduce(op_, gpu_, data, numel, DType::kFloat32, reduce_op, stream_);
+  }
+
+  // acc = data + residual, payload = encode(acc), residual = acc - decode, data = decode,
+  // fused into the encode.
+  void codec_round_trip(float* data, int64_t numel, const PhiloxStream& rng) {
+    const GpuDenseCodec codec(spec_);
+    uint8_t* payload = gpu_.payload_scratch(codec.encoded_bytes(numel)).as<uint8_t>();
+    EncodeFeedback feedback;
+    feedback.residual = residual_;
+    feedback.mode = ResidualMode::kFold;
+    feedback.decoded = data;
+    codec.encode(data, numel, payload, rng, 0, feedback, stream_);
+  }
+
+  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng) {
+    nccl_compressed_ring(op_, gpu_, data, numel, GpuDenseCodec(spec_), rng, residual_, status(), stream_);
+  }
+
+  // Only the sparse allgather exists here: algo=auto means it, reduce_scatter is refused.
+  SparseAlgo sparse_algo(int64_t /*numel*/) const {
+    if (spec_.algo == SparseAlgo::kReduceScatter) {
+      throw InvalidArgument(
+          "topk algo=reduce_scatter is not available for CUDA tensors (NCCL path); use algo=allgather or auto");
     }
+    return SparseAlgo::kAllgather;
   }
-  if (auto problem = check_sample_counts(counts, static_cast<uint64_t>(capacity), numel, k)) {
-    op.fail(ErrorCode::kCorruptPayload, *problem);
-  }
-  std::vector<size_t> offsets(n), sizes(n);
-  for (int p = 0; p < n; ++p) {
-    offsets[p] = block * static_cast<size_t>(p);
-    sizes[p] = sparse_payload_bytes(numel, static_cast<int64_t>(counts[p]), format);
-  }
-  uint8_t* base = gpu.payload_scratch(block * static_cast<size_t>(n)).as<uint8_t>();
-  gpu_encode_sparse(CompressorId::kTopk, numel, ks.sparse.indices(), ks.sparse.values(), ks.sparse.count(), capacity,
-                    format, base + offsets[r], nullptr, status + r, stream);
-  nccl_allgatherv_blocks(op, gpu, base, offsets, sizes, stream);
-  // Every rank decodes every payload in rank order: bitwise identical sums (coded
-  // indices through ks.sparse's decode scratch).
-  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream));
-  for (int p = 0; p < n; ++p) {
-    gpu_decode_add_sparse(CompressorId::kTopk, base + offsets[p], sizes[p], numel, format, data, ks.sparse, status + p,
-                          stream);
-  }
-}
 
-// Random-k and the sketch's second round: gather acc at the selection (leaving in the
-// residual there only what sending it as `type` rounds off), sum the values across
-// ranks, scatter them into a zeroed output.
-void gather_sum_scatter(Op& op, GpuContext& gpu, GpuKeyState& ks, float* data, const float* acc, float* residual,
-                        int64_t numel, ValueType type, DeviceStatus* own_status, cudaStream_t stream) {
-  const int64_t capacity = ks.sparse.capacity();
-  ks.values.reserve(static_cast<size_t>(std::max<int64_t>(capacity, 1)) * sizeof(float));
-  float* values = ks.values.as<float>();
-  gpu_gather(acc, ks.sparse.indices(), ks.sparse.count(), capacity, values, residual, type, stream);
-  allreduce_values(op, gpu, ks, values, capacity, type, own_status, stream);
-  GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream));
-  gpu_scatter(data, ks.sparse.indices(), values, ks.sparse.count(), capacity, stream);
-}
+  void select_topk(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
+    gpu_topk_select(data, residual_, numel, k, spec_.select, rng, spec_.values, ks_.sparse, stream_);
+  }
+
+  // Encode in the spec's format, allgather the payloads, decode all in rank order.
+  void sparse_allreduce(SparseAlgo /*allgather*/, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
+    const int n = op_.size();
+    const int r = op_.rank();
+    const SparseFormat format = sparse_format(spec_);
+    const int64_t capacity = ks_.sparse.capacity();
+    // The payload size grows with the count, so the capacity's bounds every rank's.
+    const size_t block = round_up(sparse_payload_bytes(numel, capacity, format));
+
+    // Sizes. Exact: min(k, n) entries on every rank, known here. Sample: the count is
+    // on the device; we read it (one stream sync) and agree on all counts over the
+    // host transport. Sending capacity-sized blocks instead would avoid the sync but
+    // put up to 2k entries on the wire, and the decoder needs the exact length anyway
+    // (its length check is part of validating an untrusted payload).
+    std::vector<uint64_t> counts(static_cast<size_t>(n), static_cast<uint64_t>(std::min(k, numel)));
+    if (spec_.select == TopkSelect::kSample) {
+      counts[r] = static_cast<uint64_t>(ks_.sparse.read_count(stream_));
+      if (n > 1) {
+        ring_allgatherv(op_, reinterpret_cast<uint8_t*>(counts.data()), std::vector<int64_t>(n, 1), sizeof(uint64_t),
+                        /*unit_base=*/0);
+      }
+    }
+    if (auto problem = check_sample_counts(counts, static_cast<uint64_t>(capacity), numel, k)) {
+      op_.fail(ErrorCode::kCorruptPayload, *problem);
+    }
+    std::vector<size_t> offsets(n), sizes(n);
+    for (int p = 0; p < n; ++p) {
+      offsets[p] = block * static_cast<size_t>(p);
+      sizes[p] = sparse_payload_bytes(numel, static_cast<int64_t>(counts[p]), format);
+    }
+    DeviceStatus* status = this->status();
+    uint8_t* base = gpu_.payload_scratch(block * static_cast<size_t>(n)).as<uint8_t>();
+    gpu_encode_sparse(CompressorId::kTopk, numel, ks_.sparse.indices(), ks_.sparse.values(), ks_.sparse.count(),
+                      capacity, format, base + offsets[r], nullptr, status + r, stream_);
+    nccl_allgatherv_blocks(op_, gpu_, base, offsets, sizes, stream_);
+    // Every rank decodes every payload in rank order: bitwise identical sums (coded
+    // indices through ks.sparse's decode scratch).
+    GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream_));
+    for (int p = 0; p < n; ++p) {
+      gpu_decode_add_sparse(CompressorId::kTopk, base + offsets[p], sizes[p], numel, format, data, ks_.sparse,
+                            status + p, stream_);
+    }
+    if (reduce_op == ReduceOp::kAvg) divide(data, numel, n);
+  }
+
+  void select_random(int64_t numel, int64_t count, const PhiloxStream& rng) {
+    gpu_randomk_indices(numel, count, rng, ks_.sparse, stream_);
+  }
+
+  GpuCountSketch make_sketch(int rows, int cols, const PhiloxStream& rng) const {
+    return GpuCountSketch(rows, cols, rng);
+  }
+  float* sketch_table(const GpuCountSketch& sketch) {
+    const size_t bytes = static_cast<size_t>(sketch.rows()) * sketch.cols() * sizeof(float);
+    ks_.table.reserve(bytes);
+    GRADCOMM_CUDA_CHECK(cudaMemsetAsync(ks_.table.data(), 0, bytes, stream_));
+    return ks_.table.as<float>();
+  }
+  // With EF, the residual becomes acc in the same pass.
+  const float* sketch_accumulate(const GpuCountSketch& sketch, const float* data, int64_t numel, float* table) {
+    sketch.accumulate(data, residual_, numel, table, stream_);
+    return residual_ != nullptr ? residual_ : data;
+  }
+  void sketch_recover(const GpuCountSketch& sketch, const float* table, int64_t numel, int64_t k,
+                      const PhiloxStream& /*the sketch's own*/) {
+    sketch.recover(table, numel, k, ks_.sparse, stream_);
+  }
+
+  void gather_sum_scatter(float* data, const float* acc, int64_t numel, ValueType type, uint32_t /*unit_base*/) {
+    const int64_t capacity = ks_.sparse.capacity();
+    ks_.values.reserve(static_cast<size_t>(std::max<int64_t>(capacity, 1)) * sizeof(float));
+    float* values = ks_.values.as<float>();
+    gpu_gather(acc, ks_.sparse.indices(), ks_.sparse.count(), capacity, values, residual_, type, stream_);
+    allreduce_values(op_, gpu_, ks_, values, capacity, type, status() + op_.rank(), stream_);
+    GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream_));
+    gpu_scatter(data, ks_.sparse.indices(), values, ks_.sparse.count(), capacity, stream_);
+  }
+
+  void keep_selection() { ks_.has_selection = true; }
+
+  void low_rank(float* data, int64_t numel, ReduceOp reduce_op) {
+    nccl_powersgd_allreduce(op_, gpu_, ks_, context_blas(gpu_, stream_), data, numel, reduce_op, spec_,
+                            call_.parts != nullptr ? *call_.parts : std::vector<powersgd::Part>{}, call_.key,
+                            call_.key_hash, residual_, stream_);
+  }
+
+  // The decoders' fault words, checked once the stream gets there (GpuContext).
+  void check_payloads(int64_t numel) {
+    if (status_ == nullptr) return;
+    gpu_.queue_payload_check(stream_, fmt::format("rank {}: allreduce #{} ({}, numel {})", op_.rank(),
+                                                  op_.header().seq, op_.header().compressor, numel));
+  }
+
+  void divide(float* data, int64_t numel, int ranks) {
+    launch_divide_inplace(data, numel, DType::kFloat32, ranks, stream_);
+  }
+
+ private:
+  // The call's payload status words (one per peer), cleared at the first use.
+  DeviceStatus* status() {
+    if (status_ == nullptr) status_ = gpu_.payload_status(op_.size(), stream_);
+    return status_;
+  }
+
+  const CompressedCall& call_;
+  Op& op_;
+  const CompressorSpec& spec_;
+  GpuContext& gpu_;
+  cudaStream_t stream_;
+  GpuKeyState& ks_;
+  float* residual_;  // null without error feedback
+  DeviceStatus* status_ = nullptr;
+};
 
 }  // namespace
 
@@ -223,85 +320,9 @@ bool GpuKeyState::sent_mask(float* mask, void* stream) const {
 void nccl_compressed_allreduce(Op& op, GpuContext& gpu, float* data, int64_t numel, ReduceOp reduce_op,
                                const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
                                const std::vector<powersgd::Part>* parts, cudaStream_t stream) {
-  const int n = op.size();
-  const uint64_t step = key != nullptr ? key->step : 0;
-  GpuKeyState& ks = key_state(gpu, key, numel, spec.ef, stream);
-  float* residual = spec.ef && key != nullptr ? ks.residual.as<float>() : nullptr;
-  const PhiloxStream mine{spec.seed, philox_stream_id(key_hash, step, op.rank())};
-  const PhiloxStream shared{spec.seed, philox_stream_id(key_hash, step, -1)};
-
-  // Warm-up steps and small tensors go dense (with what the residual still holds).
-  if (step < static_cast<uint64_t>(spec.warmup) || numel < spec.min_numel) {
-    fold_and_clear(data, residual, numel, stream);
-    nccl_ring_allreduce(op, gpu, data, numel, DType::kFloat32, reduce_op, stream);
-    return;
-  }
-
-  DeviceStatus* status = gpu.payload_status(n, stream);
-  switch (family_of(spec.id).collective) {
-    case Collective::kCodecRing: {
-      const GpuDenseCodec codec(spec);
-      if (n == 1) {
-        // Nothing to exchange, but the output is still what compression keeps:
-        // acc = data + residual, payload = encode(acc), residual = acc - decode,
-        // data = decode (compression.cc's N = 1 branch, fused into the encode).
-        uint8_t* payload = gpu.payload_scratch(codec.encoded_bytes(numel)).as<uint8_t>();
-        EncodeFeedback feedback;
-        feedback.residual = residual;
-        feedback.mode = ResidualMode::kFold;
-        feedback.decoded = data;
-        codec.encode(data, numel, payload, mine, 0, feedback, stream);
-      } else {
-        fold_and_clear(data, residual, numel, stream);
-        nccl_compressed_ring(op, gpu, data, numel, codec, mine, residual, status, stream);
-      }
-      break;
-    }
-    case Collective::kSparseSelection:
-      topk(op, gpu, ks, data, residual, numel, spec, mine, status, stream);
-      ks.has_selection = true;
-      break;
-    case Collective::kSharedIndices: {
-      gpu_randomk_indices(numel, selection_count(spec.ratio, 0, numel), shared, ks.sparse, stream);
-      const float* acc = data;
-      if (residual != nullptr) {
-        gpu_fold_residual(data, residual, numel, stream);  // residual = acc
-        acc = residual;
-      }
-      gather_sum_scatter(op, gpu, ks, data, acc, residual, numel, spec.values, status + op.rank(), stream);
-      ks.has_selection = true;
-      break;
-    }
-    case Collective::kSketchThenValues: {
-      const int64_t k = selection_count(spec.ratio, spec.k, numel);
-      const GpuCountSketch sketch(spec.rows, sketch_columns(spec, k), shared);
-      const int64_t cells = int64_t{sketch.rows()} * sketch.cols();
-      ks.table.reserve(static_cast<size_t>(cells) * sizeof(float));
-      float* table = ks.table.as<float>();
-      GRADCOMM_CUDA_CHECK(cudaMemsetAsync(table, 0, static_cast<size_t>(cells) * sizeof(float), stream));
-      sketch.accumulate(data, residual, numel, table, stream);  // with EF: residual = acc
-      nccl_ring_allreduce(op, gpu, table, cells, DType::kFloat32, ReduceOp::kSum, stream);
-      // Same summed table on every rank (the ring's allgather carries the owners'
-      // bytes), so the same heavy hitters everywhere.
-      sketch.recover(table, numel, k, ks.sparse, stream);
-      gather_sum_scatter(op, gpu, ks, data, residual != nullptr ? residual : data, residual, numel, spec.values,
-                         status + op.rank(), stream);
-      ks.has_selection = true;
-      break;
-    }
-    case Collective::kLowRank:
-      // Two dense rings of its own, no payloads to check; the average is its own.
-      nccl_powersgd_allreduce(op, gpu, ks, context_blas(gpu, stream), data, numel, reduce_op, spec,
-                              parts != nullptr ? *parts : std::vector<powersgd::Part>{}, key, key_hash, residual,
-                              stream);
-      return;
-    case Collective::kDense:
-      nccl_ring_allreduce(op, gpu, data, numel, DType::kFloat32, reduce_op, stream);
-      return;
-  }
-  gpu.queue_payload_check(stream, fmt::format("rank {}: allreduce #{} ({}, numel {})", op.rank(), op.header().seq,
-                                              op.header().compressor, numel));
-  if (reduce_op == ReduceOp::kAvg) launch_divide_inplace(data, numel, DType::kFloat32, n, stream);
+  const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
+  DevicePrimitives device(op, call, gpu, numel, stream);
+  compressed_allreduce(device, call, data, numel, reduce_op);
 }
 
 }  // namespace gradcomm::detail

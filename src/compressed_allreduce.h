@@ -1,0 +1,131 @@
+// The compressed allreduce, written once (docs/architecture.md, "Compression"). For a
+// spec, a key's step and the tensor's size it decides everything that makes a result:
+// dense or compressed this step, which collective (the family's Collective), the order
+// of folds, selections and exchanges, the Philox streams, and which steps apply the
+// average. The memory it runs on is not its business: `P` supplies the primitives,
+// over host memory (HostPrimitives, src/compression.cc) or a GPU's on the NCCL path
+// (DevicePrimitives, src/collectives/nccl_compressed_allreduce.cc) -- NCCL's runRing
+// over Primitives is the model. Both run this same code, which is why the two paths
+// give the same bytes (nccl_compressed.h lists the few summation-order exceptions).
+//
+// The primitives. `data` is the caller's fp32 tensor, in place; the residual (error
+// feedback) and the current selection are the primitives' own, per key.
+//
+//   fold_and_clear(data, n)               data += residual; residual = 0 (no-op without EF)
+//   accumulate_in_residual(data, n)       residual += data; returns acc (the residual, or
+//                                         data without EF)
+//   dense_allreduce(x, n, op, unit_base)  fp32 allreduce in place; applies op
+//   codec_round_trip(data, n, rng)        one rank: acc = data + residual, data = decode(encode(acc)),
+//                                         residual = acc - data
+//   codec_ring(data, n, rng)              the compressed ring's sum; every encode's loss
+//                                         accumulates into the residual
+//   sparse_algo(n)                        top-k's exchange (the device refuses reduce-scatter)
+//   select_topk(data, n, k, rng)          the selection, from acc = data + residual; the residual
+//                                         becomes acc with the sent entries replaced by the
+//                                         rounding their value type drops
+//   sparse_allreduce(algo, data, n, k, op) the selections' sum (or average: applies op) into data
+//   select_random(n, count, rng)          count indices drawn alike on every rank
+//   make_sketch(rows, cols, rng)          a count-sketch; sketch_table(sketch): its zeroed table
+//   sketch_accumulate(sketch, data, n, t) t += sketch(acc); returns acc as accumulate_in_residual
+//   sketch_recover(sketch, t, n, k, rng)  the selection: the k largest estimates of t
+//   gather_sum_scatter(data, acc, n, type, unit_base)
+//                                         values = acc at the selection (the residual keeps
+//                                         their rounding as `type`), summed across ranks as
+//                                         `type`; data = 0 but for the sums at the selection
+//   keep_selection()                      the key remembers the selection (sent_mask)
+//   low_rank(data, n, op)                 PowerSGD's step; applies op
+//   check_payloads(n)                     payload faults found by asynchronous decoders
+//   divide(data, n, ranks)                the average
+#pragma once
+
+#include <cstdint>
+
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "compressors/family.h"
+#include "compressors/philox.h"
+#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/spec.h"
+#include "gradcomm/types.h"
+#include "state.h"
+
+namespace gradcomm::detail {
+
+// One compressed allreduce: what the engine and both primitive sets work from.
+struct CompressedCall {
+  const CompressorSpec& spec;
+  KeyState* key;                             // null for a stateless spec without a key
+  uint64_t key_hash;                         // seeds the Philox streams
+  const std::vector<powersgd::Part>* parts;  // the tensor's shapes (powersgd); may be null
+  int rank;                                  // this rank, of `ranks`
+  int ranks;
+
+  uint64_t step() const { return key != nullptr ? key->step : 0; }
+};
+
+template <class P>
+void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t numel, ReduceOp reduce_op) {
+  const CompressorSpec& spec = call.spec;
+  const int ranks = call.ranks;
+  const uint64_t step = call.step();
+  const Collective collective = family_of(spec.id).collective;
+  // Nothing to compress, warm-up steps and small tensors: dense, with what the residual
+  // still holds.
+  if (runs_dense(spec, step, numel)) {
+    p.fold_and_clear(data, numel);
+    p.dense_allreduce(data, numel, reduce_op, 0);
+    return;
+  }
+  // Draws of this rank alone (encoders' dithering, sampled selection) and draws every
+  // rank makes alike (shared indices, the sketch's hashes).
+  const PhiloxStream mine{spec.seed, philox_stream_id(call.key_hash, step, call.rank)};
+  const PhiloxStream shared{spec.seed, philox_stream_id(call.key_hash, step, -1)};
+  switch (collective) {
+    case Collective::kCodecRing:
+      if (ranks == 1) {  // nothing to exchange, but the output is still what compression keeps
+        p.codec_round_trip(data, numel, mine);
+      } else {
+        p.fold_and_clear(data, numel);  // data holds acc; the ring's encodes refill the residual
+        p.codec_ring(data, numel, mine);
+      }
+      break;
+    case Collective::kSparseSelection: {
+      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      const SparseAlgo algo = p.sparse_algo(numel);
+      p.select_topk(data, numel, k, mine);
+      p.sparse_allreduce(algo, data, numel, k, reduce_op);
+      p.keep_selection();
+      p.check_payloads(numel);
+      return;
+    }
+    case Collective::kSharedIndices: {
+      p.select_random(numel, selection_count(spec.ratio, 0, numel), shared);
+      const float* acc = p.accumulate_in_residual(data, numel);
+      p.gather_sum_scatter(data, acc, numel, spec.values, 0);
+      p.keep_selection();
+      break;
+    }
+    case Collective::kSketchThenValues: {
+      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      const auto sketch = p.make_sketch(spec.rows, sketch_columns(spec, k), shared);
+      float* table = p.sketch_table(sketch);
+      const float* acc = p.sketch_accumulate(sketch, data, numel, table);
+      p.dense_allreduce(table, int64_t{sketch.rows()} * sketch.cols(), ReduceOp::kSum, 0);
+      // The same summed table on every rank, so the same heavy hitters everywhere.
+      p.sketch_recover(sketch, table, numel, k, shared);
+      p.gather_sum_scatter(data, acc, numel, spec.values, kSecondPhaseUnits);
+      p.keep_selection();
+      break;
+    }
+    case Collective::kLowRank:
+      p.low_rank(data, numel, reduce_op);  // two dense rings of its own; the average is its own
+      return;
+    case Collective::kDense:  // runs_dense took it
+      return;
+  }
+  p.check_payloads(numel);
+  if (reduce_op == ReduceOp::kAvg) p.divide(data, numel, ranks);
+}
+
+}  // namespace gradcomm::detail
