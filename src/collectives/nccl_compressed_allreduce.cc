@@ -92,9 +92,9 @@ const CompressorSpec& cast_spec(ValueType type) {
 
 // Sums values[0, count) across ranks in place: fp32 on the NCCL ring, or (values=fp16
 // or bf16) narrowed with that type's cast codec (base/half.h's rounding, sparse_narrow,
-// as HostPrimitives::allreduce_values in compression.cc), summed in the 16-bit type in place inside the
-// payload (fp32 per hop), and widened back. The payload header stays untouched, so the
-// decode validates it.
+// as HostPrimitives::allreduce_values in compression.cc), summed in the 16-bit type
+// in place inside the payload (fp32 per hop), and widened back. The payload header
+// stays untouched, so the decode validates it.
 void allreduce_values(Op& op, GpuContext& gpu, GpuKeyState& ks, float* values, int64_t count, ValueType type,
                       DeviceStatus* own_status, cudaStream_t stream) {
   if (type == ValueType::kFp32) {

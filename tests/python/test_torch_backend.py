@@ -2,7 +2,7 @@
 collective API on real processes under gradcomm-run at world sizes 2 and 3 against
 numpy references; DDP without a hook (top-k 1% from pg_options) and with gradcomm's
 hook, parameters bitwise identical across ranks; unsupported ops, mismatches, a
-late or dead peer and destroying a group with a call outstanding all end in an
+late, dead or never-joining peer and destroying a group with a call outstanding all end in an
 error, never a hang; a world of one; the example under gradcomm-run and torchrun."""
 import os
 import re
@@ -83,3 +83,23 @@ dist.barrier(); dist.destroy_process_group(); print("OK single")
 """
     result = run([PYTHON, "-c", code], timeout=60)
     assert result.returncode == 0 and "OK single" in result.stdout, result.stdout
+
+
+def test_missing_rank_is_a_timeout_naming_it():
+    # Rank 0 of 2 alone, on a real TCPStore: init_process_group ends at its timeout with
+    # an error naming the rank that never joined (the adapter polls check(); no hang).
+    code = """
+import datetime, time, torch.distributed as dist, gradcomm.torch
+store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+t0 = time.monotonic()
+try:
+    dist.init_process_group("gradcomm", store=store, rank=0, world_size=2, timeout=datetime.timedelta(seconds=3))
+except RuntimeError as e:
+    print(f"RAISED after {time.monotonic() - t0:.1f} s: {e}")
+"""
+    result = run([PYTHON, "-c", code], timeout=60)
+    m = re.search(r"RAISED after ([0-9.]+) s: (.*)", result.stdout)
+    assert m, result.stdout
+    assert 2.5 <= float(m[1]) <= 20, result.stdout
+    assert "TimeoutError" in m[2] and "waiting for rank 1" in m[2], m[2]
+    assert "ranks that have not joined generation 1: 1" in m[2], m[2]
