@@ -43,10 +43,17 @@ class Backend {
   virtual TensorView gradient(const ParamRange& range) = 0;
   // Scratch of the range's size on the same device, for Communicator::sent_mask.
   virtual TensorView mask(const ParamRange& range) = 0;
-  // The stream the backend's work is ordered on (cudaStream_t; null on the CPU). The
-  // allreduces run on it (CompressOptions::stream), so kernels issued after a call
-  // returns see its result, as the CPU sees it once the call returns.
+  // The stream the backend's work is ordered on (cudaStream_t; null on the CPU).
   virtual void* stream() = 0;
+  // The stream the allreduces run on (CompressOptions::stream). The CUDA backend has a
+  // second one, so communication overlaps the backward of the layers below; the
+  // trainer hands the gradient over with the two calls below. Null on the CPU.
+  virtual void* comm_stream() { return stream(); }
+  // Before a layer's allreduces: they start after the backend's work so far (the
+  // layer's gradient, zero_nonfinite, dgc_accumulate). No-op with one stream.
+  virtual void gradients_to_comm() {}
+  // Before the update: the backend's next work starts after every allreduce issued.
+  virtual void gradients_from_comm() {}
   // Inside layer_done: zeroes the range's non-finite elements before they leave (so
   // no NaN reaches a peer or a residual); forward_backward's *finite then says
   // whether there were any.

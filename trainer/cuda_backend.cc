@@ -5,8 +5,11 @@
 //
 // The gradient goes to the communicator as device memory (gradient(): Device{kCuda}
 // views of grads_), so the allreduce runs on the GPU path (NCCL, the CUDA
-// compressors; or staged through the host when ranks share a GPU), ordered on this
-// backend's one stream: kernels enqueued after a call returns read its result.
+// compressors; or staged through the host when ranks share a GPU). Two streams:
+// the computation on stream_, the allreduces on comm_stream_, so that a layer's
+// allreduce runs while backward goes on below it. gradients_to_comm() orders
+// comm_stream_ after the computation so far (a layer's finished gradient);
+// gradients_from_comm() orders stream_ after the allreduces (before the update).
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -136,6 +139,9 @@ class CudaBackend final : public Backend {
   TensorView gradient(const ParamRange& r) override { return device_view(grads_.as<float>() + r.offset, r.numel); }
   TensorView mask(const ParamRange& r) override { return device_view(mask_.as<float>() + r.offset, r.numel); }
   void* stream() override { return stream_.get(); }
+  void* comm_stream() override { return comm_stream_.get(); }
+  void gradients_to_comm() override { to_comm_.after(stream_, comm_stream_); }
+  void gradients_from_comm() override { from_comm_.after(comm_stream_, stream_); }
   void zero_nonfinite(const ParamRange& r) override {
     cuda::zero_nonfinite(grads_.as<float>() + r.offset, r.numel, flag_.as<int>(), stream_.get());
   }
@@ -214,7 +220,9 @@ class CudaBackend final : public Backend {
   int64_t max_batch_;
   int device_;
   cuda::DeviceScope scope_;  // the device stays current while the backend lives
-  cuda::Stream stream_;
+  cuda::Stream stream_;       // forward, backward, updates, evaluation
+  cuda::Stream comm_stream_;  // the allreduces (CompressOptions::stream)
+  cuda::StreamOrder to_comm_, from_comm_;
   cublasHandle_t cublas_ = nullptr;
   DeviceMemory params_, grads_, momentum_;  // (num_params) each, layout in mlp.h
   DeviceMemory mask_;                       // (num_params): DGC's sent masks, written by the communicator

@@ -99,6 +99,23 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// `later` waits (on the device, the host goes on) for the work enqueued on `earlier`
+// so far; one owned event, re-recorded each time.
+class StreamOrder {
+ public:
+  StreamOrder() { TRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~StreamOrder() { (void)cudaEventDestroy(event_); }
+  StreamOrder(const StreamOrder&) = delete;
+  StreamOrder& operator=(const StreamOrder&) = delete;
+  void after(const Stream& earlier, const Stream& later) {
+    TRAIN_CUDA_CHECK(cudaEventRecord(event_, earlier.get()));
+    TRAIN_CUDA_CHECK(cudaStreamWaitEvent(later.get(), event_, 0));
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // Makes `device` current for the owner's lifetime, then restores the previous one.
 class DeviceScope {
  public:

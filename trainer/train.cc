@@ -6,7 +6,9 @@
 //            key = "fc1.weight", ...}) issued as soon as backward has produced that
 //            layer's gradient (last layer first) -> agree on finiteness (--nan) ->
 //            wait, update. --no-overlap: backward, agree, then the allreduces one
-//            by one, update.
+//            by one, update. On a GPU the allreduces run on the backend's second
+//            stream (backend.h: gradients_to_comm / gradients_from_comm), so they
+//            overlap backward there too.
 //   end:     sharded test evaluation, one JSON line, checkpoint
 // Every rank runs the same number of steps and the same collectives in the same
 // order, and the arithmetic depends only on the seed and the rank count: two runs
@@ -130,13 +132,13 @@ class Trainer {
   void report_progress();
   void save_checkpoint();
   std::vector<uint8_t> agree_nonfinite(bool finite);
-  // CUDA: a call on device tensors completes once enqueued, and the backend later
-  // synchronizes its stream (the loss, evaluation). Waiting here first, through the
-  // communicator, bounds that wait by its deadline and raises a peer's failure,
-  // instead of blocking in cudaStreamSynchronize on NCCL work a dead peer never
-  // matches. CPU: nothing to do.
+  // CUDA: a call on device tensors completes once enqueued, on the backend's
+  // communication stream. Waiting for it here, through the communicator, before the
+  // backend's own stream is made to follow it (gradients_from_comm), bounds the wait
+  // by the deadline and raises a peer's failure, instead of blocking later in
+  // cudaStreamSynchronize on NCCL work a dead peer never matches. CPU: nothing to do.
   void settle_device_work() {
-    if (backend_->stream() != nullptr) comm_.synchronize();
+    if (backend_->comm_stream() != nullptr) comm_.synchronize();
   }
   // The allreduce options of one parameter: the compressor, its key, and its shape.
   CompressOptions options_for(const ParamRange& r) const {
@@ -144,7 +146,7 @@ class Trainer {
     o.compressor = c_.compressor;
     o.key = r.name;
     o.shape = r.shape;
-    o.stream = backend_ ? backend_->stream() : nullptr;  // CUDA: the backend's stream orders the calls
+    o.stream = backend_ ? backend_->comm_stream() : nullptr;  // CUDA: the backend's stream for communication
     return o;
   }
 
@@ -415,12 +417,14 @@ bool Trainer::step_blocking(double& loss) {
 
   t0 = Clock::now();
   const Stats before = comm_.stats();
+  backend_->gradients_to_comm();
   for (const ParamRange& r : layout_.ranges) {
     comm_.allreduce(backend_->gradient(r), ReduceOp::kAvg, options_for(r));
     // What the dense ring sends for this tensor: 2(N-1)/N of its bytes.
     s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
   }
   settle_device_work();
+  backend_->gradients_from_comm();
   const Stats after = comm_.stats();
   // Blocking: the calls' encode and decode are inside them; comm is the rest.
   comm_s_ += seconds_since(t0) - ((after.encode_s - before.encode_s) + (after.decode_s - before.decode_s));
@@ -441,15 +445,19 @@ bool Trainer::step_overlapped(double& loss) {
   std::vector<std::shared_ptr<Work>> works(layout_.ranges.size());
   const LayerDone layer_done = [&](size_t layer) {
     if (poison && layer == 0) backend_->poison_gradient();  // the first element of fc1.weight
-    for (size_t i : {2 * layer, 2 * layer + 1}) {
+    const size_t ranges[] = {2 * layer, 2 * layer + 1};
+    for (size_t i : ranges) {
       const ParamRange& r = layout_.ranges[i];
       dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).compressed;
       if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
       backend_->zero_nonfinite(r);  // no NaN leaves; forward_backward's finite says if there was one
+    }
+    backend_->gradients_to_comm();
+    for (size_t i : ranges) {
+      const ParamRange& r = layout_.ranges[i];
       works[i] = comm_.allreduce_async(backend_->gradient(r), ReduceOp::kAvg, options_for(r));
       s_.dense_bytes += static_cast<uint64_t>(2 * (size_ - 1) * r.numel * 4 / size_);
     }
-    if (layer == 0) settle_device_work();  // before backward's own stream sync (the loss)
   };
   auto t0 = Clock::now();
   bool finite = true;  // the loss, and what zero_nonfinite zeroed
@@ -459,10 +467,13 @@ bool Trainer::step_overlapped(double& loss) {
   compute_s_ += seconds_since(t0);
 
   // Exposed communication: whatever of the allreduces backward did not hide. The
-  // flags' allgather queues behind them, so it returns once they are all done.
+  // flags' allgather queues behind them, so it returns once they are all done (on
+  // a GPU: enqueued; settle_device_work waits for the device's part).
   t0 = Clock::now();
   const std::vector<uint8_t> flags = agree_nonfinite(finite);
   for (auto& work : works) work->wait();
+  settle_device_work();
+  backend_->gradients_from_comm();
   comm_s_ += seconds_since(t0);
   if (skip_nonfinite(flags)) return false;
 

@@ -430,5 +430,118 @@ TEST(TrainerViews, CudaTrainerHandsTheCommunicatorDeviceViews) {
   }
 }
 
+// ---- the two streams' hand-over (what the CUDA backend's events order) ----------
+
+// Trains on the CPU but records, in order, what touches the gradient buffer: the
+// backend's work on a range (zero_nonfinite, dgc_accumulate, the updates), the views
+// handed to the communicator, and the two hand-overs. The CUDA backend turns the
+// hand-overs into events between its two streams; here the order is what can be seen.
+class HandoverBackend final : public Backend {
+ public:
+  HandoverBackend(std::unique_ptr<Backend> inner, std::vector<std::string>* log)
+      : inner_(std::move(inner)), log_(log) {}
+  const char* name() const override { return "handover"; }
+  void upload(const float* p, const float* m) override { inner_->upload(p, m); }
+  void download(float* p, float* m) override { inner_->download(p, m); }
+  double forward_backward(const float* x, const uint8_t* y, int64_t batch, bool* finite,
+                          const LayerDone& layer_done) override {
+    log_->push_back("backward");
+    return inner_->forward_backward(x, y, batch, finite, layer_done);
+  }
+  void poison_gradient() override { inner_->poison_gradient(); }
+  void evaluate(const float* x, const uint8_t* y, int64_t count, int64_t* correct, double* loss_sum) override {
+    inner_->evaluate(x, y, count, correct, loss_sum);
+  }
+  TensorView gradient(const ParamRange& r) override { return note("allreduce", r, inner_->gradient(r)); }
+  TensorView mask(const ParamRange& r) override { return inner_->mask(r); }
+  void* stream() override { return nullptr; }
+  void gradients_to_comm() override { log_->push_back("to_comm"); }
+  void gradients_from_comm() override { log_->push_back("from_comm"); }
+  void zero_nonfinite(const ParamRange& r) override {
+    note("compute", r);
+    inner_->zero_nonfinite(r);
+  }
+  void dgc_accumulate(const ParamRange& r, const SgdConfig& c) override {
+    note("compute", r);
+    inner_->dgc_accumulate(r, c);
+  }
+  void sgd_update(const ParamRange& r, const SgdConfig& c, float lr) override {
+    note("update", r);
+    inner_->sgd_update(r, c, lr);
+  }
+  void dgc_update(const ParamRange& r, float lr, bool masked) override {
+    note("update", r);
+    inner_->dgc_update(r, lr, masked);
+  }
+
+ private:
+  TensorView note(const char* what, const ParamRange& r, TensorView v = {}) {
+    log_->push_back(std::string(what) + " " + r.name);
+    return v;
+  }
+  std::unique_ptr<Backend> inner_;
+  std::vector<std::string>* log_;
+};
+
+// Every allreduce of a range comes after a to_comm that comes after all of this
+// step's compute on that range; every update after a from_comm that comes after all
+// of the step's allreduces. (A stream that skipped either would race on the buffer.)
+TEST(TrainerStreams, GradientsAreHandedToCommBeforeTheirAllreduceAndBackBeforeTheUpdate) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    Config c;
+    c.data_dir = tiny_dataset("handover", 16).string();
+    c.hidden = {8};
+    c.epochs = 1;
+    c.batch_size = 4;
+    c.progress_s = 0;
+    c.overlap = overlap;
+    c.compressor = "topk:ratio=0.25";
+    c.momentum_correction = true;  // dgc_accumulate before the allreduce, dgc_update after
+    InitOptions init;
+    init.rank = 0;
+    init.world_size = 1;
+    auto comm = Communicator::create(init);
+    std::vector<std::string> log;
+    run_training(c, *comm, [&](const MlpLayout& layout, int64_t max_batch, Device) {
+      return std::make_unique<HandoverBackend>(make_cpu_backend(layout, max_batch), &log);
+    });
+    auto starts = [](const std::string& s, const char* p) { return s.rfind(p, 0) == 0; };
+    size_t steps = 0, allreduces = 0, updates = 0;
+    for (size_t step_begin = 0; step_begin < log.size();) {
+      if (log[step_begin] != "backward") {  // before the first step
+        ++step_begin;
+        continue;
+      }
+      size_t end = step_begin + 1;
+      while (end < log.size() && log[end] != "backward") ++end;
+      ++steps;
+      for (size_t i = step_begin; i < end; ++i) {
+        if (starts(log[i], "allreduce ")) {
+          ++allreduces;
+          const std::string name = log[i].substr(10);
+          size_t to_comm = i;
+          while (to_comm > step_begin && log[to_comm] != "to_comm") --to_comm;
+          ASSERT_EQ(log[to_comm], "to_comm") << "allreduce of " << name << " without a hand-over";
+          for (size_t j = to_comm; j < end; ++j) {
+            EXPECT_NE(log[j], "compute " + name) << name << ": computed on after its hand-over";
+          }
+        }
+        if (starts(log[i], "update ")) {
+          ++updates;
+          size_t from_comm = i;
+          while (from_comm > step_begin && log[from_comm] != "from_comm") --from_comm;
+          ASSERT_EQ(log[from_comm], "from_comm") << log[i] << " without the hand-back";
+          for (size_t j = from_comm; j < end; ++j) EXPECT_FALSE(starts(log[j], "allreduce ")) << log[j];
+        }
+      }
+      step_begin = end;
+    }
+    EXPECT_EQ(steps, 4u);
+    EXPECT_EQ(allreduces, 16u);  // 4 steps x 4 tensors
+    EXPECT_EQ(updates, 16u);
+  }
+}
+
 }  // namespace
 }  // namespace gradcomm::train
