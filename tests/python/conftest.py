@@ -1,5 +1,6 @@
 """Shared helpers: where things are, and launching ranks as real processes."""
 import os
+import random
 import re
 import shutil
 import socket
@@ -35,9 +36,23 @@ def torchrun_command():
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, drawn below the kernel's ephemeral range
+    (as gradcomm-run does, tools/launcher/spawn.cc): between this check and its use only
+    another listener can take it, not the local end of an outgoing connection."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = [random.randrange(10000, low) for _ in range(64)] if low > 10001 else []
+    for port in candidates + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free TCP port on 127.0.0.1")
 
 
 def torchrun(script, *args, nproc=2, env=None):
