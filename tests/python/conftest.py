@@ -37,7 +37,7 @@ def torchrun_command():
 
 def _free_port():
     """A TCP port free on 127.0.0.1 right now, drawn below the kernel's ephemeral range
-    (as gradcomm-run does, tools/launcher/spawn.cc): between this check and its use only
+    (as base/free_port.h does for gradcomm-run): between this check and its use only
     another listener can take it, not the local end of an outgoing connection."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "free_port.h"
 #include "gradcomm/errors.h"
 #include "store/store.h"
 #include "store/store_backends.h"
@@ -28,15 +29,9 @@ std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 // A port that was free a moment ago (for create_store, whose URL needs a real port).
 uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  const int port = free_loopback_ports(1);
+  EXPECT_NE(port, 0) << "no free port on 127.0.0.1";
+  return static_cast<uint16_t>(port);
 }
 
 std::string url(uint16_t port) { return "tcp://127.0.0.1:" + std::to_string(port); }

@@ -1,19 +1,14 @@
 // gradcomm-run: the job's environment (free ports, token) and starting one rank.
-#include <arpa/inet.h>   // inet_pton, ntohs
 #include <fcntl.h>       // open, fcntl, O_CLOEXEC
-#include <netinet/in.h>  // sockaddr_in
 #include <sys/prctl.h>   // PR_SET_PDEATHSIG
-#include <sys/socket.h>  // socket, bind, getsockname
 #include <unistd.h>      // fork, pipe2, execvpe
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdint>
-#include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <vector>
 
+#include "free_port.h"  // base/
 #include "launcher.h"
 
 extern char** environ;
@@ -26,73 +21,14 @@ namespace {
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-// Binds a TCP socket on 127.0.0.1:port (0: any free port); returns the fd and the port,
-// or {-1, 0} when that port is taken.
-std::pair<int, int> bind_loopback(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) die("socket: " + errno_text(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return {-1, 0};
-  }
-  return {fd, ntohs(addr.sin_port)};
-}
-
-// The lowest port of the kernel's ephemeral range (ip_local_port_range), where bind(0)
-// and every outgoing connection take their local ports; 32768 when it cannot be read.
-int ephemeral_low() {
-  int lo = 32768;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "re")) {
-    int a = 0, b = 0;
-    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b && b <= 65535) lo = a;
-    std::fclose(f);
-  }
-  return lo;
-}
-
-// Two consecutive free TCP ports on 127.0.0.1: MASTER_PORT and MASTER_PORT + 1, the
-// port that gradcomm.init() serves its store on when it has only MASTER_ADDR and
-// MASTER_PORT to go by (a program that drops GRADCOMM_STORE). They are closed before
-// any rank starts, and another process could take one in between, which no launcher
-// that passes ports (not sockets) can rule out. So they are drawn at random from
-// below the ephemeral range (from 10000 up): there only another listener can take
-// them, not the local end of some process's outgoing connection, which is what a
-// busy machine (parallel tests, UCX, stores) opens many of a second. Only when no
-// such pair is free does bind(0) choose, inside the range. Every socket stays bound
-// until a pair is found, so a rejected port is not offered again.
+// Two consecutive free TCP ports on 127.0.0.1 (base/free_port.h says how they are
+// drawn): MASTER_PORT and MASTER_PORT + 1, the port that gradcomm.init() serves its
+// store on when it has only MASTER_ADDR and MASTER_PORT to go by (a program that drops
+// GRADCOMM_STORE). They are closed before any rank starts; another listener could take
+// one in between, which no launcher that passes ports (not sockets) can rule out.
 std::pair<int, int> pick_free_ports() {
-  std::vector<int> held;
-  int first = 0;
-  constexpr int kLowest = 10000;
-  const int span = ephemeral_low() - 1 - kLowest;  // p in [kLowest, low - 2], so p + 1 is below the range too
-  uint64_t seed = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(::time(nullptr));
-  for (int attempt = 0; attempt < 128 && first == 0; ++attempt) {
-    int port = 0;  // bind(0): the kernel's pick, inside the ephemeral range
-    if (attempt < 64 && span > 0) {
-      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;  // an LCG step: any spread will do
-      port = kLowest + static_cast<int>((seed >> 33) % static_cast<uint64_t>(span));
-    }
-    auto [fd, got] = bind_loopback(port);
-    if (fd < 0) {
-      if (port == 0) break;
-      continue;
-    }
-    held.push_back(fd);
-    if (got >= 65535) continue;
-    auto [next_fd, next_port] = bind_loopback(got + 1);
-    if (next_fd < 0) continue;
-    held.push_back(next_fd);
-    first = got;
-  }
-  int err = errno;
-  for (int fd : held) ::close(fd);
-  if (first == 0) die("cannot find two consecutive free ports on 127.0.0.1: " + errno_text(err));
+  const int first = detail::free_loopback_ports(2);
+  if (first == 0) die("cannot find two consecutive free ports on 127.0.0.1: " + errno_text(errno));
   return {first, first + 1};
 }
 
