@@ -49,8 +49,13 @@ export TSAN_OPTIONS="$common:second_deadlock_stack=1"
 # mpirun refuses root without these (nothing here uses MPI today; harmless).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# -O1 -g1, not RelWithDebInfo's -O2 -g: the optimization level the sanitizers' own
+# docs recommend, and line tables are all a report's stack needs. It halves the
+# compile (the ASan tree: 600 -> 350 s on 2 cores), which is most of CI's time here.
+sanitizer_flags="-O1 -g1 -DNDEBUG"
 configure() {  # configure DIR SANITIZERS
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMM_SANITIZE="$2" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="$sanitizer_flags" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitizer_flags" \
     -DGRADCOMM_CUDA=OFF -DGRADCOMM_PYTHON=OFF -DGRADCOMM_BENCH=OFF -DGRADCOMM_TESTS=ON ${CMAKE_ARGS:-}
 }
 
@@ -75,7 +80,10 @@ for stage in "${stages[@]}"; do
       # programs they start (gradcomm-run, gradcomm-test-worker, gradcomm-train).
       targets=(all)
       labels='^(unit|multiproc|launcher|trainer|sanitizer)$'
-      exclude=''
+      # Left to the plain stage: the allreduce matrix's 4M-element cases. The 1M cases
+      # run the same chunked code paths (several chunks per step at every N); the 4M
+      # ones took 159 s of the stage's 725 here.
+      exclude='_FourMillion_'
       stage_env=()
       ;;
     tsan)

@@ -2,7 +2,7 @@
 # Installs dependencies, configures, builds and runs the whole test suite, then the
 # sanitizer stage (scripts/test-sanitizers.sh: the unit, launcher, multi-process and
 # trainer tests again under ASan+UBSan, the threaded ones under TSan).
-#   scripts/test.sh                 everything (55-57 minutes from a fresh clone on 2 cores)
+#   scripts/test.sh                 everything (about 45 minutes from a fresh clone on 2 cores)
 #   SANITIZERS=0 scripts/test.sh    the plain build's tests only (about 25 minutes)
 #   BUILD_DIR=b scripts/test.sh     another build directory
 #   CTEST_ARGS="-L unit" SANITIZERS=0 scripts/test.sh   a subset
@@ -15,7 +15,11 @@ jobs=${JOBS:-$(nproc)}
 
 set -e
 scripts/install-deps.sh
+# RelWithDebInfo's -O2 with line tables (-g1) instead of full debug info: the same
+# code, stack traces still name file and line, and the C++ compiles a third faster
+# (13.7 -> 9.3 s for test_multiproc.cc). CMAKE_ARGS can override it.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMM_TESTS=ON -DGRADCOMM_BENCH=ON \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j"$jobs"
 set +e
