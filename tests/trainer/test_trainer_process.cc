@@ -69,8 +69,11 @@ class TrainerProcess : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist missing";
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() /
-            fmt::format("gradcomm_trainer_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
+    // One directory level: a parameterized test's names hold '/', and TearDown
+    // removes only the leaf.
+    std::string leaf = fmt::format("gradcomm_trainer_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
+    std::replace(leaf.begin(), leaf.end(), '/', '_');
+    root_ = fs::temp_directory_path() / leaf;
     fs::remove_all(root_);
     fs::create_directories(root_);
   }

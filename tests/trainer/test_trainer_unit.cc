@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <system_error>
 
 #include "gradcomm/errors.h"
 #include "trainer/checkpoint.h"
@@ -24,8 +25,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every directory a test makes lives under one per-process root, removed when the
+// test binary exits (ctest runs each test in its own process).
+class TempRoot {
+ public:
+  TempRoot() : path_(fs::temp_directory_path() / ("gradcomm_trainer_unit_" + std::to_string(getpid()))) {}
+  ~TempRoot() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("gradcomm_trainer_unit_" + name + "_" + std::to_string(getpid()));
+  static const TempRoot root;
+  const fs::path dir = root.path() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
