@@ -20,11 +20,16 @@ namespace {
 
 // P and Q are small (kilobytes to a few MB), so the dense path would take recursive
 // doubling: log2(N) exchanges of the whole buffer, 2x its size on the wire at N = 4
-// where the ring and halving + doubling send 1.5x. PowerSGD exists to save bytes on
-// slow links, so above kMinHalvingBytes its buffers take halving + doubling (the
-// ring's bytes in 2 log2(N) messages): by the alpha-beta model that pays once
-// S / 2 > log2(N) alpha beta, about 15 KB at N = 4, 1 Gbit/s and alpha = 30 us.
-constexpr int64_t kMinHalvingBytes = 16 << 10;
+// where the ring and halving + doubling send 1.5x, the bandwidth optimum. PowerSGD
+// exists to save bytes, and its users compare them with torch's hook; so from
+// kMinHalvingBytes up its buffers take halving + doubling (the optimal bytes in
+// 2 log2(N) messages). The price is log2(N) more messages per buffer: by the
+// alpha-beta model a 4 KiB buffer at N = 4, 1 Gbit/s and alpha = 30 us takes about
+// 45 us longer (the two meet at 15 KB). Below 4 KiB the bytes are too few to matter
+// and latency wins. At rank 4 the trainer's 784-512-256-10 MLP (buffers of 4-12 KB)
+// sent 39.5x fewer bytes than the dense ring with 16 KiB here and sends 51.1x fewer
+// with 4 KiB; its loopback step time did not move (bench/results/powersgd-2026-11-25.md).
+constexpr int64_t kMinHalvingBytes = 4 << 10;
 
 void payload_allreduce(Op& op, float* data, int64_t numel, uint32_t unit_base) {
   if (op.size() == 1 || numel == 0) return;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -230,6 +231,28 @@ TEST(Powersgd, FirstStepMatchesADoublePrecisionReference) {
 
 // Mixed parts (a DDP bucket): matrices compressed, 1-D and tiny parts exact;
 // every rank holds the same bytes; sum and avg differ by exactly N on the dense parts.
+// What a call puts on the wire at N = 4: a P of 4 KiB takes halving + doubling (the
+// bandwidth optimum, 1.5x its bytes), a Q of 2 KiB recursive doubling (2x, fewer
+// messages), plus the 96-byte call header. The bytes ratio users read ("x fewer
+// than dense") rests on this.
+TEST(Powersgd, BuffersFromFourKibOnTakeTheBandwidthOptimalSchedule) {
+  ::setenv("GRADCOMM_FUSION_BYTES", "0", 1);  // no fusion plan messages from rank 0
+  const int n = 4;
+  const int64_t rows = 512, cols = 256, rank = 2;
+  const uint64_t p_bytes = rows * rank * 4, q_bytes = cols * rank * 4;  // 4096 and 2048
+  std::vector<Stats> stats(n);
+  testing::run_ranks(n, [&](Communicator& comm) {
+    auto g = normal(rows * cols, 7 + comm.rank());
+    comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kSum,
+                   matrix("powersgd:rank=2", "bytes", rows, cols));
+    stats[comm.rank()] = comm.stats();
+  });
+  ::unsetenv("GRADCOMM_FUSION_BYTES");
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(stats[r].bytes_sent, 96 + p_bytes * 3 / 2 + q_bytes * 2) << "rank " << r;
+  }
+}
+
 TEST(Powersgd, BucketOfPartsIsBitwiseIdenticalOnEveryRankAndDensePartsAreExact) {
   const std::vector<std::vector<int64_t>> shapes = {{32, 16}, {32}, {3, 3}, {10, 8, 2}};
   const int64_t numel = 32 * 16 + 32 + 9 + 160;
