@@ -2,8 +2,8 @@
 # Installs dependencies, configures, builds and runs the whole test suite, then the
 # sanitizer stage (scripts/test-sanitizers.sh: the unit, launcher, multi-process and
 # trainer tests again under ASan+UBSan, the threaded ones under TSan).
-#   scripts/test.sh                 everything (about 45 minutes from a fresh clone on 2 cores)
-#   SANITIZERS=0 scripts/test.sh    the plain build's tests only (about 25 minutes)
+#   scripts/test.sh                 everything (about 43 minutes from a fresh clone on 2 cores)
+#   SANITIZERS=0 scripts/test.sh    the plain build's tests only (about 18 minutes)
 #   BUILD_DIR=b scripts/test.sh     another build directory
 #   CTEST_ARGS="-L unit" SANITIZERS=0 scripts/test.sh   a subset
 # Both stages always run; the exit status is non-zero if either failed.
