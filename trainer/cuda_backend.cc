@@ -1,5 +1,6 @@
 // The CUDA backend: parameters, gradients and momentum in one device allocation
-// each, GEMMs in cuBLAS (FP32, no TF32: CUBLAS_DEFAULT_MATH), everything else in
+// each, GEMMs in cuBLAS (FP32, no TF32: CUBLAS_DEFAULT_MATH; opened when a backend
+// is made, not linked: base/cublas_loader.h), everything else in
 // trainer/kernels.cu. Batches arrive as host rows and are staged through pinned
 // memory.
 //
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cublas_loader.h"
 #include "gradcomm/errors.h"
 #include "trainer/backend.h"
 #include "trainer/cuda_util.h"
@@ -33,12 +35,15 @@ void cuda::throw_cuda(cudaError_t status, const char* expression, const char* fi
 
 namespace {
 
+// cuBLAS's entry points, opened at the first CUDA backend.
+const detail::CublasApi& blas() { return detail::cublas_api("gradcomm-train --device cuda"); }
+
 #define TRAIN_CUBLAS_CHECK(expr)                                                                          \
   do {                                                                                                    \
     const cublasStatus_t status_ = (expr);                                                                \
     if (status_ != CUBLAS_STATUS_SUCCESS) {                                                               \
-      throw CudaError(fmt::format("cuBLAS {} ({}) in `{}` at {}:{}", cublasGetStatusName(status_),        \
-                                  cublasGetStatusString(status_), #expr, __FILE__, __LINE__));            \
+      throw CudaError(fmt::format("cuBLAS {} ({}) in `{}` at {}:{}", blas().status_name(status_),         \
+                                  blas().status_string(status_), #expr, __FILE__, __LINE__));             \
     }                                                                                                     \
   } while (0)
 
@@ -67,11 +72,11 @@ class CudaBackend final : public Backend {
     host_in_ = PinnedMemory(static_cast<size_t>(max_batch * layout.sizes[0]) * sizeof(float) +
                             static_cast<size_t>(max_batch));
     host_out_ = PinnedMemory(static_cast<size_t>(max_batch) * (sizeof(float) + 1) + sizeof(int));
-    TRAIN_CUBLAS_CHECK(cublasCreate(&cublas_));
-    TRAIN_CUBLAS_CHECK(cublasSetStream(cublas_, stream_.get()));
-    TRAIN_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));  // FP32 GEMMs, like the CPU path
+    TRAIN_CUBLAS_CHECK(blas().create(&cublas_));
+    TRAIN_CUBLAS_CHECK(blas().set_stream(cublas_, stream_.get()));
+    TRAIN_CUBLAS_CHECK(blas().set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));  // FP32 GEMMs, like the CPU path
   }
-  ~CudaBackend() override { cublasDestroy(cublas_); }
+  ~CudaBackend() override { (void)blas().destroy(cublas_); }
 
   const char* name() const override { return "cuda"; }
 
@@ -98,16 +103,16 @@ class CudaBackend final : public Backend {
       const float* a = acts_[l].as<float>();  // (batch, in)
       const float one = 1.0f, zero = 0.0f;
       // dW (out, in) row-major = col-major (in x out): a^T(col) . delta^T(col)^T
-      TRAIN_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, int(layer.in), int(layer.out), int(batch),
-                                     &one, a, int(layer.in), delta_.as<float>(), int(layer.out), &zero,
-                                     grads_.as<float>() + layer.w_offset, int(layer.in)));
+      TRAIN_CUBLAS_CHECK(blas().sgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, int(layer.in), int(layer.out), int(batch),
+                                      &one, a, int(layer.in), delta_.as<float>(), int(layer.out), &zero,
+                                      grads_.as<float>() + layer.w_offset, int(layer.in)));
       cuda::column_sums(delta_.as<float>(), grads_.as<float>() + layer.b_offset, batch, layer.out, stream_.get());
       if (layer_done) layer_done(l);  // its allreduces queue on stream_, behind this layer's kernels
       if (l == 0) break;
       // delta_prev (batch, in) = delta . W  -> col-major (in x batch) = Wc . delta_c
-      TRAIN_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, int(layer.in), int(batch), int(layer.out),
-                                     &one, params_.as<float>() + layer.w_offset, int(layer.in), delta_.as<float>(),
-                                     int(layer.out), &zero, delta_prev_.as<float>(), int(layer.in)));
+      TRAIN_CUBLAS_CHECK(blas().sgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, int(layer.in), int(batch), int(layer.out),
+                                      &one, params_.as<float>() + layer.w_offset, int(layer.in), delta_.as<float>(),
+                                      int(layer.out), &zero, delta_prev_.as<float>(), int(layer.in)));
       cuda::relu_backward(delta_prev_.as<float>(), a, batch * layer.in, stream_.get());
       std::swap(delta_, delta_prev_);
     }
@@ -188,9 +193,9 @@ class CudaBackend final : public Backend {
       const float one = 1.0f;
       // z = a . W^T + b: bias first, then the GEMM accumulates (beta = 1), as on the CPU.
       cuda::broadcast_rows(z, params_.as<float>() + layer.b_offset, rows, layer.out, stream_.get());
-      TRAIN_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(layer.out), int(rows), int(layer.in), &one,
-                                     params_.as<float>() + layer.w_offset, int(layer.in), acts_[l].as<float>(),
-                                     int(layer.in), &one, z, int(layer.out)));
+      TRAIN_CUBLAS_CHECK(blas().sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(layer.out), int(rows), int(layer.in), &one,
+                                      params_.as<float>() + layer.w_offset, int(layer.in), acts_[l].as<float>(),
+                                      int(layer.in), &one, z, int(layer.out)));
       if (l + 1 < L) cuda::relu(z, rows * layer.out, stream_.get());
     }
     cuda::softmax_cross_entropy(acts_[L].as<float>(), labels_.as<uint8_t>(), rows, layout_.sizes.back(),

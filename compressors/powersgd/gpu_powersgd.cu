@@ -28,8 +28,8 @@
 #include <sstream>
 
 #include "compressors/powersgd/gpu_powersgd.h"
+#include "cublas_loader.h"
 #include "cuda/check.h"
-#include "cuda/cublas_loader.h"
 #include "cuda/device.h"
 #include "cuda/grid.cuh"
 #include "gradcomm/errors.h"
@@ -40,6 +40,9 @@ namespace {
 using powersgd::Entry;
 using powersgd::EntryBatch;
 
+// cuBLAS's entry points (opened at the first PowerSGD call on a CUDA tensor).
+const CublasApi& cublas() { return cublas_api("PowerSGD on CUDA tensors"); }
+
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;
 // cuBLAS's documented workspace recommendation for Hopper (4 MiB suffices before it).
@@ -48,7 +51,7 @@ constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 void check_cublas(cublasStatus_t status, const char* expression, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   std::ostringstream text;
-  text << "cuBLAS error " << cublas_api().status_name(status) << " (" << cublas_api().status_string(status) << ") in `"
+  text << "cuBLAS error " << cublas().status_name(status) << " (" << cublas().status_string(status) << ") in `"
        << expression << "` at " << file << ":" << line;
   (void)cudaGetLastError();  // as throw_cuda_error: no stale error for the next launch check
   throw CudaError(text.str());
@@ -162,7 +165,7 @@ dim3 element_grid(const EntryBatch& batch) {
 
 void sgemm(cublasHandle_t handle, const powersgd::Gemm& g, const float* a, const float* b, float* c) {
   const float one = 1.0f, zero = 0.0f;
-  GRADCOMM_CUBLAS_CHECK(cublas_api().sgemm(handle, CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &one,
+  GRADCOMM_CUBLAS_CHECK(cublas().sgemm(handle, CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &one,
                                     a, g.lda, b, g.ldb, &zero, c, g.ldc));
 }
 
@@ -172,11 +175,11 @@ void sgemm(cublasHandle_t handle, const powersgd::Gemm& g, const float* a, const
 
 GpuBlas::GpuBlas() : device_(cuda_current_device()), workspace_(kBlasWorkspaceBytes) {
   cublasHandle_t handle = nullptr;
-  GRADCOMM_CUBLAS_CHECK(cublas_api().create(&handle));
+  GRADCOMM_CUBLAS_CHECK(cublas().create(&handle));
   // Full fp32 products: no TF32 or BF16x9 tensor-core shortcuts (the default mode
   // already excludes them; stated here because the tolerance in gpu_powersgd.h needs it).
-  const cublasStatus_t status = cublas_api().set_math_mode(handle, CUBLAS_DEFAULT_MATH);
-  if (status != CUBLAS_STATUS_SUCCESS) (void)cublas_api().destroy(handle);
+  const cublasStatus_t status = cublas().set_math_mode(handle, CUBLAS_DEFAULT_MATH);
+  if (status != CUBLAS_STATUS_SUCCESS) (void)cublas().destroy(handle);
   GRADCOMM_CUBLAS_CHECK(status);
   handle_ = handle;
 }
@@ -185,15 +188,15 @@ GpuBlas::~GpuBlas() {
   if (handle_ == nullptr) return;
   try {
     DeviceGuard guard(device_);
-    (void)cublas_api().destroy(handle_);  // teardown: nothing useful to do about a failure
+    (void)cublas().destroy(handle_);  // teardown: nothing useful to do about a failure
   } catch (const std::exception&) {
-    (void)cublas_api().destroy(handle_);
+    (void)cublas().destroy(handle_);
   }
 }
 
 cublasContext* GpuBlas::bind(cudaStream_t stream) {
-  GRADCOMM_CUBLAS_CHECK(cublas_api().set_stream(handle_, stream));
-  GRADCOMM_CUBLAS_CHECK(cublas_api().set_workspace(handle_, workspace_.data(), workspace_.size()));
+  GRADCOMM_CUBLAS_CHECK(cublas().set_stream(handle_, stream));
+  GRADCOMM_CUBLAS_CHECK(cublas().set_workspace(handle_, workspace_.data(), workspace_.size()));
   return handle_;
 }
 

@@ -1,12 +1,12 @@
-// cuBLAS is opened at first use (cuda/cublas_loader.h), not linked: loading gradcomm
-// must not pull it in, and the loader must find every entry point PowerSGD calls.
-// Neither needs a GPU, only the toolkit's library.
+// cuBLAS is opened at first use (base/cublas_loader.h), not linked: loading gradcomm
+// must not pull it in, and the loader must find every entry point PowerSGD and the
+// trainer call. Neither needs a GPU, only the toolkit's library.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
 
-#include "cuda/cublas_loader.h"
+#include "cublas_loader.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -22,7 +22,7 @@ bool cublas_mapped() {
 
 TEST(CublasLoader, NotLoadedUntilFirstUseThenEveryEntryPointResolves) {
   EXPECT_FALSE(cublas_mapped()) << "libcublas is mapped before any PowerSGD call on a CUDA tensor";
-  const CublasApi& api = cublas_api();
+  const CublasApi& api = cublas_api("this test");
   EXPECT_TRUE(cublas_mapped());
   EXPECT_NE(api.create, nullptr);
   EXPECT_NE(api.destroy, nullptr);
@@ -31,7 +31,7 @@ TEST(CublasLoader, NotLoadedUntilFirstUseThenEveryEntryPointResolves) {
   EXPECT_NE(api.set_math_mode, nullptr);
   EXPECT_NE(api.sgemm, nullptr);
   EXPECT_STREQ(api.status_name(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
-  EXPECT_EQ(&cublas_api(), &api);  // opened once
+  EXPECT_EQ(&cublas_api("this test"), &api);  // opened once
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // the public headers, cuda/ and the CUDA toolkit's).
 #include "cuda/buffer.h"
 #include "cuda/check.h"
-#include "cuda/cublas_loader.h"
+#include "cublas_loader.h"
 #include "cuda/device.h"
 #include "cuda/device_status.h"
 #include "half.h"
