@@ -166,7 +166,7 @@ dim3 element_grid(const EntryBatch& batch) {
 void sgemm(cublasHandle_t handle, const powersgd::Gemm& g, const float* a, const float* b, float* c) {
   const float one = 1.0f, zero = 0.0f;
   GRADCOMM_CUBLAS_CHECK(cublas().sgemm(handle, CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &one,
-                                    a, g.lda, b, g.ldb, &zero, c, g.ldc));
+                                       a, g.lda, b, g.ldb, &zero, c, g.ldc));
 }
 
 }  // namespace
