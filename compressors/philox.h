@@ -114,7 +114,7 @@ GRADCOMM_HD float philox_uniform(const PhiloxStream& s, uint64_t index) {
 void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
 // The same, one block at a time: the reference the vector path is tested against.
 void philox_uniform_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
-// "avx2" or "scalar": the path philox_uniform_blocks takes on this CPU.
+// "avx2" or "scalar": the path philox_uniform_blocks takes now (compressors/cpu_kernels.h).
 const char* philox_uniform_blocks_path();
 
 }  // namespace gradcomm::detail

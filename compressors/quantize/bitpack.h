@@ -91,13 +91,21 @@ inline void unpack_group8(const uint8_t* in, unsigned bits, uint32_t* codes) {
   }
 }
 
+// A faster packer for whole groups: packs a prefix of codes[0, count) whose length
+// is a multiple of 8, exactly as pack_group8 would, into out, and returns that
+// length (0: nothing packed). E.g. pack_codes_avx2 (dense_simd.h).
+using BulkPacker = size_t (*)(const uint32_t* codes, size_t count, unsigned bits, uint8_t* out);
+
 // Appends codes to a packed stream in any number of calls of any length (bucket
 // boundaries need not fall on groups of 8): up to 7 codes wait in pending_ until
-// their group is complete. finish() writes the last, partial group.
+// their group is complete. finish() writes the last, partial group. With a
+// BulkPacker, each call's whole groups go through it first, the rest through
+// pack_group8; the bytes are the same either way.
 template <unsigned kBits>
 class CodeWriter {
  public:
-  CodeWriter(uint8_t* out, unsigned bits) : out_(out), bits_(kBits != 0 ? kBits : bits) {}
+  CodeWriter(uint8_t* out, unsigned bits, BulkPacker bulk = nullptr)
+      : out_(out), bits_(kBits != 0 ? kBits : bits), bulk_(bulk) {}
 
   void put(const uint32_t* codes, size_t count) {
     size_t k = 0;
@@ -106,6 +114,11 @@ class CodeWriter {
       if (pending_count_ < 8) return;
       emit(pending_);
       pending_count_ = 0;
+    }
+    if (bulk_ != nullptr) {
+      const size_t done = bulk_(codes + k, count - k, bits_, out_);
+      out_ += done / 8 * bits_;
+      k += done;
     }
     for (; k + 8 <= count; k += 8) emit(codes + k);
     while (k < count) pending_[pending_count_++] = codes[k++];
@@ -130,6 +143,7 @@ class CodeWriter {
 
   uint8_t* out_;
   unsigned bits_;
+  BulkPacker bulk_;
   uint32_t pending_[8];
   unsigned pending_count_ = 0;
 };

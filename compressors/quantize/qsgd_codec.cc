@@ -11,7 +11,9 @@
 
 #include <algorithm>
 
+#include "compressors/cpu_kernels.h"
 #include "compressors/quantize/bitpack.h"
+#include "compressors/quantize/dense_simd.h"
 #include "compressors/quantize/dense_util.h"
 #include "gradcomm/errors.h"
 
@@ -24,18 +26,20 @@ void qsgd_codes(const float* __restrict x, const float* __restrict u, size_t m, 
   for (size_t k = 0; k < m; ++k) codes[k] = qsgd_code(x[k], round_stochastic(qsgd_position(x[k], scale, levels), u[k]), bits);
 }
 
-// Two passes per bucket: the squared norm (lane_sum order), then levels.
-template <unsigned kBits>
+// Two passes per bucket: the squared norm (lane_sum order), then levels. kAvx2: the
+// loops of dense_simd.h instead of the scalar ones, same bytes.
+template <unsigned kBits, bool kAvx2>
 void encode_run(const float* in, int64_t n, int64_t bucket, uint32_t levels, unsigned bits, uint8_t* scales,
                 uint8_t* codes_out, const PhiloxStream& rng, int64_t first) {
   const float levels_f = static_cast<float>(levels);
-  CodeWriter<kBits> writer(codes_out, bits);
+  CodeWriter<kBits> writer(codes_out, bits, kAvx2 ? &pack_codes_avx2 : nullptr);
   uint32_t codes[kDenseChunk];
   float uniforms[kDenseChunk + 8];
   for (int64_t start = 0; start < n; start += bucket) {
     const size_t m = static_cast<size_t>(std::min(bucket, n - start));
     const float* x = in + start;
-    float norm = sqrt_rn(lane_sum(x, m, [](float v) { return mul_rn(v, v); }));
+    const float squares = kAvx2 ? sum_squares_avx2(x, m) : lane_sum(x, m, [](float v) { return mul_rn(v, v); });
+    float norm = sqrt_rn(squares);
     if (!is_finite(norm)) norm = bits_float(kCanonicalNanBits);
     store_f32(scales, norm);
     scales += 4;
@@ -44,11 +48,23 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint32_t levels, uns
       const size_t cm = std::min(kDenseChunk, m - c);
       const float* xc = x + c;
       const float* u = fill_uniforms(rng, static_cast<uint64_t>(first + start) + c, cm, uniforms);
-      qsgd_codes(xc, u, cm, scale, levels_f, bits, codes);
+      if constexpr (kAvx2) {
+        qsgd_codes_avx2(xc, u, cm, scale, levels_f, bits, codes);
+      } else {
+        qsgd_codes(xc, u, cm, scale, levels_f, bits, codes);
+      }
       writer.put(codes, cm);
     }
   }
   writer.finish();
+}
+
+// encode_run on the path use_avx2_kernels() picks once per call.
+template <unsigned kBits>
+void encode_width(const float* in, int64_t n, int64_t bucket, uint32_t levels, unsigned bits, uint8_t* scales,
+                  uint8_t* codes_out, const PhiloxStream& rng, int64_t first) {
+  if (use_avx2_kernels()) return encode_run<kBits, true>(in, n, bucket, levels, bits, scales, codes_out, rng, first);
+  encode_run<kBits, false>(in, n, bucket, levels, bits, scales, codes_out, rng, first);
 }
 
 // Checks every level is <= s (a b-bit field can hold up to 2^(b-1) - 1), before the
@@ -110,14 +126,14 @@ class QsgdCodec final : public BucketCodec<QsgdCodec> {
     uint8_t* codes = scales + scale_bytes(n);
     // Compile-time widths for the common small level counts (s <= 127).
     switch (bits_) {
-      case 2: return encode_run<2>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      case 3: return encode_run<3>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      case 4: return encode_run<4>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      case 5: return encode_run<5>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      case 6: return encode_run<6>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      case 7: return encode_run<7>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      case 8: return encode_run<8>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
-      default: return encode_run<0>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 2: return encode_width<2>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 3: return encode_width<3>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 4: return encode_width<4>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 5: return encode_width<5>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 6: return encode_width<6>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 7: return encode_width<7>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      case 8: return encode_width<8>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
+      default: return encode_width<0>(in, n, bucket_, levels_, bits_, scales, codes, rng, first);
     }
   }
 

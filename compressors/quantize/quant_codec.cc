@@ -11,7 +11,9 @@
 
 #include <algorithm>
 
+#include "compressors/cpu_kernels.h"
 #include "compressors/quantize/bitpack.h"
+#include "compressors/quantize/dense_simd.h"
 #include "compressors/quantize/dense_util.h"
 #include "gradcomm/errors.h"
 
@@ -34,17 +36,19 @@ void codes_stochastic(const float* __restrict x, const float* __restrict u, size
 
 // Encodes one run. Two passes per bucket (range, then codes), the bucket still in
 // cache for the second; codes stream through `writer` across bucket boundaries.
-template <unsigned kBits, bool kStochastic>
+// kAvx2: the loops of dense_simd.h instead of the scalar ones, same bytes.
+template <unsigned kBits, bool kStochastic, bool kAvx2>
 void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uint8_t* codes_out,
                 const PhiloxStream& rng, int64_t first) {
   constexpr uint32_t kLevels = (1u << kBits) - 1u;
-  CodeWriter<kBits> writer(codes_out, kBits);
+  constexpr float kLevelsF = static_cast<float>(kLevels);
+  CodeWriter<kBits> writer(codes_out, kBits, kAvx2 ? &pack_codes_avx2 : nullptr);
   uint32_t codes[kDenseChunk];
   float uniforms[kDenseChunk + 8];
   for (int64_t start = 0; start < n; start += bucket) {
     const size_t m = static_cast<size_t>(std::min(bucket, n - start));
     const float* x = in + start;
-    const BucketRange r = bucket_range(x, m);
+    const BucketRange r = kAvx2 ? bucket_range_avx2(x, m) : bucket_range(x, m);
     float lo = r.lo, hi = r.hi;
     if (!r.finite || !is_finite(add_rn(hi, -lo))) lo = hi = bits_float(kCanonicalNanBits);
     store_f32(scales, lo);
@@ -56,7 +60,13 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uin
       const float* xc = x + c;
       if constexpr (kStochastic) {
         const float* u = fill_uniforms(rng, static_cast<uint64_t>(first + start) + c, cm, uniforms);
-        codes_stochastic<kLevels>(xc, u, cm, lo, inv, codes);
+        if constexpr (kAvx2) {
+          quant_codes_stochastic_avx2(xc, u, cm, lo, inv, kLevelsF, codes);
+        } else {
+          codes_stochastic<kLevels>(xc, u, cm, lo, inv, codes);
+        }
+      } else if constexpr (kAvx2) {
+        quant_codes_nearest_avx2(xc, cm, lo, inv, kLevelsF, codes);
       } else {
         codes_nearest<kLevels>(xc, cm, lo, inv, codes);
       }
@@ -64,6 +74,19 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uin
     }
   }
   writer.finish();
+}
+
+// encode_run for a width and rounding known at compile time, on the path
+// use_avx2_kernels() picks once per call.
+template <unsigned kBits>
+void encode_bits(bool stochastic, const float* in, int64_t n, int64_t bucket, uint8_t* scales, uint8_t* codes,
+                 const PhiloxStream& rng, int64_t first) {
+  if (use_avx2_kernels()) {
+    return stochastic ? encode_run<kBits, true, true>(in, n, bucket, scales, codes, rng, first)
+                      : encode_run<kBits, false, true>(in, n, bucket, scales, codes, rng, first);
+  }
+  return stochastic ? encode_run<kBits, true, false>(in, n, bucket, scales, codes, rng, first)
+                    : encode_run<kBits, false, false>(in, n, bucket, scales, codes, rng, first);
 }
 
 template <unsigned kBits, bool kAdd>
@@ -109,14 +132,10 @@ class QuantCodec final : public BucketCodec<QuantCodec> {
     uint8_t* codes = scales + scale_bytes(n);
     const bool stochastic = round_ == Rounding::kStochastic;
     switch (bits_) {
-      case 1: return stochastic ? encode_run<1, true>(in, n, bucket_, scales, codes, rng, first)
-                                : encode_run<1, false>(in, n, bucket_, scales, codes, rng, first);
-      case 2: return stochastic ? encode_run<2, true>(in, n, bucket_, scales, codes, rng, first)
-                                : encode_run<2, false>(in, n, bucket_, scales, codes, rng, first);
-      case 4: return stochastic ? encode_run<4, true>(in, n, bucket_, scales, codes, rng, first)
-                                : encode_run<4, false>(in, n, bucket_, scales, codes, rng, first);
-      default: return stochastic ? encode_run<8, true>(in, n, bucket_, scales, codes, rng, first)
-                                 : encode_run<8, false>(in, n, bucket_, scales, codes, rng, first);
+      case 1: return encode_bits<1>(stochastic, in, n, bucket_, scales, codes, rng, first);
+      case 2: return encode_bits<2>(stochastic, in, n, bucket_, scales, codes, rng, first);
+      case 4: return encode_bits<4>(stochastic, in, n, bucket_, scales, codes, rng, first);
+      default: return encode_bits<8>(stochastic, in, n, bucket_, scales, codes, rng, first);
     }
   }
 

@@ -1,0 +1,44 @@
+// AVX2 versions of the dense codecs' bulk loops (quant, qsgd), host only: each
+// returns exactly the bits of the scalar loop named beside it, which stays the
+// reference and the path on CPUs without AVX2. Callers take these only when
+// use_avx2_kernels() (compressors/cpu_kernels.h) says so; calling them on a CPU
+// without AVX2 is an illegal instruction. Never include this from a .cu file.
+//
+// Why the results are identical and not just close: every fp32 step is the same
+// IEEE operation on the same operands as in dense_math.h, rounded to nearest even,
+// never fused (no FMA: the file is built for AVX2 only, with -ffp-contract=off); the
+// clamps are maxps/minps, whose "second operand unless the first is strictly
+// greater/less" rule is exactly `s > 0 ? s : 0` with NaN going to 0; the casts are
+// truncating; min/max over order keys and sums in the fixed lane order do not
+// depend on how the elements are grouped. tests/unit/test_dense_codec_bytes.cc
+// compares the payloads byte for byte.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "compressors/quantize/dense_util.h"
+
+namespace gradcomm::detail {
+
+// bucket_range (dense_util.h).
+BucketRange bucket_range_avx2(const float* x, size_t m);
+
+// sqrt-free part of qsgd's norm: lane_sum(x, m, v * v) (dense_util.h).
+float sum_squares_avx2(const float* x, size_t m);
+
+// codes[k] = round_half_up(quant_position(x[k], lo, inv, levels)) (quant_codec.cc).
+void quant_codes_nearest_avx2(const float* x, size_t m, float lo, float inv, float levels, uint32_t* codes);
+// codes[k] = round_stochastic(quant_position(x[k], lo, inv, levels), u[k]).
+void quant_codes_stochastic_avx2(const float* x, const float* u, size_t m, float lo, float inv, float levels,
+                                 uint32_t* codes);
+// codes[k] = qsgd_code(x[k], round_stochastic(qsgd_position(x[k], scale, levels), u[k]), bits).
+void qsgd_codes_avx2(const float* x, const float* u, size_t m, float scale, float levels, unsigned bits,
+                     uint32_t* codes);
+
+// A CodeWriter bulk packer (bitpack.h) for bits 1, 2, 4 and 8: packs the first
+// count / 32 * 32 codes (each < 2^bits) as pack_group8 would, 32 at a time, into
+// out, and returns how many it packed. Other widths: packs nothing, returns 0.
+size_t pack_codes_avx2(const uint32_t* codes, size_t count, unsigned bits, uint8_t* out);
+
+}  // namespace gradcomm::detail
