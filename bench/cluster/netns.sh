@@ -136,11 +136,16 @@ netns_down() {
 # LOCAL_RANK, MASTER_ADDR (rank 0's address), the transports pinned to eth0 and one thread
 # per library (the ranks share the machine's cores); the caller's VAR=value come after these
 # and may override them.
+# The transports pinned to eth0: network namespaces do not separate /dev/shm or
+# process_vm_readv, so UCX (gradcomm's, and OpenMPI's UCX pml) would reach a rank in
+# another namespace by shared memory and cma and bypass the shaped link; UCX_TLS=tcp,self
+# and OpenMPI's btl=tcp,self keep every byte on eth0. (tests/cluster/test_cluster_run.sh
+# checks the lanes gradcomm's ranks report.)
 netns_exec() {
   local r=$1; shift
   ip netns exec "$(netns_name "$r")" env RANK="$r" WORLD_SIZE="$NETNS_RANKS" LOCAL_RANK="$r" \
-    MASTER_ADDR="$NETNS_SUBNET.1" UCX_NET_DEVICES=eth0 UCX_TCP_CM_REUSEADDR=y GLOO_SOCKET_IFNAME=eth0 \
-    OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
+    MASTER_ADDR="$NETNS_SUBNET.1" UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 UCX_TCP_CM_REUSEADDR=y GLOO_SOCKET_IFNAME=eth0 \
+    OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 "$@"
 }

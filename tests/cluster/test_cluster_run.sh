@@ -56,4 +56,26 @@ for sig in INT TERM; do
   [[ -z $(leftovers) ]] || fail "left behind after SIG$sig: $(leftovers)"
   echo "SIG$sig: exit $rc, nothing left behind"
 done
+# 4. Ranks in separate namespaces stay on their shaped links: on one host gradcomm's UCX
+#    prefers shared memory (sysv/posix, cma), which namespaces do not separate, so the
+#    cluster pins UCX_TLS=tcp,self. Every rank must report TCP lanes to every peer.
+(
+  source "$src/bench/cluster/netns.sh"
+  netns_up 2 1gbit >/dev/null 2>&1
+  port=$(netns_free_port)
+  pids=()
+  for r in 0 1; do
+    netns_exec "$r" GRADCOMM_STORE="tcp://$NETNS_SUBNET.1:$port" GRADCOMM_LOG=info GRADCOMM_TIMEOUT_S=60 \
+      timeout --signal=KILL 90 "$build/bench/gradcomm-bench" -b 1M -e 1M -n 2 -w 1 --baseline none \
+      >"$tmp/lanes.$r" 2>&1 &
+    pids+=($!)
+  done
+  netns_wait_ranks "${pids[@]}"
+) || { cat "$tmp"/lanes.*; fail "the lane check's run failed"; }
+for r in 0 1; do
+  line=$(grep -o "ucx: rank $r reaches rank $((1 - r)) over .*" "$tmp/lanes.$r") || { cat "$tmp/lanes.$r"; fail "rank $r logged no lanes"; }
+  echo "$line"
+  [[ $line =~ over\ (tcp/[^\ ]+\ ?)+$ ]] || fail "rank $r is not on TCP alone in the cluster: $line"
+done
+[[ -z $(leftovers) ]] || fail "left behind after the lane check: $(leftovers)"
 echo PASS

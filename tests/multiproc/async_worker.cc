@@ -12,9 +12,14 @@
 //            until every other rank has finished its call and said so with a
 //            file. A rank that returned from a call must not leave its peers
 //            without that call's last bytes while it blocks elsewhere.
+//   linger SPEC BYTES REPS SLEEP_MS  REPS times: every rank allreduces BYTES under SPEC
+//            (timed), then rank 0 sleeps SLEEP_MS outside gradcomm, then all meet in a
+//            barrier. Each rank reports its slowest call: one that lasted about
+//            SLEEP_MS waited on bytes rank 0 had left queued when it returned.
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -160,13 +165,30 @@ int run_starve(Communicator& comm, const std::string& spec, int64_t bytes, int r
   return 0;
 }
 
+int run_linger(Communicator& comm, const std::string& spec, int64_t bytes, int reps, int sleep_ms) {
+  const int r = comm.rank();
+  std::vector<float> x(static_cast<size_t>(bytes / 4));
+  double slowest = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7 + rep + r) % 23) - 11.0f;
+    const auto t0 = Clock::now();
+    comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), ReduceOp::kSum,
+                   {spec, spec == "none" ? "" : "linger"});
+    slowest = std::max(slowest, seconds_since(t0));
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    comm.barrier();
+  }
+  fmt::print("RESULT rank={} reps={} slowest_call_s={:.3f}\n", r, reps, slowest);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2) {
     fmt::print(stderr, "usage: gradcomm-test-async-worker fault10 KIND VICTIM TIMEOUT_MS | destroy10 | "
-                       "starve SPEC BYTES REPS DIR\n");
+                       "starve SPEC BYTES REPS DIR | linger SPEC BYTES REPS SLEEP_MS\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -174,11 +196,15 @@ int main(int argc, char** argv) {
     InitOptions options;
     if (mode == "fault10" && argc > 4) options.timeout = std::chrono::milliseconds(std::stoll(argv[4]));
     if (mode == "starve") options.timeout = std::chrono::seconds(20);
+    if (mode == "linger") options.timeout = std::chrono::seconds(60);
     auto comm = Communicator::create(options);
     if (mode == "fault10" && argc > 4) return run_fault10(std::move(comm), argv[2], std::stoi(argv[3]));
     if (mode == "destroy10") return run_destroy10(std::move(comm));
     if (mode == "starve" && argc > 5) {
       return run_starve(*comm, argv[2], std::stoll(argv[3]), std::stoi(argv[4]), argv[5]);
+    }
+    if (mode == "linger" && argc > 5) {
+      return run_linger(*comm, argv[2], std::stoll(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
     }
   } catch (const Error& e) {
     fmt::print(stderr, "async worker: {}: {}\n", error_code_name(e.code()), e.what());

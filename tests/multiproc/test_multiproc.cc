@@ -22,8 +22,8 @@ namespace {
 using gradcomm::testing::Job;
 
 // Runs gradcomm-run -n N -- worker ARGS with a hard wall-clock limit.
-Job run_job(int n, const std::string& args, int grace_s = 5) {
-  return gradcomm::testing::run_command(fmt::format("timeout -k 5 120 {} -n {} --grace {} -- {} {} 2>&1",
+Job run_job(int n, const std::string& args, int grace_s = 5, const std::string& env = "") {
+  return gradcomm::testing::run_command(fmt::format("{} timeout -k 5 120 {} -n {} --grace {} -- {} {} 2>&1", env,
                                                     GRADCOMM_RUN_PATH, n, grace_s, WORKER_PATH, args));
 }
 
@@ -69,13 +69,19 @@ INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocCompressed, ::testing::Values(2, 3, 4));
 //     victim does not fail (a clean early exit, a stopped process), the survivors' 10.
 // The victim and the moment come from a seed: random per run, printed on failure,
 // and fixed with GRADCOMM_FAULT_SEED=S to replay one.
+// Ranks on one host talk over shared memory by default (the whole matrix) or over TCP
+// (a subset, UCX_TLS=tcp,self): a death looks different on each (docs/fault-model.md).
+// Each case checks from the ranks' own log lines that it ran on that transport.
 struct FaultCase {
   std::string kind;
   int n;
   std::string spec;
+  bool tcp = false;
 };
 
-void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.kind << " N=" << c.n << " " << c.spec; }
+void PrintTo(const FaultCase& c, std::ostream* os) {
+  *os << c.kind << " N=" << c.n << " " << c.spec << (c.tcp ? " tcp" : " shm");
+}
 
 class MultiprocFaultMatrix : public ::testing::TestWithParam<FaultCase> {};
 
@@ -91,7 +97,20 @@ TEST_P(MultiprocFaultMatrix, SurvivorsRaiseRefuseFurtherCallsAndTheLauncherRepor
                            victim, seed, seed));
   const bool stop = c.kind == "sigstop";
   const Job job =
-      run_job(c.n, fmt::format("fault {} {} {} {} {}", c.kind, victim, stop ? kStopTimeoutMs : 60000, c.spec, seed), 2);
+      run_job(c.n, fmt::format("fault {} {} {} {} {}", c.kind, victim, stop ? kStopTimeoutMs : 60000, c.spec, seed), 2,
+              c.tcp ? "GRADCOMM_LOG=info UCX_TLS=tcp,self" : "GRADCOMM_LOG=info");
+  // Every rank logged its lanes to every peer ("ucx: rank R reaches rank Q over sysv/memory").
+  const std::regex lanes(R"(reaches rank \d+ over ([^\n]*))");
+  int lane_lines = 0;
+  for (std::sregex_iterator it(job.output.begin(), job.output.end(), lanes), end; it != end; ++it, ++lane_lines) {
+    const std::string over = (*it)[1];
+    if (c.tcp) {
+      EXPECT_EQ(over.rfind("tcp/", 0), 0u) << over;
+    } else {
+      EXPECT_TRUE(over.rfind("sysv/", 0) == 0 || over.rfind("posix/", 0) == 0) << over;
+    }
+  }
+  EXPECT_EQ(lane_lines, c.n * (c.n - 1)) << job.output;
 
   int64_t died_at = -1;
   int errors = 0, destroyed = 0;
@@ -142,6 +161,9 @@ std::vector<FaultCase> fault_cases() {
       }
     }
   }
+  for (const char* kind : {"sigkill", "sigstop"}) {
+    for (const char* spec : {"none", "topk:ratio=0.01"}) cases.push_back({kind, 3, spec, /*tcp=*/true});
+  }
   return cases;
 }
 
@@ -149,7 +171,8 @@ INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocFaultMatrix, ::testing::ValuesIn(fault_ca
                          [](const ::testing::TestParamInfo<FaultCase>& info) {
                            std::string spec = info.param.spec.substr(0, info.param.spec.find(':'));
                            if (info.param.spec.find("algo=reduce_scatter") != std::string::npos) spec += "_rs";
-                           return info.param.kind + "_N" + std::to_string(info.param.n) + "_" + spec;
+                           return info.param.kind + "_N" + std::to_string(info.param.n) + "_" + spec +
+                                  (info.param.tcp ? "_tcp" : "");
                          });
 
 // Garbage, an HTTP request, a wrong token and a 2^64-1 length prefix sent to the

@@ -16,6 +16,7 @@ namespace gradcomm::detail {
 // requests, leaving the UCX calls (cancel, close) to drive().
 void UcxTransport::on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* peer = static_cast<Peer*>(arg);
+  peer->lost = true;
   peer->transport->fail_peer(peer->rank, fmt::format("ucx: rank {} lost rank {}: {}", peer->transport->rank_,
                                                      peer->rank, ucs_status_string(status)));
 }
@@ -69,6 +70,13 @@ void UcxTransport::abandon(uint64_t id) {
   const bool send = op->kind == UcxOp::Kind::kSend;
   if (!send && op->ucx_request != nullptr) ucp_request_cancel(worker_, op->ucx_request);
   const auto finished = [&] { return !alive(id); };
+  const auto leave_to_ucx = [&] {
+    // Cancelled if it could be; otherwise see unfinishable().
+    progress_until(Clock::now() + kUcxLostDrain, finished);
+    if (!finished()) log(LogLevel::kDebug, "ucx: rank {}: a {} with failed rank {} stays with UCX", rank_,
+                         send ? "send" : "receive", peer);
+  };
+  if (unfinishable(*op)) return leave_to_ucx();
   // After abandon_pending() whatever could finish has; do not wait again per request.
   const auto wait = abandoned_ ? kUcxCancelWait : kUcxAbandonWait;
   progress_until(Clock::now() + wait, finished);
@@ -78,8 +86,8 @@ void UcxTransport::abandon(uint64_t id) {
                                 "(rendezvous never matched)",
                                 rank_, peer));
     force_close(peer);
-    progress_until(Clock::now() + wait, finished);
-    if (finished()) return;
+    progress_until(Clock::now() + kUcxLostDrain, finished);
+    if (finished() || unfinishable(*op)) return leave_to_ucx();
   }
   log(LogLevel::kWarn, "ucx: rank {}: an abandoned {} with rank {} is still in flight", rank_,
       send ? "send" : "receive", peer);
@@ -96,9 +104,8 @@ void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
   abandoned_ = true;
   auto is_data = [](const UcxOp& op) { return op.kind == UcxOp::Kind::kSend || op.kind == UcxOp::Kind::kRecv; };
   auto sends_left = [&] {
-    return std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
-      return entry.second->kind == UcxOp::Kind::kSend || entry.second->kind == UcxOp::Kind::kControlSend;
-    });
+    return std::any_of(ops_.begin(), ops_.end(),
+                       [&](const auto& entry) { return is_send(entry.second->kind) && !unfinishable(*entry.second); });
   };
   progress_until(Clock::now() + grace, [&] { return !sends_left(); });
   std::vector<void*> receives;
@@ -106,12 +113,15 @@ void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
     if (op->kind == UcxOp::Kind::kRecv && op->ucx_request != nullptr) receives.push_back(op->ucx_request);
   }
   for (void* request : receives) ucp_request_cancel(worker_, request);
-  progress_until(Clock::now() + kUcxCancelWait, [&] {
-    return std::none_of(ops_.begin(), ops_.end(), [&](const auto& entry) { return is_data(*entry.second); });
-  });
+  // What cannot finish (unfinishable: exchanges with failed peers that UCX keeps) is not waited for.
+  const auto settled = [&] {
+    return std::none_of(ops_.begin(), ops_.end(),
+                        [&](const auto& entry) { return is_data(*entry.second) && !unfinishable(*entry.second); });
+  };
+  progress_until(Clock::now() + kUcxCancelWait, settled);
   std::vector<int> stuck;
   for (auto& [id, op] : ops_) {
-    if (is_data(*op) && op->peer >= 0) stuck.push_back(op->peer);
+    if (is_data(*op) && op->peer >= 0 && !unfinishable(*op)) stuck.push_back(op->peer);
   }
   std::sort(stuck.begin(), stuck.end());
   stuck.erase(std::unique(stuck.begin(), stuck.end()), stuck.end());
@@ -120,9 +130,7 @@ void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
                                 rank_, peer));
     force_close(peer);
   }
-  progress_until(Clock::now() + kUcxCloseWait, [&] {
-    return std::none_of(ops_.begin(), ops_.end(), [&](const auto& entry) { return is_data(*entry.second); });
-  });
+  if (!stuck.empty()) progress_until(Clock::now() + kUcxCloseWait, settled);
 }
 
 // ---- teardown --------------------------------------------------------------------
@@ -139,13 +147,21 @@ void UcxTransport::shutdown() noexcept {
         }
       }
       for (void* request : receives) ucp_request_cancel(worker_, request);
-      // 2. Give queued sends (an abort sent just before) a bounded chance to leave.
-      ucp_request_param_t flush_param{};
-      ucs_status_ptr_t flush = ucp_worker_flush_nbx(worker_, &flush_param);
-      if (UCS_PTR_IS_PTR(flush)) {
-        progress_until(Clock::now() + kUcxFlushWait, [&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
-        ucp_request_free(flush);  // released by UCX once it completes, if it has not yet
+      // 2. Give queued sends (an abort sent just before) a bounded chance to leave:
+      //    endpoint by endpoint, to live peers only (a flush that includes a failed
+      //    peer's endpoint would wait out the whole bound).
+      std::vector<void*> flushes;
+      for (const Peer& peer : peers_) {
+        if (peer.rank == rank_ || peer.failed || peer.ep == nullptr) continue;
+        ucp_request_param_t flush_param{};
+        ucs_status_ptr_t flush = ucp_ep_flush_nbx(peer.ep, &flush_param);
+        if (UCS_PTR_IS_PTR(flush)) flushes.push_back(flush);
       }
+      progress_until(Clock::now() + kUcxFlushWait, [&] {
+        return std::all_of(flushes.begin(), flushes.end(),
+                           [](void* f) { return ucp_request_check_status(f) != UCS_INPROGRESS; });
+      });
+      for (void* flush : flushes) ucp_request_free(flush);  // released by UCX once it completes, if not yet
       // 3. Force-close every endpoint: no close handshake with peers that may be dead.
       for (int r = 0; r < size_ && r < static_cast<int>(peers_.size()); ++r) force_close(r);
       progress_until(Clock::now() + kUcxCloseWait, [&] {

@@ -3,9 +3,12 @@
 // ucx_transport_impl.h and ucx_wire.h.
 #include <fmt/format.h>
 #include <poll.h>
+#include <sched.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <unordered_map>
@@ -29,6 +32,28 @@ UcxRequest::~UcxRequest() {
 }
 
 // ---- set-up -------------------------------------------------------------------
+
+// Shared memory between the ranks of one host. In peer error mode, which the
+// dead-peer detection needs, UCX 1.13 leaves posix and sysv out of every endpoint
+// unless their error handling is on (UCX_MM_ERROR_HANDLING, since UCX 1.11), and the
+// ranks of one host then talk over TCP loopback. With it, the lane is sysv (or posix)
+// shared memory, which reports a dead peer (ucx_info -d: "error handling: peer
+// failure"): keepalive checks the peer's process every GRADCOMM_UCX_KEEPALIVE_MS.
+// Large messages go through the same FIFO in 8K fragments (in peer error mode UCX
+// 1.13 does not pick cma for rendezvous), which is why wait_for_event polls while
+// sends are in flight. A user's own setting wins: with UCX_TLS or any of
+// the three variables set, nothing is added (UCX also warns of an unused variable when
+// UCX_TLS leaves the mm transports out; a UCX_TLS that names them needs
+// UCX_MM_ERROR_HANDLING=y beside it). The emulated-cluster scripts set
+// UCX_TLS=tcp,self, so ranks in separate network namespaces stay on their shaped
+// links (bench/cluster/netns.sh).
+static void prefer_shared_memory() {
+  if (env_string("UCX_TLS") || env_string("UCX_MM_ERROR_HANDLING") || env_string("UCX_POSIX_ERROR_HANDLING") ||
+      env_string("UCX_SYSV_ERROR_HANDLING")) {
+    return;
+  }
+  ::setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+}
 
 // TCP segment sizes, through the environment before UCX reads it.
 static void prefer_large_tcp_segments(int world_size) {
@@ -59,11 +84,13 @@ static void prefer_large_tcp_segments(int world_size) {
   // 128K-or-larger (or the kernel's autotuned) RCVBUF moves 1.5-2.7 MB/s, with 32K
   // or 64K 1.8-2.8 GB/s; SNDBUF 64K: 17 MB/s against 1M, 2 GB/s against 256K. So
   // when the user bounds the send buffer and leaves the receive buffer alone, the
-  // receive buffer gets at most 4x it. (A 4 MB allreduce over three ranks took
-  // 3.4 s with UCX_TCP_SNDBUF=16K alone.)
+  // receive buffer gets twice it. (Four times was the edge: a 64 MB allreduce over
+  // four ranks with SNDBUF 16K took 2.9-4.1 s a call against RCVBUF 64K and
+  // 0.19-0.47 s against 32K; N = 2 and 3, and SNDBUF 64K, were as fast with 2x as
+  // with 4x. tests/multiproc/test_multiproc_async.cc, MultiprocLinger.)
   if (auto sndbuf = env_string("UCX_TCP_SNDBUF"); sndbuf && !env_string("UCX_TCP_RCVBUF")) {
     if (auto bytes = parse_bytes(*sndbuf); bytes && *bytes > 0 && *bytes <= (int64_t{1} << 40)) {
-      ::setenv("UCX_TCP_RCVBUF", std::to_string(4 * *bytes).c_str(), /*overwrite=*/0);
+      ::setenv("UCX_TCP_RCVBUF", std::to_string(2 * *bytes).c_str(), /*overwrite=*/0);
     }
   }
 }
@@ -73,7 +100,7 @@ static void prefer_large_tcp_segments(int world_size) {
 static void configure_defaults(ucp_config_t* config) {
   if (!env_string("UCX_KEEPALIVE_INTERVAL")) {
     // GRADCOMM_UCX_KEEPALIVE_MS: how often UCX checks that each peer is alive.
-    const int64_t ms = env_int("GRADCOMM_UCX_KEEPALIVE_MS", 1000, 10, 3'600'000);
+    const int64_t ms = env_int("GRADCOMM_UCX_KEEPALIVE_MS", 300, 10, 3'600'000);
     const std::string value = fmt::format("{}ms", ms);
     GRADCOMM_UCX_CHECK(ucp_config_modify(config, "KEEPALIVE_INTERVAL", value.c_str()), "setting KEEPALIVE_INTERVAL");
   }
@@ -95,6 +122,7 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
 void UcxTransport::connect(Store& store, const UcxOptions& options) {
   const Deadline deadline = Deadline::after(options.timeout);
   ucp_config_t* config = nullptr;
+  prefer_shared_memory();
   prefer_large_tcp_segments(size_);
   GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
   ucp_params_t params{};
@@ -158,6 +186,39 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
                        fmt::format("creating the endpoint from rank {} to rank {}", rank_, r));
   }
   post_control_recv();
+  if (log_level() >= LogLevel::kInfo) {
+    for (const Peer& peer : peers_) {
+      if (peer.rank != rank_) log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}", rank_, peer.rank, lanes(peer.ep));
+    }
+  }
+}
+
+// The transports of an endpoint's lanes, e.g. "sysv/memory cma/memory" or "tcp/lo":
+// what UCX chose for this peer, from ucp_ep_print_info (UCX 1.13 has no query for it).
+std::string UcxTransport::lanes(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t length = 0;
+  FILE* stream = open_memstream(&text, &length);
+  if (stream == nullptr) return "(unknown lanes)";
+  ucp_ep_print_info(ep, stream);
+  std::fclose(stream);
+  // Lines such as "#  lane[0]:  3:sysv/memory.0 md[2] -> md[2]/sysv/sysdev[255] am ...".
+  std::vector<std::string> names;
+  const std::string all(text, length);
+  std::free(text);
+  for (size_t at = all.find("lane["); at != std::string::npos; at = all.find("lane[", at + 1)) {
+    const size_t colon = all.find(':', at);
+    size_t begin = all.find(':', colon + 1);
+    if (colon == std::string::npos || begin == std::string::npos) break;
+    ++begin;
+    const size_t end = all.find_first_of(". \n", begin);
+    std::string name = all.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+  }
+  if (names.empty()) return "(unknown lanes)";
+  std::string joined;
+  for (const std::string& name : names) joined += (joined.empty() ? "" : " ") + name;
+  return joined;
 }
 
 // ---- operations ---------------------------------------------------------------
@@ -173,6 +234,7 @@ UcxOp* UcxTransport::new_op(UcxOp::Kind kind, int peer, uint64_t tag, size_t byt
   op->owner = owner;
   if (owner != nullptr) owner->op_ = op->id;
   UcxOp* raw = op.get();
+  if (is_send(kind)) ++sends_in_flight_;
   ops_.emplace(raw->id, std::move(op));
   return raw;
 }
@@ -352,6 +414,19 @@ bool UcxTransport::drive() {
 
 void UcxTransport::wait_for_event(std::chrono::microseconds max_wait) {
   if (max_wait.count() <= 0) return;
+  if (sends_in_flight_ > 0 && !abandoned_) {
+    // A send UCX holds may be waiting for room at the receiver, and no transport
+    // raises an event when that room appears: a full shared-memory FIFO (large
+    // messages go through it in 8K fragments, since peer error mode leaves cma out)
+    // or a full socket. A worker asleep on its event fd would move on only at its next
+    // timeout, so while this rank has bytes to send it yields instead of sleeping.
+    // (Not after a failure: sends that cannot finish then stay until destruction.)
+    // Measured on 2 cores (gradcomm-bench, shared memory): N = 2, 1 MB 0.5-0.9 ms
+    // against 9-17 ms sleeping on the fd, whether for up to 100 ms or 20 us; N = 4,
+    // 64 MB 90-103 ms against 360-600 ms.
+    sched_yield();
+    return;
+  }
   // Arm fails with BUSY when events are already queued: the caller should progress now.
   if (ucp_worker_arm(worker_) != UCS_OK) return;
   const auto sleep = std::min<std::chrono::microseconds>(max_wait, kUcxMaxSleep);

@@ -26,12 +26,13 @@
 // the transport makes its buffer guarantee.
 //
 // Dead peers. Endpoints use UCP_ERR_HANDLING_MODE_PEER. With that mode UCX 1.13
-// selects no shared-memory transport (posix/sysv/cma cannot report peer failure;
-// UCX_TLS=posix,self gives "Destination is unreachable"), so ranks on one host
-// talk over TCP loopback, and a process killed with SIGKILL resets its sockets:
-// measured, its peers see kPeerFailed ("Endpoint timeout") within 1-20 ms. For
-// deaths that reset nothing, UCX keepalive checks every endpoint each
-// GRADCOMM_UCX_KEEPALIVE_MS (default 1000 ms; UCX's own default is 20 s). UCX
+// selects shared memory (sysv/posix) only when the mm
+// transports' error handling is on, which the transport turns on unless the user
+// set it (prefer_shared_memory in ucx_transport.cc). Over TCP a process killed with
+// SIGKILL resets its sockets: measured, its peers see kPeerFailed ("Endpoint
+// timeout") within 1-20 ms. Over shared memory nothing resets: keepalive's endpoint
+// check finds the peer's process gone. For those deaths, UCX keepalive checks every endpoint each
+// GRADCOMM_UCX_KEEPALIVE_MS (default 300 ms; UCX's own default is 20 s). UCX
 // runs keepalive from inside ucp_worker_progress, only on every 32nd call, and
 // has no timer to wake a sleeping worker, so wait_for_event never sleeps longer
 // than kUcxMaxSleep and progress() adds a burst of 32 calls every kUcxKeepaliveKick.
@@ -58,6 +59,7 @@ constexpr int kUcxKeepaliveIterSkip = 32;                           // UCX check
 constexpr int kUcxMaxProgressRounds = 4096;                         // bound on one progress() loop
 constexpr auto kUcxAbandonWait = std::chrono::seconds{2};           // a destroyed Request's send may finish this long
 constexpr auto kUcxCancelWait = std::chrono::milliseconds{100};     // cancelled receives report back
+constexpr auto kUcxLostDrain = std::chrono::milliseconds{10};       // a failed peer's queued fragments drain
 constexpr auto kUcxFlushWait = std::chrono::seconds{1};             // destructor: let queued sends (aborts) leave
 constexpr auto kUcxCloseWait = std::chrono::seconds{2};             // destructor: endpoint closes and cancellations
 
@@ -120,15 +122,40 @@ class UcxTransport final : public Transport {
     int rank = -1;
     ucp_ep_h ep = nullptr;
     bool failed = false;
+    // UCX itself reported the endpoint failed (error callback): the process is gone or
+    // its connection broke. `failed` alone may also mean this rank cut the peer off.
+    bool lost = false;
     std::string error;
   };
+  // An exchange UCX may never finish, and that nothing waits for once it has had a
+  // brief drain (kUcxLostDrain): its Op is detached and freed at shutdown.
+  //  - A receive matched to a rendezvous from a failed peer (lost, or cut off by this
+  //    rank). UCX 1.13 cannot cancel a matched receive, and over shared memory neither
+  //    the peer's death nor a force-close ends it. A lost peer sends nothing more; a
+  //    cut-off one (stopped, say) could still, until this transport is destroyed, which
+  //    unmaps the shared-memory FIFO it writes into: after a failure the communicator
+  //    only awaits destruction.
+  //  - A send to a lost peer, or to one whose endpoint this rank force-closed, that UCX
+  //    keeps (a rendezvous waiting for the peer's ready-to-receive, fragments pending
+  //    for room in its FIFO): UCX has no endpoint left to move it on, and over TCP the
+  //    force-close completes such sends at once.
+  bool unfinishable(const UcxOp& op) const {
+    if (op.peer < 0) return false;
+    const Peer& peer = peers_[static_cast<size_t>(op.peer)];
+    if (op.kind == UcxOp::Kind::kRecv) return peer.failed;
+    return op.kind == UcxOp::Kind::kSend && (peer.lost || (peer.failed && peer.ep == nullptr));
+  }
 
   void connect(Store& store, const UcxOptions& options);
   void shutdown() noexcept;
   bool drive();
   void progress_until(Clock::time_point deadline, const auto& done);
   UcxOp* new_op(UcxOp::Kind kind, int peer, uint64_t tag, size_t bytes, UcxRequest* owner);
-  void erase(UcxOp* op) { ops_.erase(op->id); }
+  void erase(UcxOp* op) {
+    if (is_send(op->kind)) --sends_in_flight_;
+    ops_.erase(op->id);
+  }
+  static bool is_send(UcxOp::Kind kind) { return kind == UcxOp::Kind::kSend || kind == UcxOp::Kind::kControlSend; }
   void after_post(UcxOp* op, ucs_status_ptr_t result);
   void finish(UcxOp* op, ucs_status_t status, size_t length);
   void settle(UcxRequest& request, const UcxOp& op, ucs_status_t status, size_t length);
@@ -138,6 +165,7 @@ class UcxTransport final : public Transport {
   void cancel_receives_from_failed();
   void force_close(int peer);
   bool alive(uint64_t id) const { return ops_.count(id) != 0; }
+  static std::string lanes(ucp_ep_h ep);
 
   static void on_send(void* request, ucs_status_t status, void* user_data);
   static void recv_params(UcxOp* op, ucp_request_param_t& param);
@@ -153,6 +181,7 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, std::unique_ptr<UcxOp>> ops_;
   uint64_t next_op_id_ = 1;
   uint64_t events_ = 0;  // completions, arrivals, failures: progress() reports changes
+  size_t sends_in_flight_ = 0;  // sends in ops_: while any, wait_for_event polls (see there)
   bool control_posted_ = false;
   bool closing_ = false;
   bool peers_newly_failed_ = false;
