@@ -186,10 +186,11 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
                        fmt::format("creating the endpoint from rank {} to rank {}", rank_, r));
   }
   post_control_recv();
-  if (log_level() >= LogLevel::kInfo) {
-    for (const Peer& peer : peers_) {
-      if (peer.rank != rank_) log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}", rank_, peer.rank, lanes(peer.ep));
-    }
+  for (Peer& peer : peers_) {
+    if (peer.rank == rank_) continue;
+    const std::string over = lanes(peer.ep);
+    peer.shared_memory = over.find("sysv/") != std::string::npos || over.find("posix/") != std::string::npos;
+    log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}", rank_, peer.rank, over);
   }
 }
 
@@ -234,7 +235,7 @@ UcxOp* UcxTransport::new_op(UcxOp::Kind kind, int peer, uint64_t tag, size_t byt
   op->owner = owner;
   if (owner != nullptr) owner->op_ = op->id;
   UcxOp* raw = op.get();
-  if (is_send(kind)) ++sends_in_flight_;
+  if (polled(*raw)) ++polled_sends_;
   ops_.emplace(raw->id, std::move(op));
   return raw;
 }
@@ -414,16 +415,20 @@ bool UcxTransport::drive() {
 
 void UcxTransport::wait_for_event(std::chrono::microseconds max_wait) {
   if (max_wait.count() <= 0) return;
-  if (sends_in_flight_ > 0 && !abandoned_) {
-    // A send UCX holds may be waiting for room at the receiver, and no transport
-    // raises an event when that room appears: a full shared-memory FIFO (large
-    // messages go through it in 8K fragments, since peer error mode leaves cma out)
-    // or a full socket. A worker asleep on its event fd would move on only at its next
-    // timeout, so while this rank has bytes to send it yields instead of sleeping.
-    // (Not after a failure: sends that cannot finish then stay until destruction.)
-    // Measured on 2 cores (gradcomm-bench, shared memory): N = 2, 1 MB 0.5-0.9 ms
-    // against 9-17 ms sleeping on the fd, whether for up to 100 ms or 20 us; N = 4,
-    // 64 MB 90-103 ms against 360-600 ms.
+  if (polled_sends_ > 0 && !abandoned_) {
+    // A send to a shared-memory peer may be waiting for room in its FIFO (large
+    // messages go through it in 8K fragments, since peer error mode leaves cma out), and
+    // nothing raises an event when room appears: a worker asleep on its event fd would
+    // move on only at its next timeout. So while such a send is in flight this rank
+    // yields instead of sleeping. Measured on 2 cores (gradcomm-bench and the linger
+    // worker of tests/multiproc/async_worker.cc):
+    //  - N = 2, 1 MB: 0.5-0.9 ms against 9-17 ms sleeping on the fd, whether for up to
+    //    100 ms or 20 us; N = 4, 64 MB: 90-103 ms against 360-600 ms;
+    //  - N = 4, 64 MB beside two busy loops: 0.34-0.43 s a call against 0.88-1.25 s.
+    // Not for TCP peers: a socket that drains does raise an event, and polling there
+    // only takes CPU from the other ranks (the same loaded case over TCP with 16K socket
+    // buffers: 5.2-7.3 s against 0.53-0.66 s). Not after a failure either: sends that
+    // cannot finish then stay until destruction.
     sched_yield();
     return;
   }

@@ -125,6 +125,9 @@ class UcxTransport final : public Transport {
     // UCX itself reported the endpoint failed (error callback): the process is gone or
     // its connection broke. `failed` alone may also mean this rank cut the peer off.
     bool lost = false;
+    // Its lanes are shared memory (sysv/posix): a send to it may wait for FIFO room
+    // with no event to say when there is some (see wait_for_event).
+    bool shared_memory = false;
     std::string error;
   };
   // An exchange UCX may never finish, and that nothing waits for once it has had a
@@ -151,8 +154,12 @@ class UcxTransport final : public Transport {
   bool drive();
   void progress_until(Clock::time_point deadline, const auto& done);
   UcxOp* new_op(UcxOp::Kind kind, int peer, uint64_t tag, size_t bytes, UcxRequest* owner);
+  // Whether `op` counts in polled_sends_; fixed for its life (its kind and peer are).
+  bool polled(const UcxOp& op) const {
+    return is_send(op.kind) && op.peer >= 0 && peers_[static_cast<size_t>(op.peer)].shared_memory;
+  }
   void erase(UcxOp* op) {
-    if (is_send(op->kind)) --sends_in_flight_;
+    if (polled(*op)) --polled_sends_;
     ops_.erase(op->id);
   }
   static bool is_send(UcxOp::Kind kind) { return kind == UcxOp::Kind::kSend || kind == UcxOp::Kind::kControlSend; }
@@ -181,7 +188,7 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, std::unique_ptr<UcxOp>> ops_;
   uint64_t next_op_id_ = 1;
   uint64_t events_ = 0;  // completions, arrivals, failures: progress() reports changes
-  size_t sends_in_flight_ = 0;  // sends in ops_: while any, wait_for_event polls (see there)
+  size_t polled_sends_ = 0;  // sends in ops_ to shared-memory peers: while any, wait_for_event polls
   bool control_posted_ = false;
   bool closing_ = false;
   bool peers_newly_failed_ = false;
