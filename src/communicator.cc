@@ -1,12 +1,14 @@
 // Communicator: the public face. Creation (launch config, store, transport,
 // rendezvous) lives here; every call forwards to CommunicatorImpl.
 #include <fmt/format.h>
+#include <sched.h>
 
 #include "comm_impl.h"
 #include "communicator_factory.h"
 #include "gradcomm/communicator.h"
 #include "launch_config.h"
 #include "logging.h"
+#include "spin.h"
 #include "store/rendezvous.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/ucx/ucx_transport.h"
@@ -83,6 +85,12 @@ Work::~Work() = default;
 
 void Work::wait() {
   state_->ask_to_start();  // a fused group holding this call stops waiting for more
+  // Poll before sleeping on the condition variable (src/spin.h).
+  for (const auto until = detail::Clock::now() + detail::spin_before_sleep(); detail::Clock::now() < until;
+       sched_yield()) {
+    std::lock_guard lock(state_->mutex);
+    if (state_->done) break;
+  }
   std::unique_lock lock(state_->mutex);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);

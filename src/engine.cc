@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 
 #include "comm_impl.h"
 #include "logging.h"
+#include "spin.h"
 
 namespace gradcomm::detail {
 
@@ -96,12 +98,19 @@ void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
   }
   const auto now = Clock::now();
   if (until <= now) return;
+  if (now - last_finish_ < spin_before_sleep()) {
+    // A call just ended: the next is often close behind (src/spin.h). The loop
+    // comes back here after looking at the queue.
+    sched_yield();
+    return;
+  }
   const auto wait = std::min<Clock::duration>(until - now, kIdleSleep);
   transport.wait_for_event(std::chrono::duration_cast<std::chrono::microseconds>(wait) +
                            std::chrono::microseconds(1));
 }
 
 void Engine::finish(size_t n, std::exception_ptr error) {
+  last_finish_ = Clock::now();
   comm_.publish_stats();  // before the works complete: a waiter then sees its call counted
   std::vector<std::shared_ptr<WorkState>> works;
   {

@@ -79,6 +79,7 @@ class Engine {
   const FusionConfig fusion_;
   std::shared_ptr<Doorbell> doorbell_;
   std::vector<uint8_t> fusion_buffer_;  // engine thread only; kept between groups
+  Clock::time_point last_finish_{};     // engine thread only: when the last call ended
 
   std::mutex mutex_;
   std::deque<Call> queue_;

@@ -1,18 +1,17 @@
 #include "op.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
 
 #include "comm_impl.h"
 #include "fusion.h"
+#include "spin.h"
 
 namespace gradcomm::detail {
 
 namespace {
-// Polls this many times without progress before sleeping in wait_for_event().
-// Small, because ranks often share cores: a spinning rank steals its peer's CPU.
-constexpr int kSpinBeforeSleep = 64;
 constexpr auto kMaxSleep = std::chrono::microseconds(20'000);
 
 int left_of(int rank, int size) { return (rank + size - 1) % size; }
@@ -70,7 +69,9 @@ RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
 void Op::spin(const std::function<bool()>& ready, const Request* request, const char* what, int peer) {
   Transport& transport = comm_.transport();
   auto& abort = comm_.pending_abort();
-  int idle = 0;
+  // Polls (yielding the core each time) for spin_before_sleep() without progress,
+  // then sleeps in wait_for_event() (src/spin.h).
+  Clock::time_point last_moved = Clock::now();
   while (true) {
     const bool moved = transport.progress();
     while (auto incoming = transport.poll_abort()) {
@@ -87,8 +88,10 @@ void Op::spin(const std::function<bool()>& ready, const Request* request, const 
                                             std::chrono::duration<double>(comm_.timeout()).count(), whom, what));
     }
     if (moved) {
-      idle = 0;
-    } else if (++idle >= kSpinBeforeSleep) {
+      last_moved = Clock::now();
+    } else if (Clock::now() - last_moved < spin_before_sleep()) {
+      sched_yield();
+    } else {
       transport.wait_for_event(std::min<std::chrono::microseconds>(kMaxSleep, deadline_.remaining()));
     }
   }
