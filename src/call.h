@@ -7,6 +7,7 @@
 // step, residual and device state, the issuing side only its numel and dtype.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -33,10 +34,18 @@ class Doorbell {
   void ring(uint64_t ticket);
   void attach(Engine* engine);
   void detach();
+  // Callers blocked in Work::wait/wait_for right now. While any is, the engine's waits
+  // poll before they sleep (src/spin.h): a caller waits on them, and it leaves the core
+  // free. While none is (a training step overlapping its allreduces with backward),
+  // polling would only take the core from the caller's computation.
+  void enter_wait() { waiters_.fetch_add(1, std::memory_order_relaxed); }
+  void leave_wait() { waiters_.fetch_sub(1, std::memory_order_relaxed); }
+  bool waited_on() const { return waiters_.load(std::memory_order_relaxed) > 0; }
 
  private:
   std::mutex mutex_;
   Engine* engine_ = nullptr;
+  std::atomic<int> waiters_{0};
 };
 
 struct WorkState {

@@ -533,4 +533,6 @@ void CommunicatorImpl::open_device(int device) {
   });
 }
 
+bool CommunicatorImpl::waited_on() const { return engine_ != nullptr && engine_->waited_on(); }
+
 }  // namespace gradcomm::detail

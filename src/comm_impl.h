@@ -108,6 +108,8 @@ class CommunicatorImpl {
   // Runs one queued call alone: a collective in its own Op, or a local function.
   void execute(Call& call);
   CompressionEngine& compression() { return compression_; }
+  // A caller is blocked waiting on a call: the engine's waits poll before sleeping (src/spin.h).
+  bool waited_on() const;
   // Communicator::plan_allreduce and sent_mask (introspect.cc).
   AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
   bool sent_mask(const std::string& key, TensorView mask, void* stream);

@@ -83,8 +83,27 @@ int Communicator::size() const { return impl_->size(); }
 Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
 Work::~Work() = default;
 
+namespace {
+// Counts the caller as waiting on the engine (Doorbell::waited_on) for its scope.
+class Waiting {
+ public:
+  explicit Waiting(const std::shared_ptr<detail::Doorbell>& doorbell) : doorbell_(doorbell.get()) {
+    if (doorbell_ != nullptr) doorbell_->enter_wait();
+  }
+  ~Waiting() {
+    if (doorbell_ != nullptr) doorbell_->leave_wait();
+  }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  detail::Doorbell* doorbell_;
+};
+}  // namespace
+
 void Work::wait() {
   state_->ask_to_start();  // a fused group holding this call stops waiting for more
+  const Waiting waiting(state_->doorbell);
   // Poll before sleeping on the condition variable (src/spin.h).
   for (const auto until = detail::Clock::now() + detail::spin_before_sleep(); detail::Clock::now() < until;
        sched_yield()) {
@@ -98,6 +117,7 @@ void Work::wait() {
 
 bool Work::wait_for(std::chrono::milliseconds timeout) {
   state_->ask_to_start();
+  const Waiting waiting(state_->doorbell);
   std::unique_lock lock(state_->mutex);
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) return false;
   if (state_->error) std::rethrow_exception(state_->error);

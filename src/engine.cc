@@ -99,8 +99,8 @@ void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
   const auto now = Clock::now();
   if (until <= now) return;
   if (now - last_finish_ < spin_before_sleep()) {
-    // A call just ended: the next is often close behind (src/spin.h). The loop
-    // comes back here after looking at the queue.
+    // A call a caller waited on just ended: the next is often close behind
+    // (src/spin.h). The loop comes back here after looking at the queue.
     sched_yield();
     return;
   }
@@ -110,7 +110,8 @@ void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
 }
 
 void Engine::finish(size_t n, std::exception_ptr error) {
-  last_finish_ = Clock::now();
+  // A caller waited on it: the next call of a loop of blocking calls is close behind.
+  if (doorbell_->waited_on()) last_finish_ = Clock::now();
   comm_.publish_stats();  // before the works complete: a waiter then sees its call counted
   std::vector<std::shared_ptr<WorkState>> works;
   {

@@ -54,6 +54,8 @@ class Engine {
   // Fails outstanding work and joins the thread; idempotent.
   void stop();
   bool stopping() const { return stopping_.load(std::memory_order_relaxed); }
+  // A caller is blocked waiting on a call (Doorbell::waited_on): waits poll first.
+  bool waited_on() const { return doorbell_->waited_on(); }
   const FusionConfig& fusion() const { return fusion_; }
 
  private:
@@ -79,7 +81,7 @@ class Engine {
   const FusionConfig fusion_;
   std::shared_ptr<Doorbell> doorbell_;
   std::vector<uint8_t> fusion_buffer_;  // engine thread only; kept between groups
-  Clock::time_point last_finish_{};     // engine thread only: when the last call ended
+  Clock::time_point last_finish_{};     // engine thread only: when the last call a caller waited on ended
 
   std::mutex mutex_;
   std::deque<Call> queue_;

@@ -69,8 +69,8 @@ RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
 void Op::spin(const std::function<bool()>& ready, const Request* request, const char* what, int peer) {
   Transport& transport = comm_.transport();
   auto& abort = comm_.pending_abort();
-  // Polls (yielding the core each time) for spin_before_sleep() without progress,
-  // then sleeps in wait_for_event() (src/spin.h).
+  // While a caller waits on the engine, polls (yielding the core each time) for
+  // spin_before_sleep() without progress before it sleeps in wait_for_event() (src/spin.h).
   Clock::time_point last_moved = Clock::now();
   while (true) {
     const bool moved = transport.progress();
@@ -89,7 +89,7 @@ void Op::spin(const std::function<bool()>& ready, const Request* request, const 
     }
     if (moved) {
       last_moved = Clock::now();
-    } else if (Clock::now() - last_moved < spin_before_sleep()) {
+    } else if (Clock::now() - last_moved < spin_before_sleep() && comm_.waited_on()) {
       sched_yield();
     } else {
       transport.wait_for_event(std::min<std::chrono::microseconds>(kMaxSleep, deadline_.remaining()));

@@ -1,7 +1,9 @@
-// How long a waiting thread polls before it sleeps: the engine between calls, an Op
-// waiting on its peers, a caller in Work::wait. GRADCOMM_SPIN_US (default 50 us; 0
-// sleeps at once). Each poll yields the core, so a spinning thread gives way to any
-// other runnable one (ranks often share cores).
+// How long a waiting thread polls before it sleeps: a caller in Work::wait, and, while
+// a caller waits (Doorbell::waited_on), an Op waiting on its peers and the engine
+// between calls. GRADCOMM_SPIN_US (default 50 us; 0 sleeps at once). Each poll yields
+// the core, so a spinning thread gives way to any other runnable one (ranks often share
+// cores). Nothing polls while no caller waits: a training step that overlaps its
+// allreduces with backward needs the core for backward.
 //
 // Why spin at all: on the VMs measured here, waking a sleeping thread costs tens of
 // microseconds (a futex or an event fd, then an idle virtual CPU woken by an

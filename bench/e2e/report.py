@@ -65,6 +65,7 @@ def summarize(records):
                     "wire": median([r.get("wire_bytes_per_step") for r in ok]),
                     "loss": median([r.get("final_loss") for r in ok]),
                     "cpu": median([r.get("cpu_s_per_step") for r in ok]),
+                    "params": ok[0].get("params") if ok else None,
                     "kind": ok[0].get("kind") if ok else None,
                     "acc": [(r.get("seed"), r["test_accuracy"]) for r in ok if r.get("test_accuracy") is not None]}
             phases = [r.get("gradcomm_per_step") for r in ok if r.get("gradcomm_per_step")]
@@ -93,7 +94,9 @@ def markdown(records, table, title):
              "over rounds and the range (min–max) of the per-run medians. ×gloo, ×PowerSGD: t(reference) / "
              "t(variant), > 1 is faster. Over compute: step time minus the `compute` variant's (no "
              "communication, same CPU contention). CPU/rank: a rank's CPU seconds per step (all its threads); "
-             "with more ranks than cores a step takes at least ranks × CPU / cores. Wire: bytes each rank "
+             "with more ranks than cores a step takes at least ranks × CPU / cores. Comm CPU/param: what the "
+             "communication path adds to a rank's CPU per step (CPU/rank minus the `compute` variant's), in "
+             "nanoseconds per model parameter. Wire: bytes each rank "
              "sent per step on eth0 (all protocols; gradcomm-train: gradcomm's own count).", ""]
     with_acc = any(c.get("acc") for cells in table.values() for c in cells.values())
     if with_acc:
@@ -105,14 +108,19 @@ def markdown(records, table, title):
         floor = cells.get("compute", {}).get("median")
         lines += [f"## {rate}", "",
                   "| variant | runs ok | step (ms) | range (ms) | p90 (ms) | ×gloo | ×PowerSGD | over compute (ms) "
-                  "| CPU/rank (ms) | wire (MB/step) | final loss |" + (" test accuracy |" if with_acc else ""),
-                  "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
+                  "| CPU/rank (ms) | comm CPU/param (ns) | wire (MB/step) | final loss |"
+                  + (" test accuracy |" if with_acc else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
+        compute_cpu = cells.get("compute", {}).get("cpu")
         for v, c in cells.items():
             over = "–" if floor is None or c["median"] is None or v == "compute" else ms(c["median"] - floor)
             rng = "–" if c["lo"] is None else f"{ms(c['lo'])}–{ms(c['hi'])}"
             loss = "–" if c["loss"] is None else f"{c['loss']:.3f}"
+            params = c.get("params")
+            comm_cpu = ("–" if compute_cpu is None or c["cpu"] is None or not params or v == "compute"
+                        or c.get("kind") == "train" else f"{(c['cpu'] - compute_cpu) / params * 1e9:.2f}")
             lines.append(f"| `{v}` | {c['ok']}/{c['runs']} | {ms(c['median'])} | {rng} | {ms(c['p90'])} | "
-                         f"{ratio(gloo, c['median'])} | {ratio(psgd, c['median'])} | {over} | {ms(c['cpu'])} | {mb(c['wire'])} | "
+                         f"{ratio(gloo, c['median'])} | {ratio(psgd, c['median'])} | {over} | {ms(c['cpu'])} | {comm_cpu} | {mb(c['wire'])} | "
                          f"{loss} |" + (f" {', '.join(f'{sd}: {a:.4f}' for sd, a in sorted(c['acc'], key=str))} |"
                                         if with_acc else ""))
         gc = [(v, c) for v, c in cells.items() if "gradcomm" in c]
