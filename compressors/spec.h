@@ -74,6 +74,20 @@ struct CompressorSpec {
   std::string canonical() const;
 };
 
+// A dense codec's spec from its fields (fp16, bf16, quant, qsgd, sign), for code that
+// builds one directly rather than parsing a spec string (tests, benchmarks); the
+// registry's defaults (bucket 512, seed 0) are not applied.
+inline CompressorSpec dense_codec_spec(CompressorId id, int bits = 0, Rounding round = Rounding::kStochastic,
+                                       int levels = 0, int64_t bucket = 0) {
+  CompressorSpec s;
+  s.id = id;
+  s.bits = bits;
+  s.round = round;
+  s.levels = levels;
+  s.bucket = bucket;
+  return s;
+}
+
 // Elements a sparsifier selects from `numel`: `k` when given, else round(ratio *
 // numel), within [1, max(numel, 1)]. The CPU and GPU engines both use this: the
 // counts decide the selections, so they must agree to the element.

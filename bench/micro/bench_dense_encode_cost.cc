@@ -41,12 +41,7 @@ namespace gradcomm::detail {
 namespace {
 
 CompressorSpec make_spec(CompressorId id, int bits, Rounding round, int levels, int64_t bucket) {
-  CompressorSpec s;
-  s.id = id;
-  s.bits = bits;
-  s.round = round;
-  s.levels = levels;
-  s.bucket = bucket;
+  CompressorSpec s = dense_codec_spec(id, bits, round, levels, bucket);
   s.seed = 42;
   return s;
 }

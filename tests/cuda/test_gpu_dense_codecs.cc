@@ -30,16 +30,6 @@
 namespace gradcomm::detail {
 namespace {
 
-CompressorSpec make_spec(CompressorId id, int bits = 0, Rounding round = Rounding::kStochastic, int levels = 0,
-                         int64_t bucket = 0) {
-  CompressorSpec s;
-  s.id = id;
-  s.bits = bits;
-  s.round = round;
-  s.levels = levels;
-  s.bucket = bucket;
-  return s;
-}
 
 std::string name_of(const CompressorSpec& s) {
   std::string n = compressor_name(s.id);
@@ -51,16 +41,16 @@ std::string name_of(const CompressorSpec& s) {
 
 // Buckets: the default 512, and 100 (not a multiple of the 8-element group).
 std::vector<CompressorSpec> all_specs() {
-  std::vector<CompressorSpec> v = {make_spec(CompressorId::kFp16), make_spec(CompressorId::kBf16)};
+  std::vector<CompressorSpec> v = {dense_codec_spec(CompressorId::kFp16), dense_codec_spec(CompressorId::kBf16)};
   for (int64_t bucket : {512, 100}) {
     for (int bits : {1, 2, 4, 8}) {
-      for (Rounding r : {Rounding::kStochastic, Rounding::kNearest}) v.push_back(make_spec(CompressorId::kQuant, bits, r, 0, bucket));
+      for (Rounding r : {Rounding::kStochastic, Rounding::kNearest}) v.push_back(dense_codec_spec(CompressorId::kQuant, bits, r, 0, bucket));
     }
-    for (int levels : {1, 4, 127}) v.push_back(make_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
-    v.push_back(make_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, bucket));
+    for (int levels : {1, 4, 127}) v.push_back(dense_codec_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
+    v.push_back(dense_codec_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, bucket));
   }
-  v.push_back(make_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, 7));     // buckets shorter than a group
-  v.push_back(make_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, 1000, 7));  // 11-bit codes across words
+  v.push_back(dense_codec_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, 7));     // buckets shorter than a group
+  v.push_back(dense_codec_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, 1000, 7));  // 11-bit codes across words
   return v;
 }
 
@@ -355,7 +345,7 @@ TEST_F(GpuDenseCodecs, CorruptPayloadsAreReportedAndWriteNothing) {
   Stream stream;
   StatusBuffer status;
   auto specs = all_specs();
-  specs.push_back(make_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, 5, 64));  // levels can exceed s
+  specs.push_back(dense_codec_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, 5, 64));  // levels can exceed s
   for (const auto& s : specs) {
     const auto cpu = make_dense_codec(s);
     const GpuDenseCodec gpu(s);
@@ -395,10 +385,10 @@ TEST_F(GpuDenseCodecs, CorruptPayloadsAreReportedAndWriteNothing) {
 
 TEST(GpuDenseCodecArgs, BadArgumentsThrowBeforeAnyLaunch) {
   // Host-side checks need no device: none of these reaches a CUDA call.
-  EXPECT_THROW(GpuDenseCodec(make_spec(CompressorId::kTopk)), InvalidArgument);
-  EXPECT_THROW(GpuDenseCodec(make_spec(CompressorId::kQuant, 3, Rounding::kNearest, 0, 64)), InvalidArgument);
-  EXPECT_THROW(GpuDenseCodec(make_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, 0)), InvalidArgument);
-  const GpuDenseCodec sign(make_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, 64));
+  EXPECT_THROW(GpuDenseCodec(dense_codec_spec(CompressorId::kTopk)), InvalidArgument);
+  EXPECT_THROW(GpuDenseCodec(dense_codec_spec(CompressorId::kQuant, 3, Rounding::kNearest, 0, 64)), InvalidArgument);
+  EXPECT_THROW(GpuDenseCodec(dense_codec_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, 0)), InvalidArgument);
+  const GpuDenseCodec sign(dense_codec_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, 64));
   EXPECT_EQ(sign.alignment(), 64);
   EXPECT_EQ(sign.encoded_bytes(65), 24u + 8u + 9u);
   alignas(16) float f[4] = {};

@@ -25,15 +25,6 @@
 namespace gradcomm::detail {
 namespace {
 
-CompressorSpec make_spec(CompressorId id, int bits, Rounding round, int levels, int64_t bucket) {
-  CompressorSpec s;
-  s.id = id;
-  s.bits = bits;
-  s.round = round;
-  s.levels = levels;
-  s.bucket = bucket;
-  return s;
-}
 
 std::string describe(const CompressorSpec& s) {
   std::string name = compressor_name(s.id);
@@ -215,13 +206,13 @@ TEST(DenseSimdKernels, PackerMatchesPackGroup8) {
 std::vector<CompressorSpec> payload_specs(int64_t bucket) {
   std::vector<CompressorSpec> specs;
   for (int bits : {1, 2, 4, 8}) {
-    specs.push_back(make_spec(CompressorId::kQuant, bits, Rounding::kStochastic, 0, bucket));
-    specs.push_back(make_spec(CompressorId::kQuant, bits, Rounding::kNearest, 0, bucket));
+    specs.push_back(dense_codec_spec(CompressorId::kQuant, bits, Rounding::kStochastic, 0, bucket));
+    specs.push_back(dense_codec_spec(CompressorId::kQuant, bits, Rounding::kNearest, 0, bucket));
   }
   for (int levels : {1, 3, 7, 16, 127, 1000}) {
-    specs.push_back(make_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
+    specs.push_back(dense_codec_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
   }
-  specs.push_back(make_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, bucket));
+  specs.push_back(dense_codec_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, bucket));
   return specs;
 }
 
@@ -285,7 +276,7 @@ TEST(DenseCodecBytes, PayloadDigestIsPinned) {
   uint64_t digest = 0xcbf29ce484222325ull;  // FNV-1a over the per-payload hashes, little-endian
   for (const auto& k : kinds) {
     for (int64_t bucket : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{512}, int64_t{1000}}) {
-      const auto codec = make_dense_codec(make_spec(k.id, k.bits, k.round, k.levels, bucket));
+      const auto codec = make_dense_codec(dense_codec_spec(k.id, k.bits, k.round, k.levels, bucket));
       for (int64_t n : {0, 1, 13, 511, 1025, 5000}) {
         for (int64_t first : {int64_t{0}, bucket, 3 * bucket, bucket * ((int64_t{1} << 34) / bucket - 3)}) {
           const std::vector<uint8_t> p =

@@ -34,13 +34,7 @@ constexpr size_t kHeader = 24;
 
 CompressorSpec make_spec(CompressorId id, int bits = 0, Rounding round = Rounding::kStochastic, int levels = 0,
                          int64_t bucket = kBucket) {
-  CompressorSpec s;
-  s.id = id;
-  s.bits = bits;
-  s.round = round;
-  s.levels = levels;
-  s.bucket = bucket;
-  return s;
+  return dense_codec_spec(id, bits, round, levels, bucket);
 }
 
 }  // namespace

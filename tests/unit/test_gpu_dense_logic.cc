@@ -25,16 +25,6 @@
 namespace gradcomm::detail {
 namespace {
 
-CompressorSpec make_spec(CompressorId id, int bits = 0, Rounding round = Rounding::kStochastic, int levels = 0,
-                         int64_t bucket = 0) {
-  CompressorSpec s;
-  s.id = id;
-  s.bits = bits;
-  s.round = round;
-  s.levels = levels;
-  s.bucket = bucket;
-  return s;
-}
 
 std::string name_of(const CompressorSpec& s) {
   std::string n = compressor_name(s.id);
@@ -47,13 +37,13 @@ std::string name_of(const CompressorSpec& s) {
 // Buckets: the default (a multiple of 8 and 32), one that is not (groups straddle
 // buckets), and one shorter than a group (several buckets per group).
 std::vector<CompressorSpec> all_specs() {
-  std::vector<CompressorSpec> v = {make_spec(CompressorId::kFp16), make_spec(CompressorId::kBf16)};
+  std::vector<CompressorSpec> v = {dense_codec_spec(CompressorId::kFp16), dense_codec_spec(CompressorId::kBf16)};
   for (int64_t bucket : {512, 100, 7}) {
     for (int bits : {1, 2, 4, 8}) {
-      for (Rounding r : {Rounding::kStochastic, Rounding::kNearest}) v.push_back(make_spec(CompressorId::kQuant, bits, r, 0, bucket));
+      for (Rounding r : {Rounding::kStochastic, Rounding::kNearest}) v.push_back(dense_codec_spec(CompressorId::kQuant, bits, r, 0, bucket));
     }
-    for (int levels : {1, 4, 5, 127, 1000}) v.push_back(make_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
-    v.push_back(make_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, bucket));
+    for (int levels : {1, 4, 5, 127, 1000}) v.push_back(dense_codec_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
+    v.push_back(dense_codec_spec(CompressorId::kSign, 0, Rounding::kStochastic, 0, bucket));
   }
   return v;
 }
