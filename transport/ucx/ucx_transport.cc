@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -122,6 +123,11 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
 void UcxTransport::connect(Store& store, const UcxOptions& options) {
   const Deadline deadline = Deadline::after(options.timeout);
   ucp_config_t* config = nullptr;
+  // The UCX variables are process-wide, and ranks may be threads of one process (the
+  // unit tests): setenv and the reads of the environment, ours and UCX's (config read,
+  // init), happen under one lock, never beside another transport's setenv.
+  static std::mutex environment;
+  std::unique_lock environment_lock(environment);
   prefer_shared_memory();
   prefer_large_tcp_segments(size_);
   GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
@@ -138,6 +144,7 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
     throw;
   }
   ucp_config_release(config);
+  environment_lock.unlock();
   GRADCOMM_UCX_CHECK(status, "creating the UCX context");
 
   ucp_worker_params_t worker_params{};
