@@ -67,8 +67,12 @@ void UcxTransport::abandon(uint64_t id) {
   UcxOp* op = it->second.get();
   op->owner = nullptr;
   const int peer = op->peer;
-  const bool send = op->kind == UcxOp::Kind::kSend;
+  const UcxOp::Kind kind = op->kind;
+  const bool send = kind == UcxOp::Kind::kSend;
+  // From here on `op` may be gone: a cancel or a progress can complete it, and its
+  // callback erases it. Only `id`, `kind` and `peer` are used.
   if (!send && op->ucx_request != nullptr) ucp_request_cancel(worker_, op->ucx_request);
+  op = nullptr;
   const auto finished = [&] { return !alive(id); };
   const auto leave_to_ucx = [&] {
     // Cancelled if it could be; otherwise see unfinishable().
@@ -76,7 +80,8 @@ void UcxTransport::abandon(uint64_t id) {
     if (!finished()) log(LogLevel::kDebug, "ucx: rank {}: a {} with failed rank {} stays with UCX", rank_,
                          send ? "send" : "receive", peer);
   };
-  if (unfinishable(*op)) return leave_to_ucx();
+  if (finished()) return;
+  if (unfinishable(kind, peer)) return leave_to_ucx();
   // After abandon_pending() whatever could finish has; do not wait again per request.
   const auto wait = abandoned_ ? kUcxCancelWait : kUcxAbandonWait;
   progress_until(Clock::now() + wait, finished);
@@ -87,7 +92,7 @@ void UcxTransport::abandon(uint64_t id) {
                                 rank_, peer));
     force_close(peer);
     progress_until(Clock::now() + kUcxLostDrain, finished);
-    if (finished() || unfinishable(*op)) return leave_to_ucx();
+    if (finished() || unfinishable(kind, peer)) return leave_to_ucx();
   }
   log(LogLevel::kWarn, "ucx: rank {}: an abandoned {} with rank {} is still in flight", rank_,
       send ? "send" : "receive", peer);

@@ -142,11 +142,13 @@ class UcxTransport final : public Transport {
   //    keeps (a rendezvous waiting for the peer's ready-to-receive, fragments pending
   //    for room in its FIFO): UCX has no endpoint left to move it on, and over TCP the
   //    force-close completes such sends at once.
-  bool unfinishable(const UcxOp& op) const {
-    if (op.peer < 0) return false;
-    const Peer& peer = peers_[static_cast<size_t>(op.peer)];
-    if (op.kind == UcxOp::Kind::kRecv) return peer.failed;
-    return op.kind == UcxOp::Kind::kSend && (peer.lost || (peer.failed && peer.ep == nullptr));
+  bool unfinishable(const UcxOp& op) const { return unfinishable(op.kind, op.peer); }
+  // The same from an Op's kind and peer, for callers whose Op a UCX call may have erased.
+  bool unfinishable(UcxOp::Kind kind, int rank) const {
+    if (rank < 0) return false;
+    const Peer& peer = peers_[static_cast<size_t>(rank)];
+    if (kind == UcxOp::Kind::kRecv) return peer.failed;
+    return kind == UcxOp::Kind::kSend && (peer.lost || (peer.failed && peer.ep == nullptr));
   }
 
   void connect(Store& store, const UcxOptions& options);
