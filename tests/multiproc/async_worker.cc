@@ -135,16 +135,23 @@ int run_destroy10(std::unique_ptr<Communicator> comm) {
 
 bool exists(const std::string& path) { return std::filesystem::exists(path); }
 
+// One rep of the starve and linger modes: fills x with this rank's values for `rep`, then
+// allreduces it under `spec` (keyed `key` unless dense); returns the call's seconds.
+double timed_allreduce(Communicator& comm, std::vector<float>& x, int rep, ReduceOp op, const std::string& spec,
+                       const char* key) {
+  const int r = comm.rank();
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7 + rep + r) % 23) - 11.0f;
+  const auto t0 = Clock::now();
+  comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), op, {spec, spec == "none" ? "" : key});
+  return seconds_since(t0);
+}
+
 int run_starve(Communicator& comm, const std::string& spec, int64_t bytes, int reps, const std::string& dir) {
   const int r = comm.rank(), n = comm.size();
   std::vector<float> x(static_cast<size_t>(bytes / 4));
   double slowest = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7 + rep + r) % 23) - 11.0f;
-    const auto t0 = Clock::now();
-    comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), ReduceOp::kAvg,
-                   {spec, spec == "none" ? "" : "starve"});
-    slowest = std::max(slowest, seconds_since(t0));
+    slowest = std::max(slowest, timed_allreduce(comm, x, rep, ReduceOp::kAvg, spec, "starve"));
     if (r != 0) {
       std::ofstream(fmt::format("{}/rep{}.r{}", dir, rep, r)) << "done";
       continue;
@@ -170,11 +177,7 @@ int run_linger(Communicator& comm, const std::string& spec, int64_t bytes, int r
   std::vector<float> x(static_cast<size_t>(bytes / 4));
   double slowest = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7 + rep + r) % 23) - 11.0f;
-    const auto t0 = Clock::now();
-    comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())), ReduceOp::kSum,
-                   {spec, spec == "none" ? "" : "linger"});
-    slowest = std::max(slowest, seconds_since(t0));
+    slowest = std::max(slowest, timed_allreduce(comm, x, rep, ReduceOp::kSum, spec, "linger"));
     if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     comm.barrier();
   }
