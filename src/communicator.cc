@@ -49,19 +49,30 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
   ucx_options.key_prefix = "comm";  // inside the generation's namespace: gradcomm/g<G>/comm/ucx/addr/<r>
   try {
     // This communicator's generation of the job's store: its own keys, framed and
-    // checked records, world-size and duplicate-rank errors (store/rendezvous.h).
+    // checked records, world-size and duplicate-rank errors, failing ranks reported
+    // to the others, and the generation's keys retired (store/rendezvous.h).
     const bool hosts_store = !external_store && config.rank == 0 && config.store.starts_with("tcp://");
-    std::unique_ptr<detail::Store> store = std::make_unique<detail::RendezvousStore>(
+    auto store = std::make_unique<detail::RendezvousStore>(
         external_store ? std::move(external_store) : detail::create_store(store_options), config.rank,
         config.world_size, config.job_token, hosts_store);
-    auto transport = detail::create_ucx_transport(config.rank, config.world_size, *store, ucx_options);
+    detail::RendezvousStore& rendezvous = *store;  // owned by the communicator from below
+    std::unique_ptr<detail::Transport> transport;
+    try {
+      transport = detail::create_ucx_transport(config.rank, config.world_size, rendezvous, ucx_options);
+    } catch (const Error& e) {
+      rendezvous.report_failure(e);  // the others are waiting for this rank: tell them why it is not coming
+      throw;
+    }
+    rendezvous.done_joining();
     const std::string name = transport->name();
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));
     impl->set_transport_preference(config.transport);
     // Over the transport, not the store: once every rank is through, none needs
     // the store again, so rank 0 may exit at any later point without stranding a
-    // rank that is still finishing its rendezvous.
+    // rank that is still finishing its rendezvous. Every rank has then read the
+    // generation's keys, and rank 0 (whose store it is) deletes them.
     impl->connect_barrier();
+    rendezvous.retire();
     detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size, name,
                 config.store);
     return std::make_unique<Communicator>(std::move(impl));

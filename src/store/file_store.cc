@@ -12,8 +12,11 @@
 //  - add() holds flock(LOCK_EX) on the key's lock file ("l" + file name) while it
 //    reads the counter and writes the new value the same way set() does. flock is
 //    advisory: the lock only orders add()s, which is all it must do.
-// The directory is not cleaned: a fresh directory per job keeps an earlier job's
-// keys from being read as this job's.
+//  - erase_prefix() lists the directory and unlinks the "k_" files whose name
+//    decodes to a key with that prefix (and their lock files). A key stored under
+//    its hash cannot be matched and stays.
+// The directory is not otherwise cleaned: a fresh directory per job keeps an
+// earlier job's keys from being read as this job's.
 #include <fcntl.h>
 #include <openssl/sha.h>
 #include <sys/file.h>
@@ -61,6 +64,25 @@ std::string key_file_name(const std::string& key) {
   name = "h_";
   for (unsigned char byte : digest) name += fmt::format("{:02x}", byte);
   return name;
+}
+
+// The key a "k_" file name encodes; nullopt for any other name (hashed keys,
+// lock and temporary files, strangers).
+std::optional<std::string> key_of_file_name(const std::string& name) {
+  if (!name.starts_with("k_")) return std::nullopt;
+  std::string key;
+  for (size_t i = 2; i < name.size(); ++i) {
+    if (name[i] != '%') {
+      key += name[i];
+      continue;
+    }
+    unsigned value = 0;
+    const char* hex = name.data() + i + 1;
+    if (i + 2 >= name.size() || std::from_chars(hex, hex + 2, value, 16).ptr != hex + 2) return std::nullopt;
+    key += static_cast<char>(value);
+    i += 2;
+  }
+  return key;
 }
 
 class FileStore final : public Store {
@@ -116,6 +138,25 @@ class FileStore final : public Store {
   }
 
   std::string address() const override { return address_; }
+
+  size_t erase_prefix(const std::string& prefix) override {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+      std::string name = entry.path().filename().string();
+      if (auto key = key_of_file_name(name); key && key->starts_with(prefix)) names.push_back(std::move(name));
+    }
+    if (ec) {
+      throw TransportError(fmt::format("store {}: erase_prefix('{}'): listing '{}': {}", address_, prefix,
+                                       dir_.string(), ec.message()));
+    }
+    size_t erased = 0;
+    for (const std::string& name : names) {
+      if (::unlink((dir_ / name).c_str()) == 0) ++erased;  // ENOENT: another rank erased it first
+      ::unlink((dir_ / ("l" + name)).c_str());              // its add() lock, if it had one
+    }
+    return erased;
+  }
 
  private:
   std::filesystem::path value_path(const std::string& key) const { return dir_ / key_file_name(key); }

@@ -13,6 +13,7 @@
 
 #include "env.h"
 #include "gradcomm/errors.h"
+#include "logging.h"
 #include "store/auth.h"
 #include "store/tcp_store_protocol.h"
 
@@ -48,6 +49,13 @@ std::string join_key(int64_t generation, int rank) {
   return fmt::format("{}join/{}", generation_prefix(generation), rank);
 }
 std::string error_key(int64_t generation) { return generation_prefix(generation) + "error"; }
+
+// What a generation's error record says: its first payload byte; text follows.
+enum Report : uint8_t {
+  kFound = 1,   // a problem with the job one rank found (world sizes, a rank claimed twice): InvalidArgument
+  kFailed = 2,  // the writer's own creation failed ("TransportError: ..." follows): PeerFailure elsewhere
+  kLeft = 3,    // the writer's connection to the store closed before it had joined (its last will)
+};
 
 }  // namespace
 
@@ -145,6 +153,56 @@ RendezvousStore::RendezvousStore(std::unique_ptr<Store> base, int rank, int worl
   self_.host = host_name();
   const std::string key = join_key(static_cast<int64_t>(generation_), rank_);
   base_->set(key, encode_rendezvous_record(self_, key, token_));
+  RendezvousRecord left = self_;
+  left.payload = {kLeft};
+  const std::string error = error_key(static_cast<int64_t>(generation_));
+  will_ = base_->set_last_will(error, encode_rendezvous_record(left, error, token_));
+  // What a failed generation left (a successful one is retired at once). Not the
+  // previous one: a rank that comes late to it still reads why it failed.
+  if (rank_ == 0 && generation_ > 2) erase_generation(static_cast<int64_t>(generation_) - 2);
+  // A rank that comes late may find every address there (a dead rank's too): it looks here once.
+  check_reported_error();
+}
+
+std::unique_ptr<LastWill> RendezvousStore::set_last_will(const std::string& key, std::span<const uint8_t> value) {
+  RendezvousRecord record = self_;
+  record.payload.assign(value.begin(), value.end());
+  const std::string full = prefix_ + key;
+  return base_->set_last_will(full, encode_rendezvous_record(record, full, token_));
+}
+
+void RendezvousStore::retire() {
+  if (rank_ == 0) erase_generation(static_cast<int64_t>(generation_));
+}
+
+void RendezvousStore::erase_generation(int64_t generation) {
+  try {
+    base_->erase_prefix(generation_prefix(generation));
+  } catch (const Error& e) {
+    log(LogLevel::kWarn, "rank {}: could not delete generation {}'s keys from store {}: {}", rank_, generation,
+        base_->address(), e.what());
+  }
+}
+
+void RendezvousStore::publish(uint8_t kind, const std::string& text, int64_t generation) {
+  RendezvousRecord record = self_;
+  record.payload.reserve(1 + text.size());
+  record.payload.push_back(kind);
+  record.payload.insert(record.payload.end(), text.begin(), text.end());
+  const std::string key = error_key(generation);
+  base_->set(key, encode_rendezvous_record(record, key, token_));
+}
+
+void RendezvousStore::report_failure(const Error& error) {
+  if (reported_ || error.code() == ErrorCode::kTimeout || error.code() == ErrorCode::kPeerFailure) return;
+  reported_ = true;
+  try {
+    publish(kFailed, fmt::format("{}: {}", error_code_name(error.code()), error.what()),
+            static_cast<int64_t>(generation_));
+  } catch (const Error&) {
+    return;  // best effort: the store may be what failed
+  }
+  if (hosts_store_) std::this_thread::sleep_for(kHostLinger);
 }
 
 void RendezvousStore::set(const std::string& key, std::span<const uint8_t> value) {
@@ -163,13 +221,10 @@ std::string RendezvousStore::who(const RendezvousRecord& record) const {
 void RendezvousStore::fail(const std::string& message, std::initializer_list<int64_t> generations) {
   // Tell the ranks still waiting, through the store, before this process goes away:
   // they would otherwise wait for a rank that is not coming. Best effort.
+  reported_ = true;
   try {
     for (int64_t g : generations) {
-      if (g < 1) continue;
-      RendezvousRecord record = self_;
-      record.payload.assign(message.begin(), message.end());
-      const std::string key = error_key(g);
-      base_->set(key, encode_rendezvous_record(record, key, token_));
+      if (g >= 1) publish(kFound, message, g);
     }
   } catch (const Error&) {
   }
@@ -181,10 +236,22 @@ void RendezvousStore::fail(const std::string& message, std::initializer_list<int
 void RendezvousStore::check_reported_error() {
   std::optional<RendezvousRecord> report = peek(error_key(static_cast<int64_t>(generation_)), false);
   if (!report) return;
-  // Another rank found it; the others may not have read it yet.
+  reported_ = true;
+  // Another rank found it, failed or went away; the others may not have read it yet.
   if (hosts_store_) std::this_thread::sleep_for(kHostLinger);
-  throw InvalidArgument(fmt::format("{} found: {}", who(*report),
-                                    std::string(report->payload.begin(), report->payload.end())));
+  const std::vector<uint8_t>& payload = report->payload;
+  const uint8_t kind = payload.empty() ? 0 : payload[0];
+  const std::string text(payload.begin() + (payload.empty() ? 0 : 1), payload.end());
+  switch (kind) {
+    case kFailed:
+      throw PeerFailure(fmt::format("{} failed during creation: {}", who(*report), text));
+    case kLeft:
+      throw PeerFailure(fmt::format("{} left or died during creation: its connection to the store closed before it "
+                                    "had read the others' addresses (killed by a signal, or exited)",
+                                    who(*report)));
+    default:
+      throw InvalidArgument(fmt::format("{} found: {}", who(*report), text));
+  }
 }
 
 void RendezvousStore::throw_world_size_mismatch(const RendezvousRecord& theirs) {

@@ -26,6 +26,23 @@
 // waiting rank looks each slice, and the rank that hosts the store lingers kHostLinger
 // before it throws (whether it found the problem or read it), so that the others can
 // read it before the store goes with it.
+//
+// Failing ranks. A rank whose own part of creation fails (its transport could not be
+// set up) publishes its error there too (report_failure), and the others raise
+// PeerFailure naming it and quoting it. A rank that cannot say anything (killed by a
+// signal, or exited) is reported by the store itself: on joining, each rank leaves
+// the store a last will (Store::set_last_will) that writes "left or died during
+// creation" there if its connection closes first; done_joining() withdraws it once
+// the rank has read every address, after which its death is the transport's to
+// report. Stores that cannot notice a process going away (the file store) leave such
+// a death to the deadline.
+//
+// Retirement. A generation's keys are read only while its ranks join. Rank 0 deletes
+// them (erase_prefix of gradcomm/g<g>/) once its connect barrier has passed, which
+// every rank enters only after reading all it needs (retire()); and, when it starts
+// generation g, whatever a failed generation g - 2 left. So the store holds the
+// per-rank counters and at most three generations (one while all goes well),
+// however often communicators are re-created.
 #pragma once
 
 #include <chrono>
@@ -38,6 +55,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gradcomm/errors.h"
 #include "store/store.h"
 
 namespace gradcomm::detail {
@@ -77,6 +95,19 @@ class RendezvousStore final : public Store {
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string address() const override { return base_->address(); }
+  size_t erase_prefix(const std::string& prefix) override { return base_->erase_prefix(prefix_ + prefix); }
+  std::unique_ptr<LastWill> set_last_will(const std::string& key, std::span<const uint8_t> value) override;
+
+  // This rank has read every key it needs: withdraws its last will.
+  void done_joining() { will_.reset(); }
+  // Called by every rank once its connect barrier has passed; rank 0 then deletes
+  // the generation's keys. Best effort: a failure is logged, never thrown.
+  void retire();
+  // Publishes this rank's own failure during creation for the ranks waiting on it,
+  // then, on the host of the store, lingers kHostLinger. Nothing is published when
+  // the error is not news: a report this rank read or published, a timeout waiting
+  // for another rank, or a lost store.
+  void report_failure(const Error& error);
 
   static constexpr std::chrono::milliseconds kDiagnoseAfter{1000};
   static constexpr std::chrono::milliseconds kSlice{250};
@@ -88,6 +119,9 @@ class RendezvousStore final : public Store {
   // Publishes `message` as the error of `generations`, lingers if this rank hosts
   // the store, and throws it as InvalidArgument.
   [[noreturn]] void fail(const std::string& message, std::initializer_list<int64_t> generations);
+  // Writes a report (its kind byte, then `text`) as the error of `generation`.
+  void publish(uint8_t kind, const std::string& text, int64_t generation);
+  void erase_generation(int64_t generation);
   void check_reported_error();
   [[noreturn]] void throw_world_size_mismatch(const RendezvousRecord& theirs);
   std::string who(const RendezvousRecord& record) const;
@@ -106,6 +140,8 @@ class RendezvousStore final : public Store {
   uint64_t generation_ = 0;
   std::string prefix_;
   RendezvousRecord self_;  // this rank's identity, payload empty
+  std::unique_ptr<LastWill> will_;  // "left or died during creation", until done_joining()
+  bool reported_ = false;           // this generation's error was published or read here
 };
 
 }  // namespace gradcomm::detail

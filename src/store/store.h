@@ -20,6 +20,14 @@
 
 namespace gradcomm::detail {
 
+// What Store::set_last_will returns: while it lives, the store holds a key to set
+// if this process goes away. Destroying it withdraws that (best effort, and
+// without waiting on the store: a store that is gone has nothing to withdraw).
+class LastWill {
+ public:
+  virtual ~LastWill() = default;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -34,6 +42,25 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Human-readable address for error messages ("tcp://127.0.0.1:29500").
   virtual std::string address() const = 0;
+
+  // Deletes every key that starts with `prefix`; returns how many it deleted. A
+  // parked get() of such a key keeps waiting. A store that cannot delete (an
+  // adapter over another framework's store) keeps its keys: the default does
+  // nothing and returns 0.
+  virtual size_t erase_prefix(const std::string& prefix) {
+    (void)prefix;
+    return 0;
+  }
+
+  // MQTT's "last will": until the returned handle is destroyed, the store sets `key`
+  // to `value` if this process's connection to it closes (the process exited or was
+  // killed), unless the key holds a value by then. Null when the store cannot tell
+  // that a process went away (the file store, adapters): nothing is arranged.
+  virtual std::unique_ptr<LastWill> set_last_will(const std::string& key, std::span<const uint8_t> value) {
+    (void)key;
+    (void)value;
+    return nullptr;
+  }
 };
 
 // Limits the TCP store enforces (server side).
@@ -42,8 +69,8 @@ struct StoreLimits {
   size_t max_value_bytes = 1 << 20;
   size_t max_connections = 1024;
   size_t max_keys = 1 << 16;
-  size_t max_total_bytes = size_t{256} << 20;      // keys + values held, all together
-  std::chrono::milliseconds idle_timeout{60'000};  // a client silent this long is dropped
+  size_t max_total_bytes = size_t{256} << 20;      // keys + values held (last wills too), all together
+  std::chrono::milliseconds idle_timeout{60'000};  // a client silent this long is dropped (not one holding a last will)
   std::chrono::milliseconds auth_timeout{5'000};   // ... or this long before proving the token
 };
 

@@ -36,6 +36,7 @@ class TcpStoreServer {
     uint64_t failed_auth = 0;
     size_t keys = 0;
     size_t stored_bytes = 0;         // keys + values held
+    size_t wills = 0;                // connections holding a last will
     size_t peak_buffered_bytes = 0;  // largest input buffer any one connection ever held
   };
 

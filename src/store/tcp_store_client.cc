@@ -6,6 +6,8 @@
 // The server may close a pooled connection that sat idle past its idle_timeout;
 // a connection found closed is replaced before use, and a request whose connection
 // breaks is retried once on a fresh one when that cannot apply it twice (see call()).
+// A last will has a connection of its own, held by its handle: the server keeps
+// the will as long as that connection is open.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -54,6 +56,32 @@ std::string preview(const std::string& key) {
   return fmt::format("{}... ({} bytes)", key.substr(0, kShown), key.size());
 }
 
+std::vector<uint8_t> request_frame(wire::Op op, const std::string& key, std::span<const uint8_t> value) {
+  std::vector<uint8_t> frame(wire::kRequestHeaderBytes + key.size() + value.size(), 0);
+  frame[0] = static_cast<uint8_t>(op);
+  wire::put_u32(frame.data() + 4, static_cast<uint32_t>(key.size()));
+  wire::put_u64(frame.data() + 8, value.size());
+  std::copy(key.begin(), key.end(), frame.begin() + wire::kRequestHeaderBytes);
+  std::copy(value.begin(), value.end(), frame.begin() + wire::kRequestHeaderBytes + key.size());
+  return frame;
+}
+
+// Holds the connection the server keeps a will for. Withdrawing it is one frame
+// sent without waiting (the connection is idle, so its send buffer has room): the
+// server reads it before the close that follows, and a server that is gone has
+// nothing to withdraw.
+class TcpLastWill final : public LastWill {
+ public:
+  explicit TcpLastWill(UniqueFd fd) : fd_(std::move(fd)) {}
+  ~TcpLastWill() override {
+    const std::vector<uint8_t> withdraw = request_frame(wire::Op::kWill, "", {});
+    [[maybe_unused]] ssize_t n = ::send(fd_.get(), withdraw.data(), withdraw.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+ private:
+  UniqueFd fd_;
+};
+
 class TcpStore final : public Store {
  public:
   TcpStore(std::string host, uint16_t port, std::string token, std::chrono::milliseconds timeout,
@@ -98,11 +126,38 @@ class TcpStore final : public Store {
 
   std::string address() const override { return address_; }
 
+  size_t erase_prefix(const std::string& prefix) override {
+    Reply reply = call(wire::Op::kErasePrefix, prefix, {}, Deadline::after(timeout_), "erase_prefix");
+    if (reply.value.size() != 8) {
+      throw TransportError(fmt::format("store {}: erase_prefix('{}') reply of {} bytes (expected 8)", address_,
+                                       preview(prefix), reply.value.size()));
+    }
+    return static_cast<size_t>(wire::get_u64(reply.value.data()));
+  }
+
+  std::unique_ptr<LastWill> set_last_will(const std::string& key, std::span<const uint8_t> value) override {
+    const Deadline deadline = Deadline::after(timeout_);
+    ClientConnection c = connect(deadline);  // not pooled: the will lasts as long as this connection
+    check_limits(c, wire::Op::kWill, key, value, "set_last_will");
+    std::optional<Reply> reply = exchange(c, wire::Op::kWill, key, value, deadline, "set_last_will", {}, false);
+    throw_if_refused(*reply, key, "set_last_will");
+    return std::make_unique<TcpLastWill>(std::move(c.fd));
+  }
+
  private:
   // One request, start to end. `deadline` bounds the whole call (connect included);
   // `wait` is the server-side wait of a GET, for messages.
   Reply call(wire::Op op, const std::string& key, std::span<const uint8_t> value, const Deadline& deadline,
              std::string_view what, std::chrono::milliseconds wait = {});
+  // Sends one request on `c` and reads its reply. nullopt when the connection broke
+  // where a retry cannot apply the request twice and `may_retry` allows one.
+  std::optional<Reply> exchange(ClientConnection& c, wire::Op op, const std::string& key,
+                                std::span<const uint8_t> value, const Deadline& deadline, std::string_view what,
+                                std::chrono::milliseconds wait, bool may_retry);
+  // The server would drop the connection for a request past its limits; say why instead.
+  void check_limits(const ClientConnection& c, wire::Op op, const std::string& key, std::span<const uint8_t> value,
+                    std::string_view what) const;
+  void throw_if_refused(const Reply& reply, const std::string& key, std::string_view what) const;
   ClientConnection take(const Deadline& deadline);
   void give_back(ClientConnection connection);
   // Retries until `deadline`; with `once`, a single attempt (after a connection
@@ -125,74 +180,81 @@ Reply TcpStore::call(wire::Op op, const std::string& key, std::span<const uint8_
                      std::string_view what, std::chrono::milliseconds wait) {
   for (int attempt = 0;; ++attempt) {
     ClientConnection c = attempt == 0 ? take(deadline) : connect(deadline, /*once=*/true);
-    // The server would drop the connection for these; say why instead.
-    const uint64_t max_key = c.max_key_bytes;
-    const uint64_t max_value = c.max_value_bytes;
-    if (key.size() > max_key) {
+    try {
+      check_limits(c, op, key, value, what);
+    } catch (const InvalidArgument&) {
       give_back(std::move(c));
-      throw InvalidArgument(fmt::format("store {}: {}('{}'): key of {} bytes exceeds the server's max_key_bytes={}",
-                                        address_, what, preview(key), key.size(), max_key));
+      throw;
     }
-    if (op == wire::Op::kSet && value.size() > max_value) {
-      give_back(std::move(c));
-      throw InvalidArgument(fmt::format(
-          "store {}: set('{}'): value of {} bytes exceeds the server's max_value_bytes={}", address_, preview(key),
-          value.size(), max_value));
-    }
-    std::vector<uint8_t> frame(wire::kRequestHeaderBytes + key.size() + value.size(), 0);
-    frame[0] = static_cast<uint8_t>(op);
-    wire::put_u32(frame.data() + 4, static_cast<uint32_t>(key.size()));
-    wire::put_u64(frame.data() + 8, value.size());
-    std::copy(key.begin(), key.end(), frame.begin() + wire::kRequestHeaderBytes);
-    std::copy(value.begin(), value.end(), frame.begin() + wire::kRequestHeaderBytes + key.size());
-
-    IoResult sent = write_full(c.fd.get(), frame.data(), frame.size(), deadline);
-    if (sent.status == IoStatus::kTimeout) {
-      throw TimeoutError(fmt::format("store {}: {}('{}'): could not send the request within the deadline",
-                                     address_, what, preview(key)));
-    }
-    if (sent.status != IoStatus::kOk) {
-      // Part of the frame never left: the server cannot have applied it, so any
-      // request (ADD included) may be retried once.
-      if (attempt == 0) continue;
-      throw PeerFailure(fmt::format("store {}: {}('{}'): connection lost while sending: {}", address_, what,
-                                    preview(key), errno_text(sent.error)));
-    }
-    uint8_t header[wire::kResponseHeaderBytes];
-    IoResult got = read_full(c.fd.get(), header, sizeof(header), deadline);
-    if (got.status == IoStatus::kTimeout) {
-      // The reply may still come; this connection is out of step, so it is dropped.
-      throw TimeoutError(fmt::format("store {}: {}('{}') got no reply within {} ms", address_, what, preview(key),
-                                     op == wire::Op::kGet ? wait.count() : timeout_.count()));
-    }
-    if (got.status != IoStatus::kOk) {
-      // Closed before any reply byte. SET and GET are idempotent; an ADD may have
-      // been applied, so it is not repeated.
-      if (attempt == 0 && got.transferred == 0 && op != wire::Op::kAdd) continue;
-      throw PeerFailure(fmt::format("store {}: {}('{}'): connection lost while waiting for the reply ({}); "
-                                    "did rank 0 exit?",
-                                    address_, what, preview(key),
-                                    got.status == IoStatus::kClosed ? "closed" : errno_text(got.error)));
-    }
-    std::string error;
-    const auto response = wire::parse_response_header(header, c.max_value_bytes, error);
-    if (!response) throw TransportError(fmt::format("store {}: {}('{}'): {}", address_, what, preview(key), error));
-    const wire::Status status = response->status;
-    const uint64_t length = response->value_len;
-    Reply reply{status, std::vector<uint8_t>(length)};
-    got = read_full(c.fd.get(), reply.value.data(), length, deadline);
-    if (got.status != IoStatus::kOk) {
-      throw PeerFailure(fmt::format("store {}: {}('{}'): reply cut short after {} of {} bytes", address_, what,
-                                    preview(key), got.transferred, length));
-    }
+    std::optional<Reply> reply = exchange(c, op, key, value, deadline, what, wait, /*may_retry=*/attempt == 0);
+    if (!reply) continue;
     give_back(std::move(c));
-    if (status == wire::Status::kError) {
-      throw InvalidArgument(
-          fmt::format("store {}: {}('{}') refused: {}", address_, what, preview(key),
-                      std::string(reply.value.begin(), reply.value.end())));
-    }
-    return reply;
+    throw_if_refused(*reply, key, what);
+    return std::move(*reply);
   }
+}
+
+void TcpStore::check_limits(const ClientConnection& c, wire::Op op, const std::string& key,
+                            std::span<const uint8_t> value, std::string_view what) const {
+  if (key.size() > c.max_key_bytes) {
+    throw InvalidArgument(fmt::format("store {}: {}('{}'): key of {} bytes exceeds the server's max_key_bytes={}",
+                                      address_, what, preview(key), key.size(), c.max_key_bytes));
+  }
+  if ((op == wire::Op::kSet || op == wire::Op::kWill) && value.size() > c.max_value_bytes) {
+    throw InvalidArgument(fmt::format("store {}: {}('{}'): value of {} bytes exceeds the server's max_value_bytes={}",
+                                      address_, what, preview(key), value.size(), c.max_value_bytes));
+  }
+}
+
+void TcpStore::throw_if_refused(const Reply& reply, const std::string& key, std::string_view what) const {
+  if (reply.status == wire::Status::kError) {
+    throw InvalidArgument(fmt::format("store {}: {}('{}') refused: {}", address_, what, preview(key),
+                                      std::string(reply.value.begin(), reply.value.end())));
+  }
+}
+
+std::optional<Reply> TcpStore::exchange(ClientConnection& c, wire::Op op, const std::string& key,
+                                        std::span<const uint8_t> value, const Deadline& deadline,
+                                        std::string_view what, std::chrono::milliseconds wait, bool may_retry) {
+  const std::vector<uint8_t> frame = request_frame(op, key, value);
+  IoResult sent = write_full(c.fd.get(), frame.data(), frame.size(), deadline);
+  if (sent.status == IoStatus::kTimeout) {
+    throw TimeoutError(fmt::format("store {}: {}('{}'): could not send the request within the deadline", address_,
+                                   what, preview(key)));
+  }
+  if (sent.status != IoStatus::kOk) {
+    // Part of the frame never left: the server cannot have applied it, so any
+    // request (ADD included) may be retried once.
+    if (may_retry) return std::nullopt;
+    throw PeerFailure(fmt::format("store {}: {}('{}'): connection lost while sending: {}", address_, what,
+                                  preview(key), errno_text(sent.error)));
+  }
+  uint8_t header[wire::kResponseHeaderBytes];
+  IoResult got = read_full(c.fd.get(), header, sizeof(header), deadline);
+  if (got.status == IoStatus::kTimeout) {
+    // The reply may still come; this connection is out of step, so it is dropped.
+    throw TimeoutError(fmt::format("store {}: {}('{}') got no reply within {} ms", address_, what, preview(key),
+                                   op == wire::Op::kGet ? wait.count() : timeout_.count()));
+  }
+  if (got.status != IoStatus::kOk) {
+    // Closed before any reply byte. SET, GET and ERASE_PREFIX are idempotent; an
+    // ADD may have been applied, so it is not repeated.
+    if (may_retry && got.transferred == 0 && op != wire::Op::kAdd) return std::nullopt;
+    throw PeerFailure(fmt::format("store {}: {}('{}'): connection lost while waiting for the reply ({}); "
+                                  "did rank 0 exit?",
+                                  address_, what, preview(key),
+                                  got.status == IoStatus::kClosed ? "closed" : errno_text(got.error)));
+  }
+  std::string error;
+  const auto response = wire::parse_response_header(header, c.max_value_bytes, error);
+  if (!response) throw TransportError(fmt::format("store {}: {}('{}'): {}", address_, what, preview(key), error));
+  Reply reply{response->status, std::vector<uint8_t>(response->value_len)};
+  got = read_full(c.fd.get(), reply.value.data(), reply.value.size(), deadline);
+  if (got.status != IoStatus::kOk) {
+    throw PeerFailure(fmt::format("store {}: {}('{}'): reply cut short after {} of {} bytes", address_, what,
+                                  preview(key), got.transferred, reply.value.size()));
+  }
+  return reply;
 }
 
 ClientConnection TcpStore::take(const Deadline& deadline) {

@@ -17,6 +17,8 @@ std::string_view op_name(uint8_t op) {
     case Op::kSet: return "SET";
     case Op::kGet: return "GET";
     case Op::kAdd: return "ADD";
+    case Op::kErasePrefix: return "ERASE_PREFIX";
+    case Op::kWill: return "WILL";
   }
   return "unknown";
 }
@@ -29,8 +31,8 @@ std::optional<RequestHeader> parse_request_header(std::span<const uint8_t> heade
   }
   const uint8_t* h = header.data();
   const uint8_t op = h[0];
-  if (h[1] != 0 || h[2] != 0 || h[3] != 0 || op < 1 || op > 3) {
-    error = fmt::format("bad request header (opcode {}, reserved {:02x}{:02x}{:02x}; expected opcode 1..3, "
+  if (h[1] != 0 || h[2] != 0 || h[3] != 0 || op < 1 || op > 5) {
+    error = fmt::format("bad request header (opcode {}, reserved {:02x}{:02x}{:02x}; expected opcode 1..5, "
                         "reserved 0)",
                         op, h[1], h[2], h[3]);
     return std::nullopt;
@@ -43,10 +45,12 @@ std::optional<RequestHeader> parse_request_header(std::span<const uint8_t> heade
     error = fmt::format("{} key of {} bytes exceeds max_key_bytes={}", op_name(op), out.key_len, max_key_bytes);
     return std::nullopt;
   }
-  const bool fixed = out.op != Op::kSet;  // GET's wait and ADD's delta are one u64
-  if (fixed ? out.value_len != 8 : out.value_len > max_value_bytes) {
+  // SET and WILL carry a value; GET's wait and ADD's delta are one u64; ERASE_PREFIX has none.
+  const bool free_size = out.op == Op::kSet || out.op == Op::kWill;
+  const uint64_t fixed = out.op == Op::kErasePrefix ? 0 : 8;
+  if (free_size ? out.value_len > max_value_bytes : out.value_len != fixed) {
     error = fmt::format("{} value of {} bytes (expected {})", op_name(op), out.value_len,
-                        fixed ? std::string("8") : fmt::format("<= max_value_bytes={}", max_value_bytes));
+                        free_size ? fmt::format("<= max_value_bytes={}", max_value_bytes) : std::to_string(fixed));
     return std::nullopt;
   }
   // Whatever limits the server was given, the frame size must not wrap.

@@ -38,7 +38,7 @@ enum class Verdict : uint8_t { kAccepted = 0, kRefused = 1 };
 // Client -> server request: opcode u8, reserved[3] (0), key_len u32, value_len u64,
 // then key bytes, then value bytes.
 inline constexpr size_t kRequestHeaderBytes = 16;
-enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
+enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kErasePrefix = 4, kWill = 5 };
 
 // Server -> client response: status u8, reserved[7] (0), value_len u64, then value bytes.
 inline constexpr size_t kResponseHeaderBytes = 16;
@@ -65,7 +65,7 @@ inline uint64_t get_u64(const uint8_t* p) {
 
 // ---- parsing ----------------------------------------------------------------------
 
-// "SET", "GET", "ADD", or "unknown" for any other opcode byte.
+// "SET", "GET", "ADD", "ERASE_PREFIX", "WILL", or "unknown" for any other opcode byte.
 std::string_view op_name(uint8_t op);
 
 struct RequestHeader {
@@ -77,9 +77,10 @@ struct RequestHeader {
 };
 
 // Validates a client's request header (the first kRequestHeaderBytes of a frame)
-// before any of its body is read: opcode 1..3, reserved bytes zero, key_len <=
-// max_key_bytes, value_len <= max_value_bytes for SET or == 8 for GET and ADD, and
-// the whole frame within 64 bits (whatever limits the server was given).
+// before any of its body is read: opcode 1..5, reserved bytes zero, key_len <=
+// max_key_bytes, value_len <= max_value_bytes for SET and WILL, == 8 for GET and
+// ADD, == 0 for ERASE_PREFIX, and the whole frame within 64 bits (whatever limits
+// the server was given).
 // nullopt with `error` saying what was wrong (one line, for the server's log) when
 // the header is refused, including when `header` is not exactly kRequestHeaderBytes.
 std::optional<RequestHeader> parse_request_header(std::span<const uint8_t> header, uint64_t max_key_bytes,

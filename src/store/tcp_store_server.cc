@@ -20,6 +20,13 @@
 //              once the wait passes
 //     ADD (3): value = delta, i64                     -> OK + the new value, i64; the
 //              key holds the counter as decimal text
+//     ERASE_PREFIX (4): key = a prefix, no value      -> OK + how many keys it deleted,
+//              u64 (every key starting with the prefix; parked GETs keep waiting)
+//     WILL (5): value = bytes to set at `key` when    -> OK, empty. The connection's
+//              this connection closes (MQTT's last will): replaces its earlier one;
+//              an empty key withdraws it. Whatever closes the connection (the client
+//              exiting or killed, or the server dropping it) sets the key, unless it
+//              holds a value by then. The server's own shutdown does not.
 //     status ERROR (2) carries a text (<= 4 KiB): a limit was hit (store full) or an
 //     ADD found a non-integer value. The connection stays usable.
 //
@@ -41,8 +48,8 @@
 //  - Output is one response at a time: while a response is unsent (or a GET is
 //    parked) the connection is not read, so a client that never reads its answers
 //    cannot grow server memory.
-//  - Stored data is bounded by max_keys and max_total_bytes; connections by
-//    max_connections.
+//  - Stored data is bounded by max_keys and max_total_bytes (last wills count
+//    toward the bytes); connections by max_connections.
 //  - Garbage cannot lock the job out of a full table. When max_connections are
 //    open and another arrives, the server evicts an unauthenticated connection
 //    to make room: first one already refused (flushing its refusal), else the
@@ -56,7 +63,8 @@
 //    its network; see the trust model).
 //  - Every connection has a deadline: auth_timeout before the proof, idle_timeout
 //    since its last progress otherwise; a parked GET answers TIMEOUT at its own
-//    deadline instead. Anything unexpected from one client closes that client only.
+//    deadline instead, and a connection holding a last will is silent on purpose
+//    (its deadline renews). Anything unexpected from one client closes that client only.
 #include <openssl/crypto.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -70,6 +78,7 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -112,6 +121,11 @@ struct Connection {
   Clock::time_point deadline;
   bool parked = false;       // a GET waiting for parked_key
   std::string parked_key;
+  struct Will {
+    std::string key;
+    std::vector<uint8_t> value;
+  };
+  std::optional<Will> will;  // set when this connection closes (WILL)
 };
 
 }  // namespace
@@ -137,6 +151,9 @@ struct TcpStoreServer::Impl {
   void respond(Connection& c, wire::Status status, std::span<const uint8_t> value);
   void respond_error(Connection& c, const std::string& text);
   std::string put(const std::string& key, std::vector<uint8_t> value);
+  size_t erase_prefix(const std::string& prefix);
+  std::string set_will(Connection& c, std::string key, std::vector<uint8_t> value);
+  void execute_will(Connection::Will will);
   void queue_welcome(Connection& c, wire::Verdict verdict);
   Clock::time_point idle_deadline() const { return Clock::now() + limits_.idle_timeout; }
 
@@ -158,6 +175,7 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<uint8_t>> data_;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> parked connection ids
   uint64_t next_id_ = 1;
+  size_t will_bytes_ = 0;  // keys + values of the wills connections hold
   Clock::time_point accept_paused_until_{};
   Stats counters_;
 
@@ -234,6 +252,7 @@ void TcpStoreServer::Impl::run() {
     published_ = counters_;
     published_.open_connections = conns_.size();
     published_.keys = data_.size();
+    published_.wills = std::count_if(conns_.begin(), conns_.end(), [](const auto& kv) { return kv.second.will; });
   }
   // Free this thread's OpenSSL state (the nonces' RNG) as the thread ends.
   OPENSSL_thread_stop();
@@ -513,6 +532,21 @@ bool TcpStoreServer::Impl::execute(Connection& c) {
       wake_waiters(key);
       return open;
     }
+    case wire::Op::kErasePrefix: {
+      uint8_t out[8];
+      wire::put_u64(out, erase_prefix(key));
+      respond(c, wire::Status::kOk, out);
+      break;
+    }
+    case wire::Op::kWill: {
+      std::string error = set_will(c, std::move(key), std::move(body));
+      if (!error.empty()) {
+        respond_error(c, error);
+        break;
+      }
+      respond(c, wire::Status::kOk, {});
+      break;
+    }
   }
   return flush(c);
 }
@@ -525,7 +559,7 @@ std::string TcpStoreServer::Impl::put(const std::string& key, std::vector<uint8_
     return fmt::format("store {} is full: it holds {} keys (max_keys={}); cannot add key '{}'", address_,
                        data_.size(), limits_.max_keys, key);
   }
-  if (counters_.stored_bytes - old_bytes + new_bytes > limits_.max_total_bytes) {
+  if (counters_.stored_bytes + will_bytes_ - old_bytes + new_bytes > limits_.max_total_bytes) {
     return fmt::format("store {} is full: {} bytes held, {} more for key '{}' would pass max_total_bytes={}",
                        address_, counters_.stored_bytes, new_bytes - std::min(new_bytes, old_bytes), key,
                        limits_.max_total_bytes);
@@ -533,6 +567,43 @@ std::string TcpStoreServer::Impl::put(const std::string& key, std::vector<uint8_
   counters_.stored_bytes = counters_.stored_bytes - old_bytes + new_bytes;
   data_[key] = std::move(value);
   return {};
+}
+
+size_t TcpStoreServer::Impl::erase_prefix(const std::string& prefix) {
+  // A linear scan: the table is bounded by max_keys, and a prefix erase retires a
+  // whole generation of keys at once (store/rendezvous.h), rarely.
+  const size_t before = data_.size();
+  std::erase_if(data_, [&](const auto& kv) {
+    if (!kv.first.starts_with(prefix)) return false;
+    counters_.stored_bytes -= kv.first.size() + kv.second.size();
+    return true;
+  });
+  return before - data_.size();
+}
+
+std::string TcpStoreServer::Impl::set_will(Connection& c, std::string key, std::vector<uint8_t> value) {
+  if (c.will) will_bytes_ -= c.will->key.size() + c.will->value.size();
+  c.will.reset();
+  if (key.empty()) return {};  // withdrawn
+  const size_t bytes = key.size() + value.size();
+  if (counters_.stored_bytes + will_bytes_ + bytes > limits_.max_total_bytes) {
+    return fmt::format("store {} is full: {} bytes held, {} more for a last will on key '{}' would pass "
+                       "max_total_bytes={}",
+                       address_, counters_.stored_bytes + will_bytes_, bytes, key, limits_.max_total_bytes);
+  }
+  will_bytes_ += bytes;
+  c.will = Connection::Will{std::move(key), std::move(value)};
+  return {};
+}
+
+void TcpStoreServer::Impl::execute_will(Connection::Will will) {
+  if (data_.contains(will.key)) return;  // someone said more than "gone" already
+  std::string error = put(will.key, std::move(will.value));
+  if (!error.empty()) {
+    log(LogLevel::kWarn, "store server {}: a closed connection's last will was not kept: {}", address_, error);
+    return;
+  }
+  wake_waiters(will.key);
 }
 
 void TcpStoreServer::Impl::wake_waiters(const std::string& key) {
@@ -615,6 +686,8 @@ void TcpStoreServer::Impl::expire(Clock::time_point now) {
       drop(c, fmt::format("did not prove the job token within auth_timeout={} ms", limits_.auth_timeout.count()));
     } else if (c.phase == Phase::kClosing) {
       drop(c, "did not read its refusal in time");
+    } else if (c.will) {
+      c.deadline = idle_deadline();  // silent on purpose: it only waits to be closed
     } else {
       drop(c, fmt::format("idle for idle_timeout={} ms", limits_.idle_timeout.count()));
     }
@@ -631,7 +704,12 @@ void TcpStoreServer::Impl::close_connection(uint64_t id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   if (it->second.parked) unpark(it->second);
+  std::optional<Connection::Will> will = std::move(it->second.will);
   conns_.erase(it);  // UniqueFd closes the socket
+  if (will) {
+    will_bytes_ -= will->key.size() + will->value.size();
+    execute_will(std::move(*will));  // after the erase: waking waiters may close others
+  }
 }
 
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string job_token, StoreLimits limits)

@@ -51,8 +51,9 @@ void fuzz_request(ByteReader in) {
     std::memcpy(&key_len, header.data() + 4, 4);  // little-endian host (wire.cc asserts it)
     key_len &= 0xFFFFFFFFu;
     std::memcpy(&value_len, header.data() + 8, 8);
-    valid = op >= 1 && op <= 3 && header[1] == 0 && header[2] == 0 && header[3] == 0 && key_len <= max_key &&
-            (op == 1 ? value_len <= max_value : value_len == 8) &&
+    // SET (1) and WILL (5) carry a value; GET (2) and ADD (3) a u64; ERASE_PREFIX (4) nothing.
+    valid = op >= 1 && op <= 5 && header[1] == 0 && header[2] == 0 && header[3] == 0 && key_len <= max_key &&
+            (op == 1 || op == 5 ? value_len <= max_value : value_len == (op == 4 ? 0u : 8u)) &&
             static_cast<unsigned __int128>(16) + key_len + value_len <= UINT64_MAX;
   }
   GRADCOMM_FUZZ_CHECK(parsed.has_value() == valid, "parse_request_header %s a header the reference %s (%s)",
@@ -178,6 +179,9 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
   reserved[2] = 1;
   seeds.add("request_reserved", with_limits(0, {kDefault, kDefault}, reserved));
   seeds.add("request_opcode_4", with_limits(0, {kDefault, kDefault}, request(4, 3, 8)));
+  seeds.add("request_erase_prefix", with_limits(0, {kDefault, kDefault}, request(4, 12, 0)));
+  seeds.add("request_will", with_limits(0, {kDefault, kDefault}, request(5, 18, 300)));
+  seeds.add("request_opcode_6", with_limits(0, {kDefault, kDefault}, request(6, 3, 8)));
   int i = 0;
   for (const char* text : {"0", "-12", "9223372036854775807", "-9223372036854775808", "9223372036854775808", "+3",
                            " 4", "12a", "-", ""}) {

@@ -1,6 +1,6 @@
 // A live TcpStoreServer (src/store/tcp_store_server.cc) on 127.0.0.1, fed each
 // input over a fresh connection: the whole server path (frame assembly, header
-// checks, SET/GET/ADD, parked GETs, auth, drops), not just the parsers that
+// checks, SET/GET/ADD/ERASE_PREFIX/WILL, parked GETs, auth, drops), not just the parsers that
 // fuzz_store_protocol calls directly.
 //
 // Input: mode u8 | bytes sent to the server.
@@ -229,6 +229,9 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
   seeds.add("auth_proved_set", with_mode(3, {request(1, "a", value), request(2, "a", u64(10))}));
   seeds.add("auth_wrong_proof", with_mode(1, {std::vector<uint8_t>(32, 0x5A), request(1, "a", value)}));
   seeds.add("auth_short_proof", with_mode(1, {std::vector<uint8_t>(10, 0x5A)}));
+  seeds.add("erase_prefix", with_mode(0, {request(1, "g1/a", value), request(4, "g1/", {}), request(2, "g1/a", u64(0))}));
+  seeds.add("will_then_close", with_mode(0, {request(5, "w", value), request(2, "w", u64(0))}));
+  seeds.add("will_withdrawn", with_mode(0, {request(5, "w2", value), request(5, "", {})}));
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

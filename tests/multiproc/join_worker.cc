@@ -8,11 +8,28 @@
 //   recreate SKEW_MS GENERATIONS
 //       create, allreduce, destroy, GENERATIONS times; rank 0 destroys each one
 //       SKEW_MS after the others (it sleeps first), so they re-create before it has.
+//   nofile VICTIM LIMIT
+//       as "join 60000", but rank VICTIM first lowers its RLIMIT_NOFILE (soft and hard,
+//       as `ulimit -n LIMIT` does) to LIMIT.
+//   die VICTIM kill|abort
+//       as "join 60000", but rank VICTIM joins the store as Communicator::create does
+//       and, a second later, before publishing its worker address (where UCX's abort
+//       strikes when it runs out of file descriptors), dies by SIGKILL or SIGABRT.
+//   churn GENERATIONS [G,G,...]
+//       create, allreduce, destroy, GENERATIONS times, with no pause; rank 0 checks
+//       after each creation that the generation's keys are gone from the store
+//       (retired), and prints "RSS rank=0 generation=G kb=K ms=T" at each listed G.
 //   attack SHAPE
 //       rank 0 joins (as "join", 20 s deadline); every other process writes SHAPE
 //       (random|short|large|framed) where its rank's worker address belongs and exits.
 #include <fmt/format.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include <chrono>
 #include <cstdlib>
@@ -66,6 +83,41 @@ int join(InitOptions options) {
   }
 }
 
+InitOptions within_a_minute() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return options;
+}
+
+int nofile(int victim, int limit) {
+  if (env_int("RANK") == victim) {
+    const rlimit lowered{static_cast<rlim_t>(limit), static_cast<rlim_t>(limit)};
+    if (::setrlimit(RLIMIT_NOFILE, &lowered) != 0) return 2;
+  }
+  return join(within_a_minute());
+}
+
+int die(int victim, const std::string& how) {
+  if (env_int("RANK") != victim) return join(within_a_minute());
+  const rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  const char* token = std::getenv("GRADCOMM_JOB_TOKEN");
+  detail::StoreOptions options;
+  options.url = std::getenv("GRADCOMM_STORE");
+  options.rank = victim;
+  options.world_size = env_int("WORLD_SIZE");
+  options.job_token = token ? token : "";
+  options.timeout = std::chrono::seconds(60);
+  detail::RendezvousStore joined(detail::create_store(options), victim, options.world_size, options.job_token,
+                                 victim == 0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // The default action, as UCX's abort gets it: ASan's own SIGABRT handler would
+  // report and exit(1) instead of the process dying by the signal.
+  ::signal(SIGABRT, SIG_DFL);
+  ::raise(how == "abort" ? SIGABRT : SIGKILL);
+  return 1;  // not reached
+}
+
 int recreate(int skew_ms, int generations) {
   const int rank = env_int("RANK");
   int good = 0;
@@ -87,6 +139,70 @@ int recreate(int skew_ms, int generations) {
   }
   fmt::print("RESULT rank={} generations={} ok={}\n", rank, good, good == generations ? 1 : 0);
   return good == generations ? 0 : 1;
+}
+
+long rss_kb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("VmRSS:")) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+
+// Whether `key` is absent from the job's store (read through a client of its own).
+bool absent(detail::Store& store, const std::string& key) {
+  try {
+    store.get(key, std::chrono::milliseconds(0));
+    return false;
+  } catch (const TimeoutError&) {
+    return true;
+  }
+}
+
+int churn(int generations, const std::string& report_at) {
+  const int rank = env_int("RANK");
+  const int n = env_int("WORLD_SIZE");
+  std::set<int> reports;
+  std::istringstream list(report_at);
+  for (std::string g; std::getline(list, g, ',');) reports.insert(std::atoi(g.c_str()));
+  std::unique_ptr<detail::Store> store;  // rank 0's own look at the store
+  if (rank == 0) {
+    detail::StoreOptions options;
+    options.url = std::getenv("GRADCOMM_STORE");
+    options.rank = 0;  // the server this process serves (it starts with the first communicator)
+    const char* token = std::getenv("GRADCOMM_JOB_TOKEN");
+    options.job_token = token ? token : "";
+    store = detail::create_store(options);
+  }
+  const auto t0 = Clock::now();
+  int kept = 0;  // generations whose keys were still in the store after creation
+  for (int g = 1; g <= generations; ++g) {
+    try {
+      auto comm = Communicator::create(within_a_minute());
+      std::vector<int64_t> x(16, comm->rank() + g);
+      comm->allreduce(TensorView::of(x.data(), x.size()));
+      if (x[0] != int64_t{n} * (n - 1) / 2 + int64_t{n} * g) {
+        fmt::print("RESULT rank={} generation={} wrong={}\n", rank, g, x[0]);
+        return 1;
+      }
+      if (store) {
+        for (int r = 0; r < n; ++r) {
+          const bool gone = absent(*store, fmt::format("gradcomm/g{}/join/{}", g, r)) &&
+                            absent(*store, fmt::format("gradcomm/g{}/comm/ucx/addr/{}", g, r));
+          kept += gone ? 0 : 1;
+        }
+      }
+    } catch (const Error& e) {
+      fmt::print("RESULT rank={} generation={} error={} message={}\n", rank, g, error_code_name(e.code()),
+                 one_line(e.what()));
+      return 10;
+    }
+    if (rank == 0 && reports.contains(g)) {
+      fmt::print("RSS rank=0 generation={} kb={} ms={}\n", g, rss_kb(), ms_since(t0));
+    }
+  }
+  fmt::print("RESULT rank={} generations={} ok=1 kept={} elapsed_ms={}\n", rank, generations, kept, ms_since(t0));
+  return kept == 0 ? 0 : 1;
 }
 
 // What an attacker might write where a worker address belongs.
@@ -144,6 +260,9 @@ int main(int argc, char** argv) {
     return join(options);
   }
   if (mode == "recreate" && argc > 3) return recreate(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "nofile" && argc > 3) return nofile(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "die" && argc > 3) return die(std::atoi(argv[2]), argv[3]);
+  if (mode == "churn" && argc > 2) return churn(std::atoi(argv[2]), argc > 3 ? argv[3] : "");
   if (mode == "attack" && argc > 2) {
     if (env_int("RANK") != 0) return attack(argv[2]);
     InitOptions options;
@@ -151,6 +270,6 @@ int main(int argc, char** argv) {
     return join(options);
   }
   fmt::print(stderr, "usage: gradcomm-test-join-worker join TIMEOUT_MS [P:rank=R|P:world=W] | recreate SKEW_MS N | "
-             "attack random|short|large|framed\n");
+             "nofile VICTIM LIMIT | die VICTIM kill|abort | churn N [G,G,...] | attack random|short|large|framed\n");
   return 2;
 }

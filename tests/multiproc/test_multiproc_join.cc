@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "multiproc/job.h"
 
@@ -113,5 +115,80 @@ TEST_P(MultiprocRecreate, SkewedTeardownStillMeetsTheNewGeneration) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocRecreate, ::testing::Values(2, 3));
+
+// Issue 30, item 9: every generation kept its keys, so the store filled up after
+// 65,536 / (2N) re-creations. Rank 0 now deletes them once every rank is through;
+// the worker checks after each creation that they are gone (kept=0).
+TEST(MultiprocRecreateMany, EveryGenerationsKeysAreDeletedOnceEveryRankIsThrough) {
+  const Job job = run_job(4, "churn 200");
+  ASSERT_EQ(job.results.size(), 4u) << job.output;
+  for (const auto& r : job.results) {
+    ASSERT_TRUE(r.count("ok")) << job.output;
+    EXPECT_EQ(r.at("generations"), "200") << job.output;
+    EXPECT_EQ(r.at("kept"), "0") << job.output;
+  }
+  EXPECT_EQ(job.exit_code, 0) << job.output;
+}
+
+// Issue 30, item 8: a rank that fails inside create() made the others wait for the
+// whole deadline. Every other rank must now fail within seconds (the deadline is
+// 60 s), as PeerFailure naming the rank and why.
+void expect_others_told(const Job& job, int victim, size_t survivors, const std::vector<std::string>& parts) {
+  size_t told = 0;
+  for (const auto& r : job.results) {
+    if (r.at("rank") == std::to_string(victim)) continue;
+    ++told;
+    ASSERT_TRUE(r.count("error")) << job.output;
+    EXPECT_EQ(r.at("error"), "PeerFailure") << job.output;
+    for (const std::string& part : parts) EXPECT_TRUE(has(r.at("message"), part)) << part << "\n" << r.at("message");
+    EXPECT_LT(std::stoi(r.at("elapsed_ms")), 15'000) << job.output;
+  }
+  EXPECT_EQ(told, survivors) << job.output;
+}
+
+// `ulimit -n 64` (or 20) on one rank: it refuses to create the UCX worker (which
+// failed, or with 20 aborted the process), naming the limit, and the others quote it.
+class MultiprocShortOfDescriptors : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(MultiprocShortOfDescriptors, TheRankRefusesNamingTheLimitAndEveryOtherRankQuotesIt) {
+  const auto [victim, limit] = GetParam();
+  const std::string named = fmt::format("RLIMIT_NOFILE soft limit {}", limit);
+  const Job job = run_job(4, fmt::format("nofile {} {}", victim, limit));
+  ASSERT_EQ(job.results.size(), 4u) << job.output;
+  for (const auto& r : job.results) {
+    if (r.at("rank") != std::to_string(victim)) continue;
+    ASSERT_TRUE(r.count("error")) << job.output;
+    EXPECT_EQ(r.at("error"), "TransportError") << job.output;
+    EXPECT_TRUE(has(r.at("message"), named)) << r.at("message");
+    EXPECT_TRUE(has(r.at("message"), "ulimit -n")) << r.at("message");
+  }
+  expect_others_told(job, victim, 3,
+                     {fmt::format("rank {} (pid", victim), "failed during creation: TransportError", named});
+  EXPECT_EQ(job.exit_code, 10) << "134 would be UCX's abort\n" << job.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(VictimAndLimit, MultiprocShortOfDescriptors,
+                         ::testing::Values(std::make_tuple(2, 64), std::make_tuple(2, 20), std::make_tuple(0, 64)));
+
+// A rank killed while it joins cannot say why: the store's last will for it tells
+// the others it left; rank 0's death takes the store with it, which its clients see.
+class MultiprocDiesWhileJoining : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(MultiprocDiesWhileJoining, EveryOtherRankNamesItWithinSeconds) {
+  const auto& [victim, how] = GetParam();
+  const Job job = run_job(4, fmt::format("die {} {}", victim, how));
+  ASSERT_EQ(job.results.size(), 3u) << job.output;
+  if (victim == 0) {
+    expect_others_told(job, victim, 3, {"did rank 0 exit?"});
+  } else {
+    expect_others_told(job, victim, 3, {fmt::format("rank {} (pid", victim), "left or died during creation"});
+  }
+  EXPECT_EQ(job.exit_code, how == "kill" ? 128 + 9 : 128 + 6) << job.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, MultiprocDiesWhileJoining,
+                         ::testing::Values(std::make_tuple(2, std::string("kill")),
+                                           std::make_tuple(2, std::string("abort")),
+                                           std::make_tuple(0, std::string("kill"))));
 
 }  // namespace
