@@ -39,8 +39,12 @@ Without DDP:
     broadcast_optimizer_state(opt, root_rank=0)
     loss.backward(); opt.step()
 
-Each gradient's allreduce starts from a hook the moment backward has produced it
-(Horovod's design); step() waits for them, then steps. For gradient clipping:
+Each gradient's allreduce starts from a hook as soon as backward has produced it
+(Horovod's design) and every gradient before it in a fixed order, the parameters
+reversed (backward's usual order), has started: every rank issues the same
+gradients in the same order, whatever order backward runs in and whichever
+parameters get no gradient on some rank (those go as zeros at step()). step()
+waits for them, then steps. For gradient clipping:
 opt.synchronize(); clip; `with opt.skip_synchronize(): opt.step()`.
 
 Both average like DDP (sum over ranks divided by the world size) and keep the
@@ -49,9 +53,12 @@ every rank and in every iteration. gradcomm.init() is called on first use when t
 caller has not called it (inside a torch.distributed job it uses torch's store).
 """
 import atexit
+import collections
 import contextlib
+import os
 import queue
 import threading
+import time
 import weakref
 
 import torch
@@ -127,31 +134,103 @@ class CompressionHookState:
 
 
 class _FutureCompleter:
-    """Completes torch futures from gradcomm Works, on one daemon thread of its own:
-    the communicator's engine never touches Python. Works complete in issue order,
-    so waiting for them in that order costs nothing."""
+    """Completes torch futures from gradcomm Works, as the "gradcomm" backend's
+    Completer does (python_bindings/torch_backend/work.h). One daemon thread waits
+    for the works in issue order (they complete in that order, so this costs
+    nothing); the communicator's engine never touches Python. It never runs a
+    future's callbacks, which may start another allreduce and wait on its future:
+    completion threads do. A future of a work issued from outside them completes
+    once the previous such future's callbacks have returned (so callbacks run one
+    after another, in issue order, the same on every rank); one issued by a callback
+    completes at once, beside the callback that may be waiting on it. A callback
+    that blocks on anything else holds the next future back for _STALL_S at most."""
+
+    _STALL_S = 5.0
 
     def __init__(self):
-        self._queue = queue.SimpleQueue()
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # the threads do not survive a fork
+
+    def _reset(self):
         self._lock = threading.Lock()
-        self._thread = None
+        self._runnable_cv = threading.Condition(self._lock)
+        self._local = threading.local()  # .completing: this is a completion thread
+        self._issued = queue.SimpleQueue()  # (work, future, top_level)
+        self._waiting = collections.deque()  # settled top-level (future, result, error), held back
+        self._runnable = collections.deque()  # ((future, result, error), top_level)
+        self._top_level_running = 0
+        self._top_level_started = 0.0
+        self._idle = 0  # completion threads waiting for a runnable one
+        self._waiter = None
 
     def complete(self, work, future):
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gradcomm-futures", daemon=True)
-                self._thread.start()
-        self._queue.put((work, future))
+            if self._waiter is None:
+                self._waiter = threading.Thread(target=self._wait, name="gradcomm-futures", daemon=True)
+                self._waiter.start()
+        self._issued.put((work, future, not getattr(self._local, "completing", False)))
 
-    def _run(self):
+    def _wait(self):
         while True:
-            work, future = self._queue.get()
+            with self._lock:
+                timeout = None if not self._waiting else max(0.0, self._top_level_started + self._STALL_S
+                                                             - time.monotonic())
             try:
-                result = work.wait()
+                work, future, top_level = self._issued.get(timeout=timeout)
+            except queue.Empty:
+                with self._lock:
+                    self._release_top_level()
+                continue
+            try:
+                outcome = (future, work.wait(), None)
             except BaseException as e:  # the call's error reaches whoever waits on the future
-                future.set_exception(e)
-            else:
-                future.set_result(result)
+                outcome = (future, None, e)
+            del work, future
+            with self._lock:
+                if top_level:
+                    self._waiting.append(outcome)
+                    self._release_top_level()
+                else:
+                    self._make_runnable(outcome, False)  # its issuer may be waiting on it
+            del outcome
+
+    def _release_top_level(self):  # holds the lock
+        while self._waiting and (self._top_level_running == 0
+                                 or time.monotonic() >= self._top_level_started + self._STALL_S):
+            self._make_runnable(self._waiting.popleft(), True)
+
+    def _make_runnable(self, outcome, top_level):  # holds the lock
+        if self._idle <= len(self._runnable):
+            threading.Thread(target=self._complete, name="gradcomm-future-callbacks", daemon=True).start()
+        if top_level:
+            self._top_level_running += 1
+            self._top_level_started = time.monotonic()
+        self._runnable.append((outcome, top_level))
+        self._runnable_cv.notify()
+
+    def _complete(self):
+        self._local.completing = True
+        while True:
+            with self._lock:
+                self._idle += 1
+                self._runnable_cv.wait_for(lambda: self._runnable)
+                self._idle -= 1
+                (future, result, error), top_level = self._runnable.popleft()
+            try:
+                if error is None:
+                    future.set_result(result)
+                elif isinstance(error, gradcomm.Error) and _gradcomm_torch is not None:
+                    # With its class in DDP's backward too (set_exception would give
+                    # DDP an exception object where it expects a tensor).
+                    _gradcomm_torch._fail_future(future, error)
+                else:
+                    future.set_exception(error)
+            finally:
+                del future, result, error
+                if top_level:
+                    with self._lock:
+                        self._top_level_running -= 1
+                        self._release_top_level()
 
 
 _completer = _FutureCompleter()
@@ -203,14 +282,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gradcomm_names = names  # id(param) -> name
         self._gradcomm_compression = compression
         self._gradcomm_min_compress_numel = min_compress_numel
-        self._gradcomm_works = {}  # param -> (Work, grad, reduced tensor), in the order the hooks fired
+        # The order in which every rank issues the gradients: the parameters reversed,
+        # the order backward usually produces them in (DDP's first buckets assume the
+        # same). Issuing in the order the hooks fire instead would let ranks pair
+        # different gradients: a parameter without a gradient on one rank only is
+        # issued there at synchronize(), after the others.
+        self._gradcomm_order = [p for group in reversed(self.param_groups) for p in reversed(group["params"])
+                                if p.requires_grad]
+        self._gradcomm_ready = set()  # parameters whose gradient of this backward is in
+        self._gradcomm_next = 0  # _gradcomm_order[:_gradcomm_next] are issued
+        self._gradcomm_works = {}  # param -> (Work, grad, reduced tensor), in issue order
         self._gradcomm_synchronized = False
         self._gradcomm_should_synchronize = True
         self._gradcomm_grad_accs = []  # the hooked AccumulateGrad nodes, kept alive
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._gradcomm_hook(p)
+        for p in self._gradcomm_order:
+            self._gradcomm_hook(p)
 
     def _gradcomm_hook(self, p):
         # AccumulateGrad's hook runs once p.grad holds this backward's gradient
@@ -222,19 +308,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             param = ref()
             if param is None:
                 return
-            if param in self._gradcomm_works:
+            if param in self._gradcomm_ready:
                 raise RuntimeError(f"DistributedOptimizer: parameter '{self._gradcomm_names[id(param)]}' received a "
                                    "second gradient before step(): call step() (or synchronize()) after every "
                                    "backward")
-            self._gradcomm_works[param] = self._gradcomm_start(param)
+            self._gradcomm_ready.add(param)
+            self._gradcomm_issue(lambda p: p in self._gradcomm_ready)
 
         accumulator.register_hook(ready)
         self._gradcomm_grad_accs.append(accumulator)
 
+    def _gradcomm_issue(self, may_issue):
+        """Issues the parameters of _gradcomm_order from the first one not issued yet,
+        while may_issue(param) holds: a gradient that is in before an earlier one
+        waits for it, so every rank issues the same sequence."""
+        order = self._gradcomm_order
+        while self._gradcomm_next < len(order) and may_issue(order[self._gradcomm_next]):
+            p = order[self._gradcomm_next]
+            self._gradcomm_next += 1
+            if p.requires_grad:  # a parameter frozen since is skipped, on every rank alike
+                self._gradcomm_works[p] = self._gradcomm_start(p)
+
     def _gradcomm_start(self, p):
-        """Starts the average of p.grad over all ranks; returns (work, grad, tensor reduced)."""
+        """Starts the average of p.grad over all ranks (a missing gradient as zeros);
+        returns (work, grad, tensor reduced)."""
         if not gradcomm.is_initialized():
             gradcomm.init()
+        if p.grad is None:
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         grad = p.grad
         name = self._gradcomm_names[id(p)]
         if grad.is_sparse:
@@ -248,17 +349,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return work, grad, reduced
 
     def synchronize(self):
-        """Waits until every gradient is averaged over all ranks (in place). A
-        parameter whose hook did not fire this step (no gradient, or one set by
-        hand) is reduced here, in parameter order, a missing gradient as zeros, so
-        every rank makes the same calls."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad and p not in self._gradcomm_works:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    self._gradcomm_works[p] = self._gradcomm_start(p)
+        """Waits until every gradient is averaged over all ranks (in place). The
+        parameters not issued yet (no gradient on this rank, one set by hand, or one
+        waiting for an earlier parameter's) are issued here, in the same order as
+        from the hooks, a missing gradient as zeros, so every rank makes the same
+        calls in the same order."""
+        self._gradcomm_issue(lambda p: True)
         works, self._gradcomm_works = self._gradcomm_works, {}
+        self._gradcomm_ready, self._gradcomm_next = set(), 0
         for work, grad, reduced in works.values():
             work.wait()
             if reduced is not grad:
@@ -290,7 +388,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none=False):
-        if self._gradcomm_works:
+        if self._gradcomm_ready or self._gradcomm_works:
             raise RuntimeError("DistributedOptimizer: zero_grad() while gradients are being averaged (between "
                                "backward and step()); call it before backward or after step()")
         return self._gradcomm_base.zero_grad(self, set_to_none=set_to_none)

@@ -8,6 +8,7 @@
 // Debian's torch): torch's ProcessGroup, Store and Work classes are found through
 // the pybind11 internals the two modules share, and the class below derives from
 // torch's registered ProcessGroup. `import torch.distributed` must come first.
+#include <torch/csrc/jit/python/pybind_utils.h>  // PythonFutureWrapper: torch.futures.Future
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/chrono.h>
 
@@ -33,6 +34,29 @@ PYBIND11_MODULE(_gradcomm_torch, m) {
   using gradcomm::torch_backend::ProcessGroupGradcomm;
   m.doc() = "gradcomm's torch.distributed backend; use gradcomm.torch, not this module.";
   py::module_::import("torch.distributed");  // registers c10d::ProcessGroup, Store, Work with pybind11
+
+  // A failed op's error where pybind11 raises it (Work.wait(), Future.wait(), an op
+  // refused at issue): gradcomm.<kind>, as torch's own handlers raise it (work.h).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (gradcomm::torch_backend::PythonError& e) {
+      PyErr_SetString(e.python_type(), e.what());
+    }
+  });
+  // gradcomm.torch's DDP hook fails its Future this way: torch's Future.set_exception
+  // stores the exception as the Future's value, which DDP's reducer then tries to
+  // cast to a tensor ("Unable to cast ..."), losing the class. `error` is a
+  // gradcomm.Error; the Future's callbacks run here, without the GIL.
+  m.def(
+      "_fail_future",
+      [](const std::shared_ptr<torch::jit::PythonFutureWrapper>& future, const py::handle& error) {
+        auto failure = std::make_exception_ptr(gradcomm::torch_backend::PythonError(
+            py::type::handle_of(error).attr("__name__").cast<std::string>(), py::str(error).cast<std::string>()));
+        py::gil_scoped_release release;
+        future->fut->setError(std::move(failure));
+      },
+      py::arg("future"), py::arg("error"));
 
   py::class_<ProcessGroupGradcomm, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupGradcomm>>(
       m, "ProcessGroupGradcomm",

@@ -161,7 +161,7 @@ void ProcessGroupGradcomm::shutdown() {
       completer = std::move(completer_);
     }
     comm.reset();       // fails what is outstanding, at once
-    completer.reset();  // drains (every wait now returns) and joins
+    completer.reset();  // drains (every wait now returns) and waits for its threads
   });
 }
 
@@ -220,8 +220,12 @@ size_t ProcessGroupGradcomm::compression_state_bytes() {
 
 // Error feedback needs a key that names "this tensor" on every rank alike. A
 // storage's ordinal (the order in which this process group first compressed it) is
-// the same on every rank, since every rank issues the same calls; offset and numel
-// tell views of one storage apart.
+// the same on every rank, since every rank issues the same calls. Within a storage
+// the key must name the elements and their order, since the residual is laid out
+// in the order the compressor saw them: a contiguous tensor's are the numel from its
+// offset, in memory order (any shape); a strided view's go through a contiguous
+// copy in its logical order, which its sizes and strides give, so W.t() and W never
+// share a residual laid out for the other.
 std::string ProcessGroupGradcomm::compression_key(const at::Tensor& t) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   auto it = ordinals_.find(impl);
@@ -231,6 +235,9 @@ std::string ProcessGroupGradcomm::compression_key(const at::Tensor& t) {
     it = ordinals_.insert_or_assign(impl, StorageOrdinal{t.storage().getWeakStorageImpl(), next_ordinal_++, {}}).first;
   }
   std::string key = fmt::format("torch/s{}/o{}/n{}", it->second.ordinal, t.storage_offset(), t.numel());
+  if (!t.is_contiguous()) {
+    for (int64_t d = 0; d < t.dim(); ++d) key += fmt::format("{}{}:{}", d == 0 ? "/v" : ",", t.size(d), t.stride(d));
+  }
   std::vector<std::string>& keys = it->second.keys;
   if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
   return key;

@@ -38,14 +38,19 @@
 // state (error feedback) is keyed by the tensor's storage: each storage gets an
 // ordinal the first time it is compressed (the same on every rank, since every
 // rank issues the same calls in the same order), and the key is
-// "torch/s<ordinal>/o<storage offset>/n<numel>". A tensor reduced again and again
+// "torch/s<ordinal>/o<storage offset>/n<numel>", plus "/v<size>:<stride>,..." for a
+// non-contiguous view, whose elements are compressed in its own logical order (W
+// and W.t() get separate residuals). A tensor reduced again and again
 // (a DDP bucket) keeps its residual; a storage freed and reallocated gets a new
 // ordinal, never a dead tensor's state. Compressing a fresh tensor on every call
 // therefore creates state on every call: compress persistent gradient buffers.
 //
 // Threading: ops may be issued from any thread (DDP issues from autograd's); they
 // are issued whole, and handed to the Completer, under one lock, so the order of
-// calls on the wire, and of completions, is the order of issue.
+// calls on the wire is the order of issue, and so is the order in which they are
+// waited for. Their Futures complete on the Completer's completion threads, never
+// on the thread that waits for the next op, so a callback may issue an op and wait
+// on it (work.h).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -70,14 +75,14 @@ struct CompressionConfig {
 };
 
 // Runs `f` with the Python GIL released when the calling thread holds it (module.cc).
-// The process group's destructor uses it: it joins the completion thread, whose
+// The process group's destructor uses it: it waits for the completion threads, whose
 // future callbacks may need the GIL.
 void without_gil(const std::function<void()>& f);
 
 class ProcessGroupGradcomm : public c10d::ProcessGroup {
  public:
   // Blocks until every rank of the group has joined (or `timeout`, TimeoutError).
-  // `group_name` only labels errors. Throws std::runtime_error ("gradcomm <Kind>: ...").
+  // `group_name` only labels errors. Throws PythonError (gradcomm.<Kind> in Python; work.h).
   ProcessGroupGradcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& group_name,
                        CompressionConfig compression);

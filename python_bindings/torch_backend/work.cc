@@ -1,33 +1,41 @@
 #include "work.h"
 
 #include <fmt/format.h>
+#include <pybind11/pybind11.h>
 
 #include <ATen/core/ivalue.h>
+
+#include <thread>
 
 #include "gradcomm/errors.h"
 
 namespace gradcomm::torch_backend {
 
-std::exception_ptr as_torch_error(std::exception_ptr error, bool at_issue) {
+namespace py = pybind11;
+
+PyObject* PythonError::python_type() {
+  try {
+    // gradcomm.torch imports gradcomm, which defines the classes, before it loads
+    // this module; the package keeps them for the interpreter's life.
+    py::object cls = py::module_::import("gradcomm").attr(kind_.c_str());
+    if (PyExceptionClass_Check(cls.ptr())) return cls.ptr();
+  } catch (const py::error_already_set&) {
+    // No such package or class: a plain RuntimeError still carries the message.
+  }
+  return PyExc_RuntimeError;
+}
+
+std::exception_ptr as_torch_error(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {
-    std::string text = fmt::format("gradcomm {}: {}", error_code_name(e.code()), e.what());
-    // A wrong argument is a ValueError in Python (pybind11 maps std::invalid_argument),
-    // the rest RuntimeError. A Work that failed is always a RuntimeError (the library
-    // fails work outstanding at shutdown with InvalidArgument: not the caller's argument).
-    if (at_issue && e.code() == ErrorCode::kInvalidArgument) {
-      return std::make_exception_ptr(std::invalid_argument(text));
-    }
-    return std::make_exception_ptr(std::runtime_error(text));
-  } catch (const std::exception&) {
-    return error;  // c10::Error from a tensor copy, or our own runtime_error: already readable
+    return std::make_exception_ptr(PythonError(error_code_name(e.code()), e.what()));
   } catch (...) {
-    return std::make_exception_ptr(std::runtime_error("gradcomm: an unknown exception (not a std::exception)"));
+    return error;
   }
 }
 
-void rethrow_as_torch_error() { std::rethrow_exception(as_torch_error(std::current_exception(), true)); }
+void rethrow_as_torch_error() { std::rethrow_exception(as_torch_error(std::current_exception())); }
 
 GradcommWork::GradcommWork(int rank, c10d::OpType type, const char* op_name,
                            std::vector<std::shared_ptr<gradcomm::Work>> works, std::vector<at::Tensor> outputs,
@@ -58,30 +66,32 @@ std::vector<at::Tensor> GradcommWork::result() { return outputs_; }
 
 c10::intrusive_ptr<c10::ivalue::Future> GradcommWork::getFuture() { return future_; }
 
-void GradcommWork::complete() {
-  std::exception_ptr error;
+void GradcommWork::settle() {
   // Every call is waited on, even after one failed: the tensors in keep_ must
   // outlive all of them.
   for (auto& work : works_) {
     try {
       work->wait();
     } catch (...) {
-      if (!error) error = as_torch_error(std::current_exception(), false);
+      if (!error_) error_ = as_torch_error(std::current_exception());
     }
   }
-  if (!error && finish_) {
+  if (!error_ && finish_) {
     try {
       finish_();
     } catch (...) {
-      error = as_torch_error(std::current_exception(), false);
+      error_ = as_torch_error(std::current_exception());
     }
   }
   works_.clear();
   keep_.clear();
   finish_ = nullptr;
+}
+
+void GradcommWork::complete() {
   try {
-    if (error) {
-      future_->setError(error);
+    if (error_) {
+      future_->setError(error_);
     } else {
       future_->markCompleted(c10::IValue(outputs_));
     }
@@ -89,44 +99,126 @@ void GradcommWork::complete() {
     // The Future's callbacks report their own errors through the futures they
     // return; nothing here may stop the Work from completing.
   }
-  finish(error);
+  finish(error_);
 }
 
-Completer::Completer() : queue_(std::make_shared<Queue>()), thread_(&Completer::run, queue_) {}
+namespace {
+// The Completer state whose completion thread this is, if any: an op issued here is
+// a callback's, and the Completer's destructor must not wait for this thread.
+thread_local const void* t_completer_state = nullptr;
+}  // namespace
+
+Completer::Completer() : state_(std::make_shared<State>()) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  start_thread(state_, [state = state_] { wait_loop(state); });
+  // One completion thread always, since make_runnable may fail to start more.
+  start_thread(state_, [state = state_] { completion_loop(state); });
+}
 
 Completer::~Completer() {
-  {
-    std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->stop = true;
-  }
-  queue_->cv.notify_all();
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();  // dropped from a future callback: the thread exits once the queue is drained
-  } else {
-    thread_.join();
-  }
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->stop = true;
+  state_->issued_cv.notify_all();
+  // Dropped from a future callback: this thread is one of ours (the others may need
+  // it to finish), so the threads drain the queues and exit on their own.
+  if (t_completer_state == state_.get()) return;
+  state_->exited_cv.wait(lock, [&] { return state_->threads == 0; });
 }
 
 void Completer::push(c10::intrusive_ptr<GradcommWork> work) {
   {
-    std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->works.push_back(std::move(work));
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->issued.emplace_back(std::move(work), t_completer_state != state_.get());
   }
-  queue_->cv.notify_one();
+  state_->issued_cv.notify_one();
 }
 
-void Completer::run(std::shared_ptr<Queue> queue) {
-  for (;;) {
-    c10::intrusive_ptr<GradcommWork> work;
-    {
-      std::unique_lock<std::mutex> lock(queue->mutex);
-      queue->cv.wait(lock, [&] { return queue->stop || !queue->works.empty(); });
-      if (queue->works.empty()) return;  // stopped and drained
-      work = std::move(queue->works.front());
-      queue->works.pop_front();
+void Completer::start_thread(const std::shared_ptr<State>& state, std::function<void()> run) {
+  std::thread(std::move(run)).detach();  // throws std::system_error when no thread can be made
+  ++state->threads;
+}
+
+void Completer::make_runnable(const std::shared_ptr<State>& state, c10::intrusive_ptr<GradcommWork> work,
+                              bool top_level) {
+  if (state->idle <= state->runnable.size()) {
+    try {
+      start_thread(state, [state] { completion_loop(state); });
+    } catch (const std::system_error&) {
+      // One of the running completion threads takes it when it is free.
     }
-    work->complete();
   }
+  if (top_level) {
+    ++state->top_level_running;
+    state->top_level_started = std::chrono::steady_clock::now();
+  }
+  state->runnable.emplace_back(std::move(work), top_level);
+  state->runnable_cv.notify_one();
+}
+
+void Completer::release_top_level(const std::shared_ptr<State>& state) {
+  while (!state->waiting.empty() &&
+         (state->top_level_running == 0 || std::chrono::steady_clock::now() >= state->top_level_started + kStall)) {
+    make_runnable(state, std::move(state->waiting.front()), true);
+    state->waiting.pop_front();
+  }
+}
+
+void Completer::wait_loop(std::shared_ptr<State> state) {
+  std::unique_lock<std::mutex> lock(state->mutex);
+  // It also holds the top-level works back, so it stays until they are out.
+  const auto drained = [&] { return state->stop && state->issued.empty() && state->waiting.empty(); };
+  const auto wake = [&] { return !state->issued.empty() || drained(); };
+  for (;;) {
+    if (state->waiting.empty()) {
+      state->issued_cv.wait(lock, wake);
+    } else {  // held up by a running completion: wake at its end (issued_cv), or at kStall
+      state->issued_cv.wait_until(lock, state->top_level_started + kStall, wake);
+      release_top_level(state);
+    }
+    if (state->issued.empty()) {
+      if (drained()) break;
+      continue;
+    }
+    auto [work, top_level] = std::move(state->issued.front());
+    state->issued.pop_front();
+    lock.unlock();
+    work->settle();
+    lock.lock();
+    if (top_level) {
+      state->waiting.push_back(std::move(work));
+      release_top_level(state);
+    } else {
+      make_runnable(state, std::move(work), false);  // its issuer may be waiting on it
+    }
+  }
+  state->waiter_done = true;
+  state->runnable_cv.notify_all();
+  --state->threads;
+  state->exited_cv.notify_all();
+}
+
+void Completer::completion_loop(std::shared_ptr<State> state) {
+  t_completer_state = state.get();
+  std::unique_lock<std::mutex> lock(state->mutex);
+  for (;;) {
+    ++state->idle;
+    state->runnable_cv.wait(lock, [&] { return state->waiter_done || !state->runnable.empty(); });
+    --state->idle;
+    if (state->runnable.empty()) break;  // the waiter is done and nothing is left
+    auto [work, top_level] = std::move(state->runnable.front());
+    state->runnable.pop_front();
+    lock.unlock();
+    work->complete();
+    work.reset();  // and with it what the Future's callbacks held, before the lock is taken
+    lock.lock();
+    if (top_level) {
+      --state->top_level_running;
+      release_top_level(state);
+      state->issued_cv.notify_one();  // the waiter may be held up by this one, or stopping
+    }
+  }
+  --state->threads;
+  state->exited_cv.notify_all();
 }
 
 }  // namespace gradcomm::torch_backend

@@ -8,41 +8,71 @@
 // c10d's contract is that the output tensors and the Future are final when the
 // Work completes, so that step must run before completion, off the caller's thread.
 //
-// Completion thread. One per process group (the Completer), not one per op: the
-// communicator's engine runs calls in issue order and completes them in that
-// order, so a single thread that waits on the works front to back never waits
-// longer than the op it is on. The process group pushes a work while it holds its
-// issue lock, so the Completer's queue order is the engine's order. For each work
-// it: waits on the gradcomm works, runs the local step, marks the Future (its
-// callbacks, e.g. DDP's reducer, run here, as they do on gloo's worker threads),
-// then completes the c10d::Work, which wakes wait(). Future before Work: a caller
-// that returns from wait() finds the Future already done.
+// Completion. The communicator's engine runs calls in issue order and completes
+// them in that order, so one thread per process group (the Completer's waiter)
+// waits on the works front to back and never waits longer than the op it is on;
+// the process group pushes a work while it holds its issue lock, so the waiter's
+// order is the engine's. For each work the waiter waits on the gradcomm works and
+// runs the local step. It never runs user code: marking the Future runs its
+// callbacks (DDP's reducer, a .then), and a callback may issue another collective
+// and wait on it (torch's powerSGD_hook does), which the waiter must be free to
+// finish. So it hands each settled work to a completion thread, which marks the
+// Future (running its callbacks, as gloo's worker threads do) and then completes
+// the c10d::Work, which wakes wait(). Future before Work: a caller that returns
+// from wait() finds the Future already done.
+//
+// Which completion runs when. Collectives that callbacks issue must be issued in
+// the same order on every rank, so callbacks must not race one another:
+//   - an op issued from outside the completion threads (a "top-level" op) is
+//     completed only once the previous top-level op's completion has returned,
+//     callbacks and all, so callbacks run one op after another, in op order;
+//   - an op issued by a callback is completed as soon as it settles, beside the
+//     completion that issued it, which may be waiting on it.
+// So a callback that waits on an op it issued never blocks a thread that must
+// complete that op, and every rank runs the same callbacks in the same order. A
+// callback that waits on a later top-level op (issued elsewhere) would wait
+// forever under this rule; after kStall the next top-level op is completed beside
+// it anyway: it then runs late, never not at all. Completion threads are a pool
+// that grows when every thread is busy and keeps its threads for reuse, so it is as
+// large as the deepest chain of blocked callbacks, plus one.
+//
+// What no process group can order: collectives that callbacks issue race those
+// that other threads issue at the same time (DDP's backward issuing its next
+// buckets while a PowerSGD callback issues its P and Q allreduces; torch's then()
+// even runs a callback on the caller's thread when the Future is already done).
+// gloo has the same race. The communicator refuses a call issued while another
+// thread's calls are outstanding and aborts every rank (src/engine.h, "Issuing
+// threads"), so such a race ends in InvalidArgument, never in calls paired across
+// threads; where the callbacks' calls happen to follow the others' on every rank,
+// the program runs (docs/fault-model.md).
 //
 // Errors. A gradcomm error (MismatchError, PeerFailure, TimeoutError, ...) fails the
-// Work and the Future with a std::runtime_error whose text starts with
-// "gradcomm <Kind>:", so Python sees a RuntimeError that names the kind and the
-// library's message (rank, op, sequence number, expected vs found). At issue time
-// InvalidArgument becomes a std::invalid_argument (Python's ValueError), as the
-// process group's own argument checks are.
+// Work and the Future as a PythonError (below): Python sees the library's class
+// (gradcomm.MismatchError, ...) and its message (rank, op, sequence number,
+// expected vs found) from Work.wait(), Future.wait() and DDP's backward alike.
 //
 // Shutdown. The process group destroys its communicator first: that fails every
 // outstanding gradcomm work at once (never waiting on a peer). Then the Completer
-// is stopped: its thread drains what is queued (each wait now returns at once)
-// and exits, and the destructor joins it. The thread reaches only its shared
-// queue and the works it holds references to, never the process group, so if the
-// last reference to the group is dropped on the thread itself (a future callback
-// holding it), the thread is detached instead of joined.
+// is stopped: the waiter drains what is queued (each wait now returns at once),
+// the completion threads complete what it hands them (a callback blocked on one of
+// this group's ops gets that op's error and returns), and the destructor joins
+// them all. A callback blocked on something else (another group, a lock) holds up
+// shutdown as long as it blocks, as with gloo. Threads reach only the shared state
+// and the works they hold, never the process group, so if the last reference to
+// the group is dropped on one of them (a future callback holding it), that thread
+// is detached instead of joined and exits once the queues are drained.
 #pragma once
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradcomm/communicator.h"
@@ -66,8 +96,10 @@ class GradcommWork : public c10d::Work {
   // Completes with a list of the output tensors (c10d's convention for collectives).
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // The Completer's side: waits on the gradcomm works, runs the local step and
-  // completes Future and Work. Never throws.
+  // The Completer's two steps. settle() (the waiter): waits on the gradcomm works
+  // and runs the local step. complete() (a completion thread): marks the Future,
+  // running its callbacks, then completes the Work. Neither throws.
+  void settle();
   void complete();
 
  private:
@@ -76,35 +108,79 @@ class GradcommWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   std::function<void()> finish_;
+  std::exception_ptr error_;  // settle()'s outcome, for complete()
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// A gradcomm (or any) exception as the error torch sees: "gradcomm <Kind>:
-// <message>"; `at_issue`: raised while issuing (InvalidArgument is then a ValueError).
-std::exception_ptr as_torch_error(std::exception_ptr error, bool at_issue);
-// Rethrows the current exception that way, at issue (call inside a catch block).
+// A gradcomm error on its way to Python. torch::PyTorchError, so torch's own
+// handlers (HANDLE_TH_ERRORS: loss.backward() rethrowing a DDP bucket's failed
+// Future) raise it as python_type(); for the pybind11 paths (Work.wait(),
+// Future.wait(), the ops themselves) module.cc registers a translator that does the
+// same. Either way Python sees gradcomm.<kind> (gradcomm.MismatchError, ...; every
+// one a RuntimeError) with the library's message.
+class PythonError : public torch::PyTorchError {
+ public:
+  // `kind`: the class's name in the gradcomm package (error_code_name's names).
+  PythonError(std::string kind, const std::string& message)
+      : torch::PyTorchError(message), kind_(std::move(kind)) {}
+  // gradcomm.<kind>, or RuntimeError if the package has no such class. Needs the GIL.
+  PyObject* python_type() override;
+
+ private:
+  std::string kind_;
+};
+
+// A gradcomm::Error as a PythonError of its kind; any other exception unchanged
+// (c10::Error from a tensor copy, the process group's own argument errors).
+std::exception_ptr as_torch_error(std::exception_ptr error);
+// Rethrows the current exception that way (call inside a catch block).
 [[noreturn]] void rethrow_as_torch_error();
 
 class Completer {
  public:
   Completer();
-  ~Completer();  // stops after draining the queue; joins (or detaches on its own thread)
+  ~Completer();  // see "Shutdown" above
   Completer(const Completer&) = delete;
   Completer& operator=(const Completer&) = delete;
 
+  // Queues a work the caller has just issued: a top-level one unless the caller is
+  // one of this Completer's completion threads (a future callback).
   void push(c10::intrusive_ptr<GradcommWork> work);
 
  private:
-  struct Queue {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::deque<c10::intrusive_ptr<GradcommWork>> works;
-    bool stop = false;
-  };
-  static void run(std::shared_ptr<Queue> queue);
+  // How long a top-level op's completion may hold up the next one (see above).
+  static constexpr std::chrono::seconds kStall{5};
 
-  std::shared_ptr<Queue> queue_;
-  std::thread thread_;
+  // Shared by the Completer and its threads, which outlive it when it is destroyed
+  // on one of them. The threads are detached; `threads` counts those still running.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable issued_cv;    // the waiter: an op was pushed, stop, or a top-level completion ended
+    std::condition_variable runnable_cv;  // completion threads: a work may complete, or the waiter is done
+    std::condition_variable exited_cv;    // the destructor: a thread exited
+    std::deque<std::pair<c10::intrusive_ptr<GradcommWork>, bool>> issued;  // to settle, in the engine's order; top-level?
+    std::deque<c10::intrusive_ptr<GradcommWork>> waiting;  // settled top-level works held up by an earlier one
+    std::deque<std::pair<c10::intrusive_ptr<GradcommWork>, bool>> runnable;  // to complete; top-level?
+    size_t top_level_running = 0;
+    std::chrono::steady_clock::time_point top_level_started;  // of the last one made runnable
+    size_t threads = 0;  // running: the waiter and the completion threads
+    size_t idle = 0;     // completion threads waiting for a runnable work
+    bool stop = false;
+    bool waiter_done = false;  // stopped and drained: nothing more will become runnable
+  };
+  static void wait_loop(std::shared_ptr<State> state);
+  static void completion_loop(std::shared_ptr<State> state);
+  // Makes the waiting top-level works runnable that may run now. Caller holds state->mutex.
+  static void release_top_level(const std::shared_ptr<State>& state);
+  // Queues a work for a completion thread, starting one when none is idle (when
+  // none can be started, one of those running takes it once it is free). Caller
+  // holds state->mutex.
+  static void make_runnable(const std::shared_ptr<State>& state, c10::intrusive_ptr<GradcommWork> work,
+                            bool top_level);
+  // Starts a detached thread running `run`, counted in state->threads. Caller holds state->mutex.
+  static void start_thread(const std::shared_ptr<State>& state, std::function<void()> run);
+
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace gradcomm::torch_backend

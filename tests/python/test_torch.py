@@ -1,6 +1,9 @@
 """PyTorch: DDP with gloo plus gradcomm's hook, and DistributedOptimizer, on 2 and 4
 ranks (parameters bitwise identical across ranks after every step, loss falling,
-compression "none" equal to plain DDP within fp32 tolerance); the examples under
+compression "none" equal to plain DDP within fp32 tolerance); DistributedOptimizer
+with a layer that has no gradient on one rank only (equal to a reference, fusion on
+and off); callbacks on the hook's futures that wait on the hook again; the hook's
+errors keep their gradcomm class; the examples under
 gradcomm-run and torchrun."""
 import os
 
@@ -21,6 +24,20 @@ SCENARIOS = ["ddp:none", "ddp:topk:ratio=0.05", "ddp0:topk:ratio=0.05", "ddp:qsg
 def test_ddp_hook_and_distributed_optimizer(n):
     result = launch(n, os.path.join(WORKERS, "torch_train.py"), *SCENARIOS)
     expect_ok(result, n, "torch")
+
+
+@pytest.mark.parametrize("case", ["fixed", "varying"])
+@pytest.mark.parametrize("fusion", ["default", "off"])
+def test_distributed_optimizer_layer_without_gradient_on_one_rank(case, fusion):
+    # Same-shaped layers, no bias: a gradient paired with another layer's on the other
+    # rank would go unnoticed on the wire; the parameters must equal the reference.
+    env = {"GRADCOMM_FUSION_BYTES": "0"} if fusion == "off" else None
+    result = launch(2, os.path.join(WORKERS, "torch_optimizer_unused.py"), case, timeout=90, env=env)
+    expect_ok(result, 2, "torch-opt-unused")
+
+
+def test_hook_futures_chain_and_keep_error_class():
+    expect_ok(launch(2, os.path.join(WORKERS, "torch_hook_futures.py"), timeout=90), 2, "torch-hook-futures")
 
 
 def test_init_before_torch_leaves_master_port_to_torch():
