@@ -156,18 +156,22 @@ void fuzz_control(uint8_t flags, std::vector<uint8_t> bytes) {
     const uint32_t text = static_cast<uint32_t>(bytes.size() - kControlHeaderBytes);
     std::memcpy(bytes.data() + 12, &text, 4);
   }
-  const auto message = decode_control(bytes);
+  const auto frame = decode_control(bytes);
   const uint8_t* p = bytes.data();
   const bool valid = bytes.size() >= kControlHeaderBytes && load<uint32_t>(p) == kControlMagic &&
-                     p[4] == kControlVersion && p[5] >= 1 && p[5] <= 8 &&
+                     p[4] == kControlVersion && p[5] >= 1 && p[5] <= 8 && p[6] <= 1 && p[7] == 0 &&
                      load<uint32_t>(p + 12) <= ControlMessage::kMaxText &&
-                     bytes.size() == kControlHeaderBytes + load<uint32_t>(p + 12);
-  GRADCOMM_FUZZ_CHECK(message.has_value() == valid, "decode_control %s a message the reference %s",
-                      message ? "accepted" : "refused", valid ? "accepts" : "refuses");
-  if (!message) return;
+                     bytes.size() == kControlHeaderBytes + load<uint32_t>(p + 12) &&
+                     (p[6] == 0 || load<uint32_t>(p + 12) == 0);  // a receipt has no text
+  GRADCOMM_FUZZ_CHECK(frame.has_value() == valid, "decode_control %s a message the reference %s",
+                      frame ? "accepted" : "refused", valid ? "accepts" : "refuses");
+  if (!frame) return;
+  GRADCOMM_FUZZ_CHECK(static_cast<uint8_t>(frame->kind) == p[6], "decode_control read the wrong kind");
+  const ControlMessage* message = &frame->message;
   GRADCOMM_FUZZ_CHECK(static_cast<uint8_t>(message->code) == p[5] && message->origin == load<int32_t>(p + 8) &&
                           message->seq == load<uint64_t>(p + 16) &&
-                          message->text == std::string(reinterpret_cast<const char*>(p + 24), bytes.size() - 24),
+                          frame->sender == load<int32_t>(p + 24) &&
+                          message->text == std::string(reinterpret_cast<const char*>(p + 28), bytes.size() - 28),
                       "decoded fields differ from the bytes");
   // Raised as the error type its code names.
   try {
@@ -175,9 +179,11 @@ void fuzz_control(uint8_t flags, std::vector<uint8_t> bytes) {
   } catch (const gradcomm::Error& e) {
     GRADCOMM_FUZZ_CHECK(e.code() == message->code, "throw_error raised another code");
   }
-  const auto again = decode_control(encode_control(*message));
-  GRADCOMM_FUZZ_CHECK(again && again->code == message->code && again->origin == message->origin &&
-                          again->seq == message->seq && again->text == message->text,
+  const auto again = decode_control(encode_control(*message, frame->kind, frame->sender));
+  GRADCOMM_FUZZ_CHECK(again && again->kind == frame->kind && again->sender == frame->sender &&
+                          again->message.code == message->code &&
+                          again->message.origin == message->origin && again->message.seq == message->seq &&
+                          again->message.text == message->text,
                       "encode -> decode changed the message");
 }
 

@@ -12,7 +12,7 @@ def test_numpy_collectives_match_references(n):
     expect_ok(launch(n, os.path.join(WORKERS, "numpy_collectives.py")), n, "numpy")
 
 
-@pytest.mark.parametrize("kind", ["numel", "compressor", "op"])
+@pytest.mark.parametrize("kind", ["numel", "compressor", "op", "op_stopped"])
 def test_mismatched_calls_raise_mismatch_error_on_every_rank(kind):
     expect_ok(launch(3, os.path.join(WORKERS, "mismatch.py"), kind), 3, f"mismatch-{kind}")
 

@@ -393,18 +393,33 @@ TEST(UcxWire, ControlMessageRoundTripsAndRejectsGarbage) {
   auto bytes = encode_control(message);
   auto back = decode_control(bytes);
   ASSERT_TRUE(back);
-  EXPECT_EQ(back->code, ErrorCode::kMismatch);
-  EXPECT_EQ(back->origin, 3);
-  EXPECT_EQ(back->seq, (uint64_t{1} << 40) + 17);
-  EXPECT_EQ(back->text, message.text);
+  EXPECT_EQ(back->kind, ControlKind::kAbort);
+  EXPECT_EQ(back->message.code, ErrorCode::kMismatch);
+  EXPECT_EQ(back->message.origin, 3);
+  EXPECT_EQ(back->message.seq, (uint64_t{1} << 40) + 17);
+  EXPECT_EQ(back->message.text, message.text);
   message.text.assign(ControlMessage::kMaxText + 100, 'x');
-  EXPECT_EQ(decode_control(encode_control(message))->text.size(), ControlMessage::kMaxText);
+  EXPECT_EQ(decode_control(encode_control(message))->message.text.size(), ControlMessage::kMaxText);
   bytes.pop_back();
   EXPECT_FALSE(decode_control(bytes));
   bytes = encode_control(ControlMessage{});
   bytes[5] = 99;  // unknown error code
   EXPECT_FALSE(decode_control(bytes));
+  bytes = encode_control(ControlMessage{});
+  bytes[6] = 2;  // unknown kind
+  EXPECT_FALSE(decode_control(bytes));
   EXPECT_FALSE(decode_control(std::vector<uint8_t>(3, 0)));
+}
+
+TEST(UcxWire, ReceiptsRoundTripAndCarryNoText) {
+  const ControlMessage receipt{ErrorCode::kMismatch, 2, 9, ""};
+  auto back = decode_control(encode_control(receipt, ControlKind::kReceipt, 5));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->kind, ControlKind::kReceipt);
+  EXPECT_EQ(back->sender, 5);
+  EXPECT_EQ(back->message.origin, 2);
+  EXPECT_EQ(back->message.seq, 9u);
+  EXPECT_FALSE(decode_control(encode_control(ControlMessage{ErrorCode::kMismatch, 2, 9, "x"}, ControlKind::kReceipt)));
 }
 
 // ---- ranks as threads ------------------------------------------------------------

@@ -141,6 +141,19 @@ void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
 // ---- teardown --------------------------------------------------------------------
 
 void UcxTransport::shutdown() noexcept {
+  // Steps 0 and 2 share one bound: a stopped peer neither returns a receipt nor
+  // drains a flush, and it must cost the bound once, not once per step.
+  const auto flush_deadline = Clock::now() + kUcxFlushWait;
+  if (worker_ != nullptr) {
+    try {
+      // 0. Aborts this rank sent: wait (bounded) until every live peer confirmed
+      //    taking it in, so that its notice, not this rank's departure, is what the
+      //    peer sees first (ucx_wire.h: receipts). The control receive stays posted
+      //    meanwhile: receipts arrive on it, and peers waiting on ours get them.
+      progress_until(flush_deadline, [&] { return receipts_in(); });
+    } catch (...) {
+    }
+  }
   closing_ = true;
   if (worker_ != nullptr) {
     try {
@@ -162,7 +175,7 @@ void UcxTransport::shutdown() noexcept {
         ucs_status_ptr_t flush = ucp_ep_flush_nbx(peer.ep, &flush_param);
         if (UCS_PTR_IS_PTR(flush)) flushes.push_back(flush);
       }
-      progress_until(Clock::now() + kUcxFlushWait, [&] {
+      progress_until(flush_deadline, [&] {
         return std::all_of(flushes.begin(), flushes.end(),
                            [](void* f) { return ucp_request_check_status(f) != UCS_INPROGRESS; });
       });

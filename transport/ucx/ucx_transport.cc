@@ -1,9 +1,11 @@
 // UCX transport: set-up, send/receive, progress and the control channel. The
 // design (request lifetime, tag layout, dead-peer detection) is described in
 // ucx_transport_impl.h and ucx_wire.h.
+#include <dirent.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -111,6 +114,39 @@ static void configure_defaults(ucp_config_t* config) {
   }
 }
 
+// File descriptors. UCX opens a few dozen for a context and worker (epoll and event
+// fds, shared-memory segments, a socket per TCP interface; 17 on a host with
+// loopback and one NIC, more with more devices) and, over TCP, about one per peer
+// it talks to. When it runs out inside ucp_worker_create it may fail, or assert
+// and abort the process ("failed to set active message handler"), which the other
+// ranks could only see as a death. So the limit is checked first, against a
+// generous estimate, and a short one is refused with what to do about it.
+constexpr uint64_t kUcxBaseDescriptors = 128;
+
+static std::optional<uint64_t> open_descriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return std::nullopt;
+  uint64_t entries = 0;
+  while (const dirent* entry = ::readdir(dir)) entries += entry->d_name[0] != '.';
+  ::closedir(dir);
+  return entries - 1;  // not the directory's own
+}
+
+static void check_descriptor_headroom(int rank, int size) {
+  rlimit limit{};
+  const std::optional<uint64_t> open = open_descriptors();
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || !open) return;
+  const uint64_t needed = kUcxBaseDescriptors + static_cast<uint64_t>(size - 1);
+  const uint64_t available = limit.rlim_cur > *open ? limit.rlim_cur - *open : 0;
+  if (available >= needed) return;
+  throw TransportError(fmt::format(
+      "ucx: rank {} has {} file descriptors free ({} open, RLIMIT_NOFILE soft limit {}, hard limit {}); UCX needs "
+      "about {} for {} ranks. Raise the limit where the rank starts: ulimit -n 4096 (up to the hard limit; above "
+      "it, /etc/security/limits.conf), LimitNOFILE= under systemd, --ulimit nofile=4096 under docker",
+      rank, available, *open, limit.rlim_cur,
+      limit.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(limit.rlim_max), needed, size));
+}
+
 UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& options) : rank_(rank), size_(size) {
   try {
     connect(store, options);
@@ -122,6 +158,7 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
 
 void UcxTransport::connect(Store& store, const UcxOptions& options) {
   const Deadline deadline = Deadline::after(options.timeout);
+  check_descriptor_headroom(rank_, size_);
   ucp_config_t* config = nullptr;
   // The UCX variables are process-wide, and ranks may be threads of one process (the
   // unit tests): setenv and the reads of the environment, ours and UCX's (config read,
@@ -356,11 +393,16 @@ void UcxTransport::finish(UcxOp* op, ucs_status_t status, size_t length) {
     case UcxOp::Kind::kControlRecv: {
       control_posted_ = false;  // drive() re-posts, outside UCX callbacks
       if (status == UCS_OK) {
-        auto message = decode_control(std::span<const uint8_t>(op->storage.data(), length));
-        if (message) {
-          aborts_.push_back(std::move(*message));
-        } else {
+        auto frame = decode_control(std::span<const uint8_t>(op->storage.data(), length));
+        const int sender = frame ? frame->sender : -1;
+        if (!frame || sender < 0 || sender >= size_ || sender == rank_) {
           log(LogLevel::kWarn, "ucx: rank {} dropped a malformed abort message ({} bytes)", rank_, length);
+        } else if (frame->kind == ControlKind::kReceipt) {
+          int& owed = peers_[static_cast<size_t>(sender)].receipts_owed;
+          owed = std::max(owed - 1, 0);
+        } else {
+          receipts_due_.push_back(ControlMessage{frame->message.code, sender, frame->message.seq, {}});
+          aborts_.push_back(std::move(frame->message));
         }
       } else if (status != UCS_ERR_CANCELED) {
         log(LogLevel::kWarn, "ucx: rank {}: abort receive failed: {}", rank_, ucs_status_string(status));
@@ -417,6 +459,7 @@ bool UcxTransport::drive() {
   }
   if (peers_newly_failed_) cancel_receives_from_failed();
   if (!control_posted_ && !closing_) post_control_recv();
+  if (!receipts_due_.empty()) send_receipts();
   return events_ != before;
 }
 
@@ -471,22 +514,45 @@ void UcxTransport::post_control_recv() {
   }
 }
 
+bool UcxTransport::send_control(int rank, const std::vector<uint8_t>& payload) {
+  const Peer& peer = peers_[static_cast<size_t>(rank)];
+  if (peer.rank == rank_ || peer.failed || peer.ep == nullptr) return false;
+  UcxOp* op = new_op(UcxOp::Kind::kControlSend, peer.rank, 0, payload.size(), nullptr);
+  op->storage = payload;  // the UcxOp owns the bytes until UCX is done with them
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &UcxTransport::on_send;
+  param.user_data = op;
+  after_post(op, ucp_tag_send_nbx(peer.ep, op->storage.data(), op->storage.size(), ucx_control_tag(rank_), &param));
+  return true;
+}
+
 void UcxTransport::send_abort(const ControlMessage& message) {
   try {
-    const std::vector<uint8_t> payload = encode_control(message);
+    const std::vector<uint8_t> payload = encode_control(message, ControlKind::kAbort, rank_);
     for (Peer& peer : peers_) {
-      if (peer.rank == rank_ || peer.failed || peer.ep == nullptr) continue;
-      UcxOp* op = new_op(UcxOp::Kind::kControlSend, peer.rank, 0, payload.size(), nullptr);
-      op->storage = payload;  // the UcxOp owns the bytes until UCX is done with them
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      param.cb.send = &UcxTransport::on_send;
-      param.user_data = op;
-      after_post(op, ucp_tag_send_nbx(peer.ep, op->storage.data(), op->storage.size(), ucx_control_tag(rank_), &param));
+      if (send_control(peer.rank, payload)) ++peer.receipts_owed;
     }
   } catch (...) {
     // Best effort by contract: the caller is already failing and peers may be dead.
   }
+}
+
+void UcxTransport::send_receipts() {
+  std::vector<ControlMessage> due;
+  due.swap(receipts_due_);
+  try {
+    for (const ControlMessage& abort : due) {
+      const ControlMessage receipt{abort.code, rank_, abort.seq, {}};
+      send_control(abort.origin, encode_control(receipt, ControlKind::kReceipt, rank_));
+    }
+  } catch (...) {
+    // Best effort, as the aborts themselves: the sender waits for receipts only so long.
+  }
+}
+
+bool UcxTransport::receipts_in() const {
+  return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.receipts_owed == 0 || p.failed; });
 }
 
 std::optional<ControlMessage> UcxTransport::poll_abort() {

@@ -129,6 +129,8 @@ class UcxTransport final : public Transport {
     // with no event to say when there is some (see wait_for_event).
     bool shared_memory = false;
     std::string error;
+    // Aborts sent to it that it has not yet confirmed (ucx_wire.h: receipts).
+    int receipts_owed = 0;
   };
   // An exchange UCX may never finish, and that nothing waits for once it has had a
   // brief drain (kUcxLostDrain): its Op is detached and freed at shutdown.
@@ -170,6 +172,12 @@ class UcxTransport final : public Transport {
   void settle(UcxRequest& request, const UcxOp& op, ucs_status_t status, size_t length);
   std::string check_target(int peer, uint64_t tag) const;
   void post_control_recv();
+  // One control message to `peer`, best effort (a failed or closed peer is skipped).
+  bool send_control(int peer, const std::vector<uint8_t>& payload);
+  // Confirms the aborts taken in since the last call (outside UCX callbacks).
+  void send_receipts();
+  // Every live peer sent an abort has confirmed it.
+  bool receipts_in() const;
   void fail_peer(int peer, std::string error);
   void cancel_receives_from_failed();
   void force_close(int peer);
@@ -196,6 +204,7 @@ class UcxTransport final : public Transport {
   bool peers_newly_failed_ = false;
   bool abandoned_ = false;  // abandon_pending() ran: destroyed Requests wait for nothing
   std::deque<ControlMessage> aborts_;
+  std::vector<ControlMessage> receipts_due_;  // origin: the rank that sent us the abort
   std::vector<void*> close_requests_;  // force-closes still finishing
   Clock::time_point last_kick_ = Clock::now();
 };

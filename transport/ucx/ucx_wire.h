@@ -64,17 +64,34 @@ constexpr bool ucx_is_control_tag(uint64_t wire_tag) {
 }
 
 // Control message encoding (little-endian, fixed header then the text):
-//   u32 magic "GCAB" | u8 version | u8 error code | u16 reserved (0) |
-//   i32 origin rank | u32 text bytes (<= ControlMessage::kMaxText) | u64 call seq | text
+//   u32 magic "GCAB" | u8 version | u8 error code | u8 kind | u8 reserved (0) |
+//   i32 origin rank | u32 text bytes (<= ControlMessage::kMaxText) | u64 call seq |
+//   i32 sender rank | text
+// The sender travels in the message: UCX 1.13 does not always fill in the sender
+// tag of a receive that matched any source. Kinds: an abort (a rank failed; origin
+// is the rank that failed first, which may not be the sender: ranks relay what
+// they raise), and the receipt a rank returns for each abort it takes in (origin:
+// the rank that took it in; no text). A rank that
+// sent aborts waits for the receipts before it closes its endpoints (bounded), so
+// its notice is in every live peer's hands before its departure can be seen there.
 inline constexpr uint32_t kControlMagic = 0x42414347;  // "GCAB" read little-endian
-inline constexpr uint8_t kControlVersion = 2;
-inline constexpr size_t kControlHeaderBytes = 24;
+inline constexpr uint8_t kControlVersion = 3;
+inline constexpr size_t kControlHeaderBytes = 28;
 inline constexpr size_t kControlWireBytes = kControlHeaderBytes + ControlMessage::kMaxText;
 
+enum class ControlKind : uint8_t { kAbort = 0, kReceipt = 1 };
+struct ControlFrame {
+  ControlKind kind = ControlKind::kAbort;
+  int sender = -1;
+  ControlMessage message;
+};
+
 // Text longer than kMaxText is cut to kMaxText bytes.
-std::vector<uint8_t> encode_control(const ControlMessage& message);
+std::vector<uint8_t> encode_control(const ControlMessage& message, ControlKind kind = ControlKind::kAbort,
+                                    int sender = 0);
 // nullopt when the bytes are not a well-formed control message (wrong magic or
-// version, text length disagreeing with the size, unknown error code).
-std::optional<ControlMessage> decode_control(std::span<const uint8_t> bytes);
+// version, text length disagreeing with the size, unknown error code or kind, a
+// receipt with text).
+std::optional<ControlFrame> decode_control(std::span<const uint8_t> bytes);
 
 }  // namespace gradcomm::detail

@@ -1,5 +1,10 @@
 """Rank program: ranks call different collectives; every rank must raise
-gradcomm.MismatchError naming the disagreement. argv[1]: numel | compressor | op."""
+gradcomm.MismatchError naming the disagreement. argv[1]: numel | compressor | op |
+op_stopped (as op, with rank 2 stopped by SIGSTOP while ranks 0 and 1 find the
+mismatch, raise and exit: when it resumes, the notice and their departure are both
+waiting, and it must still raise MismatchError, not PeerFailure)."""
+import os
+import signal
 import sys
 
 import numpy as np
@@ -21,6 +26,20 @@ try:
             gradcomm.broadcast(x, root=0)
         else:
             gradcomm.allreduce(x)
+    elif kind == "op_stopped":
+        if r == 0:
+            gradcomm.broadcast(x, root=0)
+        elif r == 1:
+            gradcomm.allreduce(x)
+        else:
+            work = gradcomm.allreduce_async(x)
+            if os.fork() == 0:  # wakes the parent once ranks 0 and 1 are gone
+                import time
+                time.sleep(1.5)
+                os.kill(os.getppid(), signal.SIGCONT)
+                os._exit(0)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            work.wait()
     else:
         raise SystemExit(f"unknown kind {kind}")
 except gradcomm.MismatchError as e:
