@@ -79,6 +79,7 @@ struct Call {
   void* stream = nullptr;                // CUDA stream (allreduce on device tensors)
   std::function<void()> local;           // kLocal: runs on the engine thread, in issue order
   Clock::time_point issued{};
+  int issuer = 0;  // the issuing thread's id (gettid), for Engine's issuing-thread rule
   std::shared_ptr<WorkState> work;
 };
 

@@ -60,6 +60,22 @@ void CommunicatorImpl::mark_failed(ErrorCode code, const std::string& message) {
   if (device_) device_->abort();
 }
 
+bool CommunicatorImpl::fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq) {
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (failure_) return false;
+  }
+  mark_failed(code, message);
+  transport_->send_abort(ControlMessage{code, rank_, seq, message.substr(0, ControlMessage::kMaxText)});
+  transport_->abandon_pending(kAbandonGrace);
+  return true;
+}
+
+std::optional<std::string> CommunicatorImpl::refusal() const {
+  if (!engine_) return std::nullopt;
+  return engine_->refusal();
+}
+
 void CommunicatorImpl::tell_peers_destroyed(uint64_t seq) {
   {
     std::lock_guard lock(failure_mutex_);
@@ -315,16 +331,7 @@ void CommunicatorImpl::synchronize() {
       const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
       const std::string message = fmt::format("rank {}: synchronize (after call #{}): {}", rank(), next_seq_ - 1,
                                               e.what());
-      bool first = false;
-      {
-        std::lock_guard lock(failure_mutex_);
-        first = !failure_;
-      }
-      if (first) {
-        mark_failed(code, message);
-        transport_->send_abort(ControlMessage{code, rank(), next_seq_ - 1, message.substr(0, ControlMessage::kMaxText)});
-        transport_->abandon_pending(kAbandonGrace);
-      }
+      fail_and_tell(code, message, next_seq_ - 1);
       throw_error(code, message);
     }
   });
@@ -371,21 +378,10 @@ void CommunicatorImpl::run_op(const WireHeader& header, Op::HeaderMode mode, con
     } catch (const std::exception& e) {
       // Whatever escaped mid-call leaves peers waiting on this rank: record it and
       // tell them (Op::fail already did both for the errors it raised).
-      bool first = false;
-      {
-        std::lock_guard lock(failure_mutex_);
-        first = !failure_;
-      }
-      if (first) {
-        const ErrorCode code = [&] {
-          auto* error = dynamic_cast<const Error*>(&e);
-          return error ? error->code() : ErrorCode::kTransport;
-        }();
-        const std::string message = fmt::format("rank {}: {}: {}", rank(), op.header().describe(), e.what());
-        mark_failed(code, message);
-        transport_->send_abort(
-            ControlMessage{code, rank(), op.header().seq, message.substr(0, ControlMessage::kMaxText)});
-        transport_->abandon_pending(kAbandonGrace);
+      if (usable()) {
+        auto* error = dynamic_cast<const Error*>(&e);
+        const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
+        fail_and_tell(code, fmt::format("rank {}: {}: {}", rank(), op.header().describe(), e.what()), op.header().seq);
       }
       throw;
     }

@@ -116,6 +116,13 @@ class CommunicatorImpl {
 
   // Records the first failure; every later call raises it again (thread-safe).
   void mark_failed(ErrorCode code, const std::string& message);
+  // Engine thread: the first failure also goes to every other rank (as an abort
+  // naming call `seq`), and what is pending with them is abandoned. Later ones
+  // only raise. Returns whether this was the first.
+  bool fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq);
+  // A call was refused because threads issued concurrently (Engine::submit): every
+  // running and queued call fails with this, on every rank.
+  std::optional<std::string> refusal() const;
   // Tells the other ranks this one is going away with call `seq` outstanding (once).
   void tell_peers_destroyed(uint64_t seq);
 

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -37,17 +38,60 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
   work->doorbell = doorbell_;
   call.work = work;
   call.issued = Clock::now();
+  call.issuer = static_cast<int>(gettid());
+  std::optional<std::string> refused;
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
       throw InvalidArgument(fmt::format("rank {}: the communicator is being destroyed; no new calls", comm_.rank()));
     }
-    work->ticket = next_ticket_++;
-    queue_.push_back(std::move(call));
-    ++generation_;
+    refused = concurrent_issue_locked(call, call.issuer);
+    if (refused) {
+      if (!refused_.load(std::memory_order_relaxed)) {
+        refusal_ = *refused;
+        refused_.store(true, std::memory_order_release);
+      }
+      ++generation_;  // the engine aborts the communicator (step) or the running call (Op::spin)
+    } else {
+      work->ticket = next_ticket_++;
+      if (call.kind != Call::Kind::kLocal) {
+        issuer_ = call.issuer;
+        ++issuer_outstanding_;
+      }
+      queue_.push_back(std::move(call));
+      ++generation_;
+    }
   }
   comm_.transport().interrupt();
+  if (refused) throw InvalidArgument(fmt::format("rank {}: {}", comm_.rank(), *refused));
   return work;
+}
+
+std::optional<std::string> Engine::concurrent_issue_locked(const Call& call, int tid) const {
+  if (call.kind == Call::Kind::kLocal || issuer_outstanding_ == 0 || tid == issuer_) return std::nullopt;
+  const char* what = call.kind == Call::Kind::kAllreduce   ? "allreduce"
+                     : call.kind == Call::Kind::kAllgather ? "allgather"
+                     : call.kind == Call::Kind::kBroadcast ? "broadcast"
+                                                           : "barrier";
+  return fmt::format("{} issued on thread {} while {} call(s) that thread {} issued are outstanding: ranks pair calls "
+                     "by issue order, and threads issuing concurrently make that order differ between ranks (calls "
+                     "of one shape would pair across threads, with wrong results). Wait on one thread's calls before "
+                     "another thread issues, or issue every call from one thread. The call is refused and the "
+                     "communicator aborted on every rank",
+                     what, tid, issuer_outstanding_, issuer_);
+}
+
+std::optional<std::string> Engine::refusal() const {
+  if (!refused_.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  return refusal_;
+}
+
+Call Engine::pop_front_locked() {
+  Call call = std::move(queue_.front());
+  queue_.pop_front();
+  if (call.kind != Call::Kind::kLocal && issuer_outstanding_ > 0) --issuer_outstanding_;
+  return call;
 }
 
 void Engine::ring(uint64_t ticket) {
@@ -116,10 +160,7 @@ void Engine::finish(size_t n, std::exception_ptr error) {
   std::vector<std::shared_ptr<WorkState>> works;
   {
     std::lock_guard lock(mutex_);
-    for (size_t i = 0; i < n && !queue_.empty(); ++i) {
-      works.push_back(std::move(queue_.front().work));
-      queue_.pop_front();
-    }
+    for (size_t i = 0; i < n && !queue_.empty(); ++i) works.push_back(std::move(pop_front_locked().work));
   }
   for (auto& work : works) work->complete(error);
 }
@@ -156,36 +197,53 @@ size_t Engine::run_group(std::span<Call* const> view, const FusionClass& cls) {
   size_t count = 0;
   std::exception_ptr error;
   try {
+    // A deferred Op's header until the group is known: its first call's, as planned.
+    const auto provisional = [&] {
+      WireHeader header = comm_.header_for(first, seq);
+      header.fused = 1;
+      return header;
+    };
     if (comm_.rank() == 0) {
-      const size_t n = fusable_prefix(view, cls, fusion_.bytes);
-      const std::span<Call* const> members = view.first(n);
-      count = n;
-      comm_.run_op(header_of(members), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
-        op.send_plan(FusionPlan{seq, static_cast<uint32_t>(n)});
-        body(op, members);
-        return n;
-      });
+      const size_t planned = fusable_prefix(view, cls, fusion_.bytes);
+      count = planned;
+      // One call needs no agreement: its header goes out with the plan. Several are
+      // agreed first (Op::agree_plan), and the header follows.
+      const bool single = planned == 1;
+      comm_.run_op(single ? header_of(view.first(1)) : provisional(),
+                   single ? Op::HeaderMode::kPostNow : Op::HeaderMode::kDeferred, [&](Op& op) -> size_t {
+                     const FusionPlan plan{seq, static_cast<uint32_t>(planned)};
+                     op.send_plan(plan);
+                     if (!single) {
+                       count = op.agree_plan(plan);
+                       op.post_header(header_of(view.first(count)));
+                     }
+                     body(op, view.first(count));
+                     return count;
+                   });
     } else {
-      WireHeader provisional = comm_.header_for(first, seq);
-      provisional.fused = 1;
-      comm_.run_op(provisional, Op::HeaderMode::kDeferred, [&](Op& op) -> size_t {
+      comm_.run_op(provisional(), Op::HeaderMode::kDeferred, [&](Op& op) -> size_t {
         const FusionPlan plan = op.receive_plan();
         count = plan.count;
-        op.wait_until([&] { return queued() >= plan.count; },
-                      "this rank's own calls of the fused group rank 0 planned (issue them)");
-        const std::vector<Call*> members = head(plan.count);
+        if (plan.count > 1) {
+          uint32_t takes = 0;
+          op.wait_until([&] { return (takes = can_take(plan.count, cls, first.work->ticket)) > 0; },
+                        "this rank's own calls of the fused group rank 0 planned (issue them)");
+          count = op.agree_plan(plan, takes);
+        }
+        const std::vector<Call*> members = head(count);
         const size_t n = fusable_prefix(members, cls, fusion_.bytes);
-        if (n < plan.count) {
+        if (n < count) {
           op.fail(ErrorCode::kMismatch,
                   fmt::format("mismatched collective calls: rank 0 fused calls #{}-#{} into one collective, but on "
                               "rank {} call #{} ({}) cannot travel with call #{} ({})",
-                              seq, seq + plan.count - 1, comm_.rank(), seq + n,
-                              comm_.header_for(*members[n], seq + n).describe(), seq,
-                              comm_.header_for(first, seq).describe()));
+                              seq, seq + count - 1, comm_.rank(), seq + n,
+                              n < members.size() ? comm_.header_for(*members[n], seq + n).describe()
+                                                 : std::string("not issued"),
+                              seq, comm_.header_for(first, seq).describe()));
         }
         op.post_header(header_of(members));
         body(op, members);
-        return plan.count;
+        return count;
       });
     }
     comm_.mutable_stats().ops += count;
@@ -198,11 +256,22 @@ size_t Engine::run_group(std::span<Call* const> view, const FusionClass& cls) {
   return count;
 }
 
+uint32_t Engine::can_take(uint32_t planned, const FusionClass& cls, uint64_t first_ticket) {
+  const std::vector<Call*> queued = head(planned);
+  const size_t n = fusable_prefix(queued, cls, fusion_.bytes);
+  if (n == planned || n < queued.size()) return static_cast<uint32_t>(n);  // all here, or the group ends before a call
+  std::lock_guard lock(mutex_);
+  // A caller waits on a call of the group (or later): a caller that waits issues
+  // nothing more meanwhile, so what is queued is all this rank can take.
+  return flush_ticket_ >= first_ticket ? static_cast<uint32_t>(n) : 0;
+}
+
 void Engine::fail_queued() {
   std::deque<Call> left;
   {
     std::lock_guard lock(mutex_);
     left.swap(queue_);
+    issuer_outstanding_ = 0;
   }
   if (left.empty()) return;
   const bool collective = std::any_of(left.begin(), left.end(), [](const Call& c) { return c.kind != Call::Kind::kLocal; });
@@ -236,6 +305,12 @@ void Engine::loop() {
 }
 
 void Engine::step(uint64_t generation, uint64_t flush) {
+  if (auto refused = refusal(); refused && comm_.usable()) {
+    // A call was refused (submit): nothing this rank issued from here on can be
+    // paired safely. Every rank learns it, and every call queued here fails with it.
+    comm_.fail_and_tell(ErrorCode::kInvalidArgument, fmt::format("rank {}: {}", comm_.rank(), *refused),
+                        comm_.next_seq());
+  }
   const std::vector<Call*> view = head(kViewCalls);
   if (view.empty()) {
     idle(Clock::now() + kIdleSleep, generation);

@@ -18,6 +18,15 @@
 // Wake-ups. The engine sleeps in Transport::wait_for_event; a new call, a wait
 // on an open fusion group (the Doorbell) and shutdown interrupt() it.
 //
+// Issuing threads. Ranks pair calls by issue order, so that order must be one
+// program order on every rank. Threads that issue concurrently make it a race
+// whose outcome differs between ranks, and calls of the same shape then pair
+// across threads without a word. So a collective issued on one thread while
+// collectives another thread issued are still outstanding (queued or running) is
+// refused, and the communicator is aborted on every rank (docs/fault-model.md,
+// "Issuing threads"). Handing over from one thread to another after waiting on
+// the first thread's calls is fine; so are local calls from any thread.
+//
 // Shutdown. stop() interrupts a running call (its Op sees stopping(), fails with
 // InvalidArgument here and tells the peers), fails every queued call the same
 // way, and joins. It never waits on a peer.
@@ -28,7 +37,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -53,6 +64,8 @@ class Engine {
   void ring(uint64_t ticket);
   // Fails outstanding work and joins the thread; idempotent.
   void stop();
+  // Why a call was refused (submit: concurrent issuing threads), once one was.
+  std::optional<std::string> refusal() const;
   bool stopping() const { return stopping_.load(std::memory_order_relaxed); }
   // A caller is blocked waiting on a call (Doorbell::waited_on): waits poll first.
   bool waited_on() const { return doorbell_->waited_on(); }
@@ -73,8 +86,16 @@ class Engine {
   // Rank 0: runs the group of `members`; the others: learns the group from rank
   // 0's plan. Returns how many calls it consumed.
   size_t run_group(std::span<Call* const> view, const FusionClass& cls);
+  // Not rank 0: how many of the `planned` calls of rank 0's plan this rank can take
+  // now, or 0 while it should wait for its caller to issue more (Op::agree_plan).
+  uint32_t can_take(uint32_t planned, const FusionClass& cls, uint64_t first_ticket);
   // Pops `n` calls and completes their works (after Stats are published).
   void finish(size_t n, std::exception_ptr error);
+  // Under mutex_: the head call leaves the queue (keeps the issuer's count).
+  Call pop_front_locked();
+  // Under mutex_: the refusal of `call`, issued on thread `tid`, if another
+  // thread's collectives are outstanding (see "Issuing threads" above).
+  std::optional<std::string> concurrent_issue_locked(const Call& call, int tid) const;
   void fail_queued();
 
   CommunicatorImpl& comm_;
@@ -83,8 +104,12 @@ class Engine {
   std::vector<uint8_t> fusion_buffer_;  // engine thread only; kept between groups
   Clock::time_point last_finish_{};     // engine thread only: when the last call a caller waited on ended
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::deque<Call> queue_;
+  int issuer_ = 0;               // the thread (tid) whose collectives are outstanding
+  size_t issuer_outstanding_ = 0;  // how many of them are queued or running
+  std::string refusal_;          // set once, by the first refused call
+  std::atomic<bool> refused_{false};
   uint64_t next_ticket_ = 1;
   uint64_t flush_ticket_ = 0;  // waits asked groups holding calls up to here to close
   uint64_t generation_ = 0;    // bumped by submit, ring and stop: the engine never sleeps through one

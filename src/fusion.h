@@ -10,13 +10,20 @@
 // and each byte of memory at most once (a call on an earlier member's tensor reads
 // its result), and ends at the first call that does not fit.
 //
-// Who decides, and when. Every rank must run the same groups, so rank 0 decides
-// and tells the others (FusionPlan, rank 0 -> every rank); they wait for the
-// plan, then for their own caller to have issued the calls it names. Rank 0
-// closes a group when the next call cannot join, when the group is full, when
-// any of its calls is waited on, or GRADCOMM_CYCLE_MS after its first call was
-// issued (Horovod's cycle). Grouping therefore follows rank 0's timing; with
-// GRADCOMM_FUSION_BYTES=0 nothing fuses and every call runs alone.
+// Who decides, and when. Every rank must run the same groups, so rank 0 plans
+// and tells the others (FusionPlan, rank 0 -> every rank). Rank 0 closes a group
+// when the next call cannot join, when the group is full, when any of its calls
+// is waited on, or GRADCOMM_CYCLE_MS after its first call was issued (Horovod's
+// cycle). A plan of several calls is then agreed (Op::agree_plan): each other
+// rank replies with how many of them it can take, and the least runs. A rank
+// takes fewer where its own calls cannot travel together: a local call
+// (save_state, load_state, synchronize) or a call on a member's memory sits
+// between them, or its caller waits on one of them and so will issue no more (a
+// rank that skipped a call: the group's members then differ and the header check
+// reports the mismatch at once, instead of a wait for a call that never comes).
+// One call needs no agreement. Grouping follows rank 0's timing and the other
+// ranks' program order; with GRADCOMM_FUSION_BYTES=0 nothing fuses and every call
+// runs alone.
 //
 // What a fused group computes. Dense: the members' bytes side by side, one dense
 // allreduce, copied back: each element equals the unfused call's within fp32

@@ -22,6 +22,8 @@ int right_of(int rank, int size) { return (rank + 1) % size; }
 // rank 0's fusion plans likewise, on a second sub-tag.
 constexpr uint64_t kHeaderTag = make_tag(TagKind::kHeader, 0, 0);
 constexpr uint64_t kPlanTag = make_tag(TagKind::kHeader, 0, 1);
+constexpr uint64_t kTakesTag = make_tag(TagKind::kHeader, 0, 2);   // rank r -> 0: how many it can take
+constexpr uint64_t kAgreedTag = make_tag(TagKind::kHeader, 0, 3);  // rank 0 -> all: how many run
 }  // namespace
 
 Op::Op(CommunicatorImpl& comm, const WireHeader& header, HeaderMode mode)
@@ -82,6 +84,7 @@ void Op::spin(const std::function<bool()>& ready, const Request* request, const 
     if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
     if (done) return;
     if (comm_.stopping()) fail_destroyed();
+    if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
     if (deadline_.expired()) {
       const std::string whom = peer >= 0 ? fmt::format("rank {}", peer) : std::string("the other ranks");
       fail(ErrorCode::kTimeout, fmt::format("timed out after {:.1f} s waiting for {} ({})",
@@ -120,12 +123,16 @@ void Op::spin_until_done(Request& request, const char* what) {
 
 void Op::wait_until(const std::function<bool()>& ready, const char* what) { spin(ready, nullptr, what, -1); }
 
-// Another rank failed first: raise its error here, without re-broadcasting.
+// Another rank failed first: raise its error here. The notice is relayed, as it
+// came, to every other rank before this one can leave: a peer may see this rank's
+// departure before the origin's own notice reaches it (they travel on different
+// connections), and must then still find the notice first (ucx_wire.h: receipts).
 void Op::raise_abort(const ControlMessage& abort) {
   const std::string message = fmt::format("rank {}: {} aborted: rank {} reported: {}", rank_, header_.describe(),
                                           abort.origin, abort.text);
   const ErrorCode code = abort.code;
   comm_.mark_failed(code, message);
+  comm_.transport().send_abort(abort);
   comm_.transport().abandon_pending(kAbandonGrace);
   throw_error(code, message);
 }
@@ -181,13 +188,15 @@ void Op::finish() {
   for (auto& plan : plan_sends_) spin_until_done(*plan, "fusion plan");
 }
 
-void Op::send_plan(const FusionPlan& plan) {
+void Op::send_plan(const FusionPlan& plan) { send_counts(plan, kPlanTag, plan_out_, 1, size_); }
+
+void Op::send_counts(const FusionPlan& plan, uint64_t tag, std::vector<uint8_t>& out, int first, int last) {
   const auto bytes = plan.serialize();
-  plan_out_.assign(bytes.begin(), bytes.end());
-  for (int peer = 1; peer < size_; ++peer) {
-    plan_sends_.push_back(comm_.transport().isend(peer, kPlanTag, plan_out_.data(), plan_out_.size()));
+  out.assign(bytes.begin(), bytes.end());
+  for (int peer = first; peer < last; ++peer) {
+    plan_sends_.push_back(comm_.transport().isend(peer, tag, out.data(), out.size()));
   }
-  count_wire(plan_out_.size() * static_cast<uint64_t>(size_ - 1), 0, static_cast<uint64_t>(size_ - 1));
+  count_wire(out.size() * static_cast<uint64_t>(last - first), 0, static_cast<uint64_t>(last - first));
 }
 
 // While the plan is awaited the left neighbour's header may arrive: rank 0 (or a
@@ -225,6 +234,33 @@ FusionPlan Op::receive_plan() {
                                            plan->first_seq, plan->first_seq + plan->count - 1, header_.describe()));
   }
   return *plan;
+}
+
+uint32_t Op::receive_count(int peer, uint64_t tag, const FusionPlan& plan, const char* what) {
+  std::array<uint8_t, FusionPlan::kBytes + 1> in{};  // one spare byte: a longer message is a truncation
+  RequestPtr request = comm_.transport().irecv(peer, tag, in.data(), FusionPlan::kBytes);
+  spin_until_done(*request, what);
+  comm_.mutable_stats().bytes_received += FusionPlan::kBytes;
+  auto got = FusionPlan::parse(in.data(), request->bytes());
+  if (!got || got->first_seq != plan.first_seq || got->count > plan.count) {
+    fail(ErrorCode::kCorruptPayload,
+         fmt::format("rank {} sent a malformed {} for the fused group at call #{}", peer, what, plan.first_seq));
+  }
+  return got->count;
+}
+
+uint32_t Op::agree_plan(const FusionPlan& plan) {
+  uint32_t agreed = plan.count;
+  for (int peer = 1; peer < size_; ++peer) {
+    agreed = std::min(agreed, receive_count(peer, kTakesTag, plan, "fusion reply"));
+  }
+  send_counts(FusionPlan{plan.first_seq, agreed}, kAgreedTag, agreed_out_, 1, size_);
+  return agreed;
+}
+
+uint32_t Op::agree_plan(const FusionPlan& plan, uint32_t takes) {
+  send_counts(FusionPlan{plan.first_seq, takes}, kTakesTag, agreed_out_, 0, 1);
+  return receive_count(0, kAgreedTag, plan, "agreed fusion plan");
 }
 
 void Op::fail(ErrorCode code, const std::string& what) {

@@ -85,6 +85,13 @@ class Op {
   // disagree: MismatchError then, not a wait for a plan that will never come.
   void send_plan(const FusionPlan& plan);
   FusionPlan receive_plan();
+  // A plan of several calls is agreed before it runs: every other rank replies with
+  // how many of the planned calls it can take (a call of its own may not fit: a
+  // local call or one on a member's memory sits between them, or its caller waits
+  // and will issue no more), and rank 0 sends the least of them to all. Rank 0:
+  // agree_plan(plan) gathers and returns the count; the others: agree_plan(plan, k).
+  uint32_t agree_plan(const FusionPlan& plan);
+  uint32_t agree_plan(const FusionPlan& plan, uint32_t takes);
   // Deferred Op: the group's header, once the plan has fixed it.
   void post_header(const WireHeader& header);
 
@@ -100,6 +107,11 @@ class Op {
   [[noreturn]] void raise_abort(const ControlMessage& abort);
   [[noreturn]] void fail_destroyed();
   void check_early_header();
+  // Fusion's plan-shaped messages: `plan` to ranks [first, last) on `tag`, from
+  // `out` (kept until finish()); and one from `peer`, for the group at
+  // `plan.first_seq`, checked to hold a count in [1, plan.count].
+  void send_counts(const FusionPlan& plan, uint64_t tag, std::vector<uint8_t>& out, int first, int last);
+  uint32_t receive_count(int peer, uint64_t tag, const FusionPlan& plan, const char* what);
 
   CommunicatorImpl& comm_;
   WireHeader header_;
@@ -111,6 +123,7 @@ class Op {
   bool header_checked_ = false;
   bool early_header_seen_ = false;
   std::vector<uint8_t> plan_out_;
+  std::vector<uint8_t> agreed_out_;
   std::vector<RequestPtr> plan_sends_;
 };
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "test_util.h"
 
@@ -335,21 +336,81 @@ TEST(Async, SaveStateWaitsForEveryCallIssuedBeforeIt) {
   EXPECT_EQ(saved[1], saved[3]);
 }
 
-// Several threads may issue on one communicator; each call is issued whole.
-TEST(Async, IssuingFromTwoThreadsOfOneRankIsSafe) {
+// Several threads may issue on one communicator, one after another: a thread
+// whose calls are all done (waited on) hands over to the next (engine.h,
+// "Issuing threads").
+TEST(Async, HandingOverBetweenThreadsAfterWaitingIsSafe) {
   testing::run_ranks(2, [](Communicator& comm) {
-    // Both ranks issue the same sequence: thread A issues, joins, then thread B.
-    std::vector<float> a(100, 1.0f), b(100, 2.0f);
-    std::shared_ptr<Work> wa, wb;
-    std::thread ta([&] { wa = comm.allreduce_async(TensorView::of(a.data(), 100)); });
+    std::vector<float> a(100, 1.0f), b(100, 2.0f), c(100, 3.0f);
+    std::thread ta([&] { comm.allreduce_async(TensorView::of(a.data(), 100))->wait(); });
     ta.join();
-    std::thread tb([&] { wb = comm.allreduce_async(TensorView::of(b.data(), 100)); });
+    std::thread tb([&] {
+      auto w = comm.allreduce_async(TensorView::of(b.data(), 100));
+      w->wait();
+    });
     tb.join();
-    std::thread waiter([&] { wb->wait(); });
-    wa->wait();
-    waiter.join();
+    comm.allreduce(TensorView::of(c.data(), 100));  // and back to the main thread
     EXPECT_EQ(a[0], 2.0f);
     EXPECT_EQ(b[0], 4.0f);
+    EXPECT_EQ(c[0], 6.0f);
+  });
+}
+
+// A thread issuing while another thread's call is still outstanding is refused at
+// once, naming both threads, and every rank's outstanding call fails with it: no
+// call pairs with another thread's call on the other rank.
+TEST(Async, AThreadIssuingWhileAnotherThreadsCallIsOutstandingIsRefusedOnEveryRank) {
+  std::atomic<bool> refused{false};
+  std::string rank0_error, rank1_error, refusal;
+  const auto errors = testing::run_ranks_collect(2, [&](Communicator& comm) {
+    std::vector<float> a(100, 1.0f), b(100, 2.0f);
+    if (comm.rank() == 0) {
+      // Issues only once rank 1 has refused, so its call cannot have completed.
+      while (!refused.load()) std::this_thread::sleep_for(milliseconds(1));
+      try {
+        comm.allreduce(TensorView::of(a.data(), 100));
+      } catch (const InvalidArgument& e) {
+        rank0_error = e.what();
+      }
+      return;
+    }
+    auto wa = comm.allreduce_async(TensorView::of(a.data(), 100));  // outstanding: rank 0 has not issued
+    std::thread tb([&] {
+      try {
+        comm.allreduce_async(TensorView::of(b.data(), 100));
+      } catch (const InvalidArgument& e) {
+        refusal = e.what();
+      }
+    });
+    tb.join();
+    refused.store(true);
+    try {
+      wa->wait();
+    } catch (const InvalidArgument& e) {
+      rank1_error = e.what();
+    }
+  });
+  for (const auto& e : errors) EXPECT_FALSE(e);
+  EXPECT_NE(refusal.find("allreduce issued on thread"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("1 call(s) that thread"), std::string::npos) << refusal;
+  EXPECT_NE(rank1_error.find("issued on thread"), std::string::npos) << rank1_error;
+  EXPECT_NE(rank0_error.find("rank 1 reported"), std::string::npos) << rank0_error;
+  EXPECT_NE(rank0_error.find("issued on thread"), std::string::npos) << rank0_error;
+}
+
+// Local calls (save_state here) do not pair across ranks: any thread may make them.
+TEST(Async, LocalCallsFromAnotherThreadAreNotRefused) {
+  testing::run_ranks(2, [](Communicator& comm) {
+    std::vector<float> a(1000, 1.0f);
+    CompressOptions options;
+    options.compressor = "topk:ratio=0.1";
+    options.key = "w";
+    auto w = comm.allreduce_async(TensorView::of(a.data(), 1000), ReduceOp::kSum, options);
+    std::vector<uint8_t> state;
+    std::thread saver([&] { state = comm.save_state(); });
+    saver.join();
+    w->wait();
+    EXPECT_FALSE(state.empty());
   });
 }
 
