@@ -378,11 +378,9 @@ void CommunicatorImpl::run_op(const WireHeader& header, Op::HeaderMode mode, con
     } catch (const std::exception& e) {
       // Whatever escaped mid-call leaves peers waiting on this rank: record it and
       // tell them (Op::fail already did both for the errors it raised).
-      if (usable()) {
-        auto* error = dynamic_cast<const Error*>(&e);
-        const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
-        fail_and_tell(code, fmt::format("rank {}: {}: {}", rank(), op.header().describe(), e.what()), op.header().seq);
-      }
+      auto* error = dynamic_cast<const Error*>(&e);
+      fail_and_tell(error ? error->code() : ErrorCode::kTransport,
+                    fmt::format("rank {}: {}: {}", rank(), op.header().describe(), e.what()), op.header().seq);
       throw;
     }
   }

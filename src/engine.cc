@@ -38,14 +38,15 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
   work->doorbell = doorbell_;
   call.work = work;
   call.issued = Clock::now();
-  call.issuer = static_cast<int>(gettid());
+  thread_local const int tid = static_cast<int>(gettid());  // a system call: once per thread
+  call.issuer = tid;
   std::optional<std::string> refused;
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
       throw InvalidArgument(fmt::format("rank {}: the communicator is being destroyed; no new calls", comm_.rank()));
     }
-    refused = concurrent_issue_locked(call, call.issuer);
+    refused = concurrent_issue_locked(call);
     if (refused) {
       if (!refused_.load(std::memory_order_relaxed)) {
         refusal_ = *refused;
@@ -67,8 +68,8 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
   return work;
 }
 
-std::optional<std::string> Engine::concurrent_issue_locked(const Call& call, int tid) const {
-  if (call.kind == Call::Kind::kLocal || issuer_outstanding_ == 0 || tid == issuer_) return std::nullopt;
+std::optional<std::string> Engine::concurrent_issue_locked(const Call& call) const {
+  if (call.kind == Call::Kind::kLocal || issuer_outstanding_ == 0 || call.issuer == issuer_) return std::nullopt;
   const char* what = call.kind == Call::Kind::kAllreduce   ? "allreduce"
                      : call.kind == Call::Kind::kAllgather ? "allgather"
                      : call.kind == Call::Kind::kBroadcast ? "broadcast"
@@ -78,7 +79,7 @@ std::optional<std::string> Engine::concurrent_issue_locked(const Call& call, int
                      "of one shape would pair across threads, with wrong results). Wait on one thread's calls before "
                      "another thread issues, or issue every call from one thread. The call is refused and the "
                      "communicator aborted on every rank",
-                     what, tid, issuer_outstanding_, issuer_);
+                     what, call.issuer, issuer_outstanding_, issuer_);
 }
 
 std::optional<std::string> Engine::refusal() const {

@@ -93,9 +93,9 @@ class Engine {
   void finish(size_t n, std::exception_ptr error);
   // Under mutex_: the head call leaves the queue (keeps the issuer's count).
   Call pop_front_locked();
-  // Under mutex_: the refusal of `call`, issued on thread `tid`, if another
-  // thread's collectives are outstanding (see "Issuing threads" above).
-  std::optional<std::string> concurrent_issue_locked(const Call& call, int tid) const;
+  // Under mutex_: the refusal of `call` if another thread's collectives are
+  // outstanding (see "Issuing threads" above).
+  std::optional<std::string> concurrent_issue_locked(const Call& call) const;
   void fail_queued();
 
   CommunicatorImpl& comm_;

@@ -265,10 +265,7 @@ uint32_t Op::agree_plan(const FusionPlan& plan, uint32_t takes) {
 
 void Op::fail(ErrorCode code, const std::string& what) {
   const std::string message = fmt::format("rank {}: {}: {}", rank_, header_.describe(), what);
-  comm_.mark_failed(code, message);
-  ControlMessage abort{code, rank_, header_.seq, message.substr(0, ControlMessage::kMaxText)};
-  comm_.transport().send_abort(abort);
-  comm_.transport().abandon_pending(kAbandonGrace);
+  comm_.fail_and_tell(code, message, header_.seq);
   throw_error(code, message);
 }
 
