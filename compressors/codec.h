@@ -77,8 +77,12 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
 // (CorruptPayload, out untouched).
 // With divisor > 1 every element is then divided by it (x / float(divisor), as the
 // average's pass over the output would), tile by tile while the tile is in cache.
+// SparseOutput::kZeroed: the caller promises out[0, n) is +0.0 already (top-k zeroes
+// the gradient in its selection pass, topk_select_fold): the same result, but only the
+// payloads' entries are read and written, not all n elements.
+enum class SparseOutput : uint8_t { kFill, kZeroed };
 void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out,
-                       int64_t divisor = 1);
+                       int64_t divisor = 1, SparseOutput output = SparseOutput::kFill);
 
 // Top-k by magnitude of acc[0, n). exact: the k largest |acc|, ties to the lower
 // index (radix select on |x|, no full sort). sample: DGC-style threshold estimated
@@ -93,6 +97,12 @@ SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect sele
 // threshold (falling back to the radix passes when it does not).
 SparseVector topk_select_accumulate(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
                                     const PhiloxStream& rng);
+// topk_select_accumulate with a residual (not null), and then grad[0, n) = +0.0: the
+// caller's buffer becomes a zeroed output for decode_sum_sparse(..., kZeroed). Where
+// the selection streams the input (the sampled paths) the zeros are written in that
+// same pass, while the lines are in cache; otherwise in a pass after.
+SparseVector topk_select_fold(float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
+                              const PhiloxStream& rng);
 
 // k distinct indices of [0, n), increasing, the same for every caller with the same
 // stream (random-k draws one stream per (seed, key, step), shared by all ranks).

@@ -17,8 +17,9 @@
 //   dense_allreduce(x, n, op, unit_base)  fp32 allreduce in place; applies op
 //   codec_round_trip(data, n, rng)        one rank: acc = data + residual, data = decode(encode(acc)),
 //                                         residual = acc - data
-//   codec_ring(data, n, rng)              the compressed ring's sum; every encode's loss
-//                                         accumulates into the residual
+//   codec_ring(data, n, rng, divisor)     the compressed ring's sum, divided by divisor (the
+//                                         average; 1: none) as each piece becomes final;
+//                                         every encode's loss accumulates into the residual
 //   sparse_algo(n)                        top-k's exchange (the device refuses reduce-scatter)
 //   select_topk(data, n, k, rng)          the selection, from acc = data + residual; the residual
 //                                         becomes acc with the sent entries replaced by the
@@ -87,7 +88,10 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
         p.codec_round_trip(data, numel, mine);
       } else {
         p.fold_and_clear(data, numel);  // data holds acc; the ring's encodes refill the residual
-        p.codec_ring(data, numel, mine);
+        // The average is the ring's own: it divides each chunk while the chunk is in cache.
+        p.codec_ring(data, numel, mine, reduce_op == ReduceOp::kAvg ? ranks : 1);
+        p.check_payloads(numel);
+        return;
       }
       break;
     case Collective::kSparseSelection: {

@@ -72,24 +72,33 @@ class HostPrimitives {
     }
   }
 
-  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng) {
-    compressed_ring_allreduce(op_, data, numel, engine_.codec(spec_), rng, residual_);
+  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor) {
+    compressed_ring_allreduce(op_, data, numel, engine_.codec(spec_), rng, residual_, divisor);
   }
 
   SparseAlgo sparse_algo(int64_t numel) const { return choose_sparse_algo(spec_, op_.size(), numel); }
 
+  // With error feedback, acc lives in the residual and nothing reads data again: the
+  // selection's pass zeroes it (topk_select_fold), so the decoders write only the
+  // selected entries instead of all of data.
   void select_topk(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
     Op::PhaseTimer timer(op_, &Stats::encode_s);
-    selected_ = topk_select_accumulate(data, residual_, numel, k, spec_.select, rng);
+    if (residual_ != nullptr) {
+      selected_ = topk_select_fold(data, residual_, numel, k, spec_.select, rng);
+      output_ = SparseOutput::kZeroed;
+    } else {
+      selected_ = topk_select_accumulate(data, nullptr, numel, k, spec_.select, rng);
+    }
     keep_rounding(selected_.values.data());
   }
 
   void sparse_allreduce(SparseAlgo algo, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
     const SparseFormat format = sparse_format(spec_);
     if (algo == SparseAlgo::kReduceScatter) {
-      sparse_reduce_scatter_allreduce(op_, data, numel, reduce_op, selected_, format, k, residual_);
+      sparse_reduce_scatter_allreduce(op_, data, numel, reduce_op, selected_, format, k, residual_, output_);
     } else {
-      sparse_allgather_allreduce(op_, data, numel, reduce_op, selected_, format, spec_.select == TopkSelect::kExact);
+      sparse_allgather_allreduce(op_, data, numel, reduce_op, selected_, format, spec_.select == TopkSelect::kExact,
+                                 output_);
     }
   }
 
@@ -181,6 +190,7 @@ class HostPrimitives {
   const CompressorSpec& spec_;
   float* residual_ = nullptr;  // null without error feedback
   SparseVector selected_;      // this step's selection (top-k, random-k, the sketch's)
+  SparseOutput output_ = SparseOutput::kFill;  // kZeroed: select_topk zeroed data
   std::vector<float> table_;   // the sketch's
 };
 

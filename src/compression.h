@@ -57,8 +57,9 @@ class CompressionEngine {
 };
 
 // The collectives the engine runs (in src/collectives/).
+// divisor > 1: the average, each chunk divided once it holds its final (decoded) sum.
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
-                               const PhiloxStream& rng, float* residual);
+                               const PhiloxStream& rng, float* residual, int divisor = 1);
 // `residual` (null without error feedback) still holds last step's; data becomes the result.
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                         const std::vector<powersgd::Part>& parts, KeyState* key, uint64_t key_hash, float* residual);

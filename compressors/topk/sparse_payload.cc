@@ -254,7 +254,7 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
 }
 
 void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>> payloads, int64_t n, float* out,
-                       int64_t divisor) {
+                       int64_t divisor, SparseOutput output) {
   std::vector<SparseView> views;
   views.reserve(payloads.size());
   for (const auto& p : payloads) views.push_back(validate_sparse(id, p, n, "decode_sum_sparse"));
@@ -263,22 +263,45 @@ void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>
   // payload order: the arithmetic of zeroing `out` and calling decode_add_sparse
   // per payload, with one write of the output instead of a fill plus a scattered
   // read-modify-write of every line the payloads touch.
+  // A zeroed output (kZeroed) skips the fill: only the lines the payloads touch are
+  // read and written. The average then divides only the elements some payload
+  // touched, each once (`divided` marks them): every other element is +0.0, and
+  // +0.0 / d is +0.0, so the result is bit for bit the whole tile's division.
   constexpr int64_t kTile = 16384;  // 64 KiB of fp32
+  const bool zeroed = output == SparseOutput::kZeroed;
+  const auto d = static_cast<float>(divisor);
   std::vector<uint64_t> next(views.size(), 0);  // each payload's first entry not yet added
+  std::vector<uint64_t> first(views.size(), 0);  // ... and not yet divided (kZeroed)
+  std::vector<uint64_t> divided(zeroed && divisor > 1 ? kTile / 64 : 0);
   for (int64_t begin = 0; begin < n; begin += kTile) {
     const int64_t end = std::min(n, begin + kTile);
-    std::fill(out + begin, out + end, 0.0f);
+    if (!zeroed) std::fill(out + begin, out + end, 0.0f);
     const auto tile_end = static_cast<uint64_t>(end);
+    bool touched = false;
     for (size_t p = 0; p < views.size(); ++p) {
       const SparseView& v = views[p];
-      uint64_t j = next[p];
+      uint64_t j = first[p] = next[p];
       for (uint64_t i; j < v.count() && (i = v.indices[j]) < tile_end; ++j) out[i] += v.value(j);
+      touched |= j != first[p];
       next[p] = j;
     }
-    if (divisor > 1) {  // the average, while the tile is in cache: the same x / d as a pass after
-      const auto d = static_cast<float>(divisor);
+    if (divisor <= 1) continue;
+    if (!zeroed) {  // the average, while the tile is in cache: the same x / d as a pass after
       for (int64_t i = begin; i < end; ++i) out[i] = out[i] / d;
+      continue;
     }
+    if (!touched) continue;
+    const auto base = static_cast<uint64_t>(begin);
+    for (size_t p = 0; p < views.size(); ++p) {
+      for (uint64_t j = first[p]; j < next[p]; ++j) {
+        const uint64_t i = views[p].indices[j], t = i - base;
+        const uint64_t bit = uint64_t{1} << (t % 64);
+        if ((divided[t / 64] & bit) != 0) continue;
+        divided[t / 64] |= bit;
+        out[i] = out[i] / d;
+      }
+    }
+    std::fill(divided.begin(), divided.end(), 0);
   }
 }
 

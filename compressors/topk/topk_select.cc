@@ -25,7 +25,9 @@
 //          fallback to exact are documented at select_sample and in FORMAT.md.
 //
 // topk_select_accumulate folds error feedback's acc = grad + residual into that one
-// pass, so a step of top-k with error feedback reads its input once.
+// pass, so a step of top-k with error feedback reads its input once; topk_select_fold
+// also zeroes grad in it (the caller's buffer becomes the sparse decoder's zeroed
+// output), so the step streams grad and the residual once and the output not at all.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -295,8 +297,15 @@ void add_into(float* residual, const float* grad, int64_t len) {
   reduce_inplace(residual, grad, len, DType::kFloat32, ReduceOp::kSum);
 }
 
+// grad[0, n) = +0.0 when the caller asked for it (clear = grad), else nothing.
+void zero(float* clear, int64_t n) {
+  if (clear != nullptr) std::fill(clear, clear + n, 0.0f);
+}
+
 // One pass over the input: acc = grad + residual into the residual (when there is
-// one), and the elements with key >= bound (index and acc value), in index order, as
+// one), grad = +0.0 when `clear` (= grad) is set (topk_select_fold; acc is then the
+// residual, so nothing reads grad again), and the elements with key >= bound (index
+// and acc value), in index order, as
 // long as there are at most `cap` of them (`overflow` past that; the accumulation
 // still completes). Works in blocks of kCollectBlock so the overflow check is per
 // block: the lists need kCollectBlock slots of room past `cap`.
@@ -327,10 +336,12 @@ int64_t collect_scalar(const float* acc, int64_t begin, int64_t end, uint32_t bo
 
 #if defined(__SSE2__)
 // The same block, 16 elements a step: the add, the 16 key tests folded into a bit
-// mask, and the (rare) passing lanes appended from the mask.
-template <bool kAccumulate>
-int64_t collect_block_sse2(const float* grad, float* residual, int64_t begin, int64_t end, uint32_t bound,
-                           int64_t* idx, float* val, int64_t count) {
+// mask, and the (rare) passing lanes appended from the mask. kClear zeroes grad's
+// lanes once they are read (only with a residual: the passing lanes read acc after).
+template <bool kAccumulate, bool kClear>
+int64_t collect_block_sse2(const float* grad, float* residual, float* clear, int64_t begin, int64_t end,
+                           uint32_t bound, int64_t* idx, float* val, int64_t count) {
+  static_assert(kAccumulate || !kClear, "acc is grad without a residual: it cannot be cleared");
   const float* acc = kAccumulate ? residual : grad;
   const __m128i magnitude = _mm_set1_epi32(0x7FFFFFFF);
   // key >= bound as a signed compare: keys and bound - 1 (>= -1) fit in int32.
@@ -340,6 +351,7 @@ int64_t collect_block_sse2(const float* grad, float* residual, int64_t begin, in
     if constexpr (kAccumulate) {
       a = _mm_add_ps(_mm_loadu_ps(residual + i), _mm_loadu_ps(grad + i));
       _mm_storeu_ps(residual + i, a);
+      if constexpr (kClear) _mm_storeu_ps(clear + i, _mm_setzero_ps());
     } else {
       a = _mm_loadu_ps(grad + i);
     }
@@ -358,11 +370,13 @@ int64_t collect_block_sse2(const float* grad, float* residual, int64_t begin, in
     }
   }
   if (kAccumulate) add_into(residual + i, grad + i, end - i);
+  if (kClear) zero(clear + i, end - i);
   return collect_scalar(acc, i, end, bound, idx, val, count);
 }
 #endif
 
-Collected accumulate_and_collect(const float* grad, float* residual, int64_t n, uint32_t bound, int64_t cap) {
+Collected accumulate_and_collect(const float* grad, float* residual, float* clear, int64_t n, uint32_t bound,
+                                 int64_t cap) {
   Collected out;
   out.indices.reset(new int64_t[static_cast<size_t>(cap + kCollectBlock)]);
   out.values.reset(new float[static_cast<size_t>(cap + kCollectBlock)]);
@@ -371,16 +385,23 @@ Collected accumulate_and_collect(const float* grad, float* residual, int64_t n, 
   int64_t count = 0;
   for (int64_t begin = 0; begin < n; begin += kCollectBlock) {
     const int64_t end = std::min(n, begin + kCollectBlock);
-    if (out.overflow) {  // only the accumulation is left to do
+    if (out.overflow) {  // only the accumulation (and the clearing) is left to do
       if (residual != nullptr) add_into(residual + begin, grad + begin, end - begin);
+      if (clear != nullptr) zero(clear + begin, end - begin);
       continue;
     }
 #if defined(__SSE2__)
-    count = residual != nullptr ? collect_block_sse2<true>(grad, residual, begin, end, bound, idx, val, count)
-                                : collect_block_sse2<false>(grad, residual, begin, end, bound, idx, val, count);
+    if (clear != nullptr) {
+      count = collect_block_sse2<true, true>(grad, residual, clear, begin, end, bound, idx, val, count);
+    } else if (residual != nullptr) {
+      count = collect_block_sse2<true, false>(grad, residual, nullptr, begin, end, bound, idx, val, count);
+    } else {
+      count = collect_block_sse2<false, false>(grad, nullptr, nullptr, begin, end, bound, idx, val, count);
+    }
 #else
     if (residual != nullptr) add_into(residual + begin, grad + begin, end - begin);
     count = collect_scalar(residual != nullptr ? residual : grad, begin, end, bound, idx, val, count);
+    if (clear != nullptr) zero(clear + begin, end - begin);
 #endif
     out.overflow = count > cap;
   }
@@ -396,8 +417,9 @@ auto acc_reader(const float* grad, const float* residual) {
   return [grad, residual](int64_t pos) { return residual != nullptr ? residual[pos] + grad[pos] : grad[pos]; };
 }
 
-SparseVector select_exact_all(const float* grad, float* residual, int64_t n, int64_t k) {
+SparseVector select_exact_all(const float* grad, float* residual, float* clear, int64_t n, int64_t k) {
   if (residual != nullptr) add_into(residual, grad, n);
+  zero(clear, n);
   return select_exact(acc_of(grad, residual), n, k);
 }
 
@@ -409,15 +431,15 @@ SparseVector select_exact_all(const float* grad, float* residual, int64_t n, int
 // much as the radix passes it would save (a 1 MB tensor at k = 0.1 %).
 constexpr double kFilterHitsPerK = 32.0;
 
-SparseVector select_exact_filtered(const float* grad, float* residual, int64_t n, int64_t k,
+SparseVector select_exact_filtered(const float* grad, float* residual, float* clear, int64_t n, int64_t k,
                                    const PhiloxStream& rng) {
   const double want = std::ceil(kFilterHitsPerK * static_cast<double>(n) / static_cast<double>(k));
   const int64_t m = std::max<int64_t>(topk::kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));
-  if (m > n / 16) return select_exact_all(grad, residual, n, k);
+  if (m > n / 16) return select_exact_all(grad, residual, clear, n, k);
   const std::vector<uint32_t> sample = sample_keys(n, m, rng, acc_reader(grad, residual));
   const double rank_real = std::round(2.0 * static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n));
   const uint32_t bound = kth_largest_key(sample, std::clamp<int64_t>(static_cast<int64_t>(rank_real), 1, m));
-  const Collected c = accumulate_and_collect(grad, residual, n, bound, std::min(n, 4 * k));
+  const Collected c = accumulate_and_collect(grad, residual, clear, n, bound, std::min(n, 4 * k));
   const float* acc = acc_of(grad, residual);
   if (c.overflow || c.count < k) return select_exact(acc, n, k);
 
@@ -432,14 +454,15 @@ SparseVector select_exact_filtered(const float* grad, float* residual, int64_t n
   return sel.release();
 }
 
-SparseVector select_sample(const float* grad, float* residual, int64_t n, int64_t k, const PhiloxStream& rng) {
+SparseVector select_sample(const float* grad, float* residual, float* clear, int64_t n, int64_t k,
+                           const PhiloxStream& rng) {
   const topk::SamplePlan plan = topk::sample_plan(n, k);
-  if (plan.exact) return select_exact_all(grad, residual, n, k);
+  if (plan.exact) return select_exact_all(grad, residual, clear, n, k);
   // Threshold: the key of the rank-ks largest sample, ks = round(k * m / n) >= 1,
   // so about k elements of the whole input are expected at or above it.
   const std::vector<uint32_t> sample = sample_keys(n, plan.m, rng, acc_reader(grad, residual));
   const uint32_t threshold = kth_largest_key(sample, plan.ks);
-  const Collected c = accumulate_and_collect(grad, residual, n, threshold, plan.upper);
+  const Collected c = accumulate_and_collect(grad, residual, clear, n, threshold, plan.upper);
   const float* acc = acc_of(grad, residual);
   if (c.overflow || c.count < plan.lower) return select_exact(acc, n, k);  // outside the bounds: exact
   SparseVector out;
@@ -448,21 +471,35 @@ SparseVector select_sample(const float* grad, float* residual, int64_t n, int64_
   return out;
 }
 
-}  // namespace
-
-SparseVector topk_select_accumulate(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
-                                    const PhiloxStream& rng) {
+// The selection with error feedback's fold; grad is zeroed too when clear (= grad) is set.
+SparseVector select_accumulate(const float* grad, float* residual, float* clear, int64_t n, int64_t k,
+                               TopkSelect select, const PhiloxStream& rng) {
   if (n < 0 || k < 0) throw InvalidArgument(fmt::format("topk_select: n = {} and k = {} must be >= 0", n, k));
   if (n == 0 || k == 0 || k >= n) {  // nothing to choose: accumulate, then none or all
     if (residual != nullptr) add_into(residual, grad, n);
     const float* acc = acc_of(grad, residual);
-    return k == 0 || n == 0 ? SparseVector{} : take_all(acc, n);
+    SparseVector out = k == 0 || n == 0 ? SparseVector{} : take_all(acc, n);
+    zero(clear, n);
+    return out;
   }
   switch (select) {
-    case TopkSelect::kExact: return select_exact_filtered(grad, residual, n, k, rng);
-    case TopkSelect::kSample: return select_sample(grad, residual, n, k, rng);
+    case TopkSelect::kExact: return select_exact_filtered(grad, residual, clear, n, k, rng);
+    case TopkSelect::kSample: return select_sample(grad, residual, clear, n, k, rng);
   }
   throw InvalidArgument(fmt::format("topk_select: unknown select mode {}", static_cast<int>(select)));
+}
+
+}  // namespace
+
+SparseVector topk_select_accumulate(const float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
+                                    const PhiloxStream& rng) {
+  return select_accumulate(grad, residual, nullptr, n, k, select, rng);
+}
+
+SparseVector topk_select_fold(float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
+                              const PhiloxStream& rng) {
+  if (residual == nullptr && n > 0) throw InvalidArgument("topk_select_fold: needs a residual (error feedback)");
+  return select_accumulate(grad, residual, grad, n, k, select, rng);
 }
 
 SparseVector topk_select(const float* acc, int64_t n, int64_t k, TopkSelect select, const PhiloxStream& rng) {

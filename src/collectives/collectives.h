@@ -54,13 +54,15 @@ std::vector<uint8_t> ring_allgatherv_bytes(Op& op, std::span<const uint8_t> mine
 // Top-k's collectives (sparse_allreduce.cc). Both write the sum (or, for kAvg, the
 // average) of every rank's selection into data[0, numel), bitwise the same on every rank.
 // The sparse allgather: every payload to every rank (fixed_size: every rank's selection
-// has the same count, so no sizes are exchanged).
+// has the same count, so no sizes are exchanged). output = kZeroed: data is +0.0 on
+// entry (the selection zeroed it), so only the entries are written (decode_sum_sparse).
 void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const SparseVector& selected,
-                                SparseFormat format, bool fixed_size);
+                                SparseFormat format, bool fixed_size, SparseOutput output = SparseOutput::kFill);
 // The sparse reduce-scatter: region owners sum, keep their region's top ceil(k/N), put
 // what they drop (and the kept sums' rounding) into `residual` (may be null), allgather.
 void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
-                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual);
+                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
+                                     SparseOutput output = SparseOutput::kFill);
 // spec.algo, or for algo=auto the one the α–β model (constants in sparse_allreduce.cc)
 // expects to be faster for this spec, world size and tensor size.
 SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel);

@@ -16,6 +16,11 @@
 // Error feedback: each encode this rank performs loses `value - decode(payload)`;
 // with a residual buffer, that loss is added to it at the same positions, so the
 // sum of all ranks' outputs plus all residuals equals the sum of their inputs.
+//
+// The average (divisor > 1) divides each chunk right after it becomes final: the
+// owner's decoded copy, and each allgather chunk after its decode, while the chunk is
+// in cache. Every rank divides the same decoded sums, so results stay bitwise equal,
+// and they are the bits of a pass over the whole output after the ring.
 #include <algorithm>
 #include <vector>
 
@@ -27,7 +32,7 @@
 namespace gradcomm::detail {
 
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
-                               const PhiloxStream& rng, float* residual) {
+                               const PhiloxStream& rng, float* residual, int divisor) {
   const int n = op.size();
   const int right = (op.rank() + 1) % n;
   const int left = (op.rank() + n - 1) % n;
@@ -57,7 +62,10 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
       if (residual != nullptr || final_owner) {
         codec.decode(out[u], e - b, scratch.data());
         if (residual != nullptr) accumulate_loss(residual + b, data + b, scratch.data(), e - b);
-        if (final_owner) std::copy_n(scratch.data(), e - b, data + b);  // the owner keeps what everyone decodes
+        if (final_owner) {  // the owner keeps what everyone decodes
+          std::copy_n(scratch.data(), e - b, data + b);
+          divide_inplace(data + b, e - b, DType::kFloat32, divisor);
+        }
       }
     }
     sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
@@ -89,6 +97,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
       {
         Op::PhaseTimer timer(op, &Stats::decode_s);
         codec.decode(in[u], e - b, data + b);
+        divide_inplace(data + b, e - b, DType::kFloat32, divisor);
       }
       if (u + C < total_units) {  // recvCopySend: forward the exact bytes
         out[u + C] = std::move(in[u]);

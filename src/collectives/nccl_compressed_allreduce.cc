@@ -157,8 +157,9 @@ class DevicePrimitives {
     codec.encode(data, numel, payload, rng, 0, feedback, stream_);
   }
 
-  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng) {
+  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor) {
     nccl_compressed_ring(op_, gpu_, data, numel, GpuDenseCodec(spec_), rng, residual_, status(), stream_);
+    divide(data, numel, divisor);  // one pass on the stream: cheap on the GPU, and it keeps the kernels as they are
   }
 
   // Only the sparse allgather exists here: algo=auto means it, reduce_scatter is refused.

@@ -172,7 +172,7 @@ SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t num
 }
 
 void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const SparseVector& selected,
-                                SparseFormat format, bool fixed_size) {
+                                SparseFormat format, bool fixed_size, SparseOutput output) {
   const int n = op.size();
   std::vector<uint8_t> payload;
   {
@@ -196,11 +196,12 @@ void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp red
   Op::PhaseTimer timer(op, &Stats::decode_s);
   const std::vector<std::span<const uint8_t>> payloads = split_blocks(all, sizes);
   // The average divides each tile as it is written, not in a pass after.
-  decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1);
+  decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1, output);
 }
 
 void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
-                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual) {
+                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
+                                     SparseOutput output) {
   const int n = op.size();
   const int r = op.rank();
   std::vector<int64_t> begin(static_cast<size_t>(n) + 1);
@@ -300,7 +301,7 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
   const std::vector<std::span<const uint8_t>> payloads = split_blocks(all, sizes);
   for (int s = 0; s < n; ++s) {
     decode_sum_sparse(CompressorId::kTopk, std::span(&payloads[s], 1), len(s), data + begin[s],
-                      reduce_op == ReduceOp::kAvg ? n : 1);
+                      reduce_op == ReduceOp::kAvg ? n : 1, output);
   }
 }
 

@@ -46,7 +46,9 @@ class Recorder {
     log("dense_allreduce({}, {}, units {:#x})", n, op == ReduceOp::kAvg ? "avg" : "sum", unit_base);
   }
   void codec_round_trip(float*, int64_t n, const PhiloxStream& rng) { log("codec_round_trip({}, {})", n, who(rng)); }
-  void codec_ring(float*, int64_t n, const PhiloxStream& rng) { log("codec_ring({}, {})", n, who(rng)); }
+  void codec_ring(float*, int64_t n, const PhiloxStream& rng, int divisor) {
+    log("codec_ring({}, {}, by {})", n, who(rng), divisor);
+  }
   SparseAlgo sparse_algo(int64_t n) {
     log("sparse_algo({})", n);
     return SparseAlgo::kAllgather;
@@ -131,11 +133,12 @@ TEST(CompressedSteps, WarmupStepsAndSmallTensorsGoDense) {
   EXPECT_NE(steps("randomk:ratio=0.1,min_numel=1000", 1000, 0, 2, ReduceOp::kSum), dense);
 }
 
-TEST(CompressedSteps, CodecRingFoldsThenRingsThenAverages) {
+// The ring applies the average itself (chunk by chunk, in cache): no divide after.
+TEST(CompressedSteps, CodecRingFoldsThenRingsWithTheAverage) {
   EXPECT_EQ(steps("quant:bits=4", 4096, 2, 4, ReduceOp::kAvg),
-            (Calls{"fold_and_clear(4096)", "codec_ring(4096, mine)", "check_payloads(4096)", "divide(4096, by 4)"}));
+            (Calls{"fold_and_clear(4096)", "codec_ring(4096, mine, by 4)", "check_payloads(4096)"}));
   EXPECT_EQ(steps("fp16", 4096, 2, 4, ReduceOp::kSum),
-            (Calls{"fold_and_clear(4096)", "codec_ring(4096, mine)", "check_payloads(4096)"}));
+            (Calls{"fold_and_clear(4096)", "codec_ring(4096, mine, by 1)", "check_payloads(4096)"}));
 }
 
 TEST(CompressedSteps, OneRankStillKeepsOnlyWhatCompressionKeeps) {

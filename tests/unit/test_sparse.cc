@@ -264,6 +264,17 @@ void check_accumulate(const AccumulateCase& c, int64_t k, TopkSelect select, con
     ASSERT_TRUE(same_bits(res[i], c.acc[i])) << "residual " << i << ": " << res[i] << " != " << c.acc[i];
     ASSERT_TRUE(same_bits(grad[i], c.grad[i])) << "grad written at " << i;
   }
+  // topk_select_fold: the same selection and residual, and grad all +0.0 after, on
+  // every internal path (the fused pass zeroes it; the others in a pass after).
+  std::vector<float> folded_res = c.residual;
+  std::vector<float> folded_grad = c.grad;
+  const SparseVector folded = topk_select_fold(folded_grad.data(), folded_res.data(), n, k, select, rng);
+  ASSERT_EQ(folded.indices, want);
+  expect_values_match(folded, c.acc);
+  for (size_t i = 0; i < c.acc.size(); ++i) {
+    ASSERT_TRUE(same_bits(folded_res[i], c.acc[i])) << "folded residual " << i;
+    ASSERT_TRUE(same_bits(folded_grad[i], 0.0f)) << "grad not cleared to +0.0 at " << i << ": " << folded_grad[i];
+  }
   // No residual: acc is grad itself.
   ASSERT_EQ(topk_select_accumulate(c.acc.data(), nullptr, n, k, select, rng).indices, want);
   ASSERT_EQ(topk_select(c.acc.data(), n, k, select, rng).indices, want);
@@ -441,7 +452,37 @@ TEST(SparsePayload, DecodeSumMatchesZeroThenAddInOrder) {
       std::fill(got.begin(), got.end(), 123.0f);
       decode_sum_sparse(CompressorId::kTopk, spans, n, got.data(), 3);
       ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+      // Onto an output the caller zeroed (kZeroed): only the entries are written, each
+      // divided once however many payloads carry it, and the bits are the same.
+      std::fill(got.begin(), got.end(), 0.0f);
+      decode_sum_sparse(CompressorId::kTopk, spans, n, got.data(), 3, SparseOutput::kZeroed);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+      std::vector<float> sum(static_cast<size_t>(n), 0.0f), zeroed(static_cast<size_t>(n), 0.0f);
+      for (const auto& b : bytes) decode_add_sparse(CompressorId::kTopk, b, n, sum.data());
+      decode_sum_sparse(CompressorId::kTopk, spans, n, zeroed.data(), 1, SparseOutput::kZeroed);
+      ASSERT_EQ(std::memcmp(zeroed.data(), sum.data(), sum.size() * sizeof(float)), 0);
     }
+  }
+}
+
+// kZeroed writes nothing but the payloads' entries: an element no payload carries
+// keeps whatever it held (the caller's promise that it is +0.0 is not re-checked).
+TEST(SparsePayload, DecodeSumOntoZeroedOutputTouchesOnlyTheEntries) {
+  const auto bytes = encode_sparse(CompressorId::kTopk, 1000, example_sparse(), kRaw32);
+  const std::vector<std::span<const uint8_t>> spans = {bytes, bytes};
+  std::vector<float> out(1000, 0.0f);
+  const SparseVector v = example_sparse();
+  std::vector<bool> carried(1000, false);
+  for (uint64_t i : v.indices) carried[i] = true;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!carried[i]) out[i] = 7.0f;
+  }
+  decode_sum_sparse(CompressorId::kTopk, spans, 1000, out.data(), 2, SparseOutput::kZeroed);
+  for (size_t j = 0; j < v.indices.size(); ++j) {
+    EXPECT_EQ(out[v.indices[j]], (v.values[j] + v.values[j]) / 2.0f) << "index " << v.indices[j];
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!carried[i]) ASSERT_EQ(out[i], 7.0f) << "element " << i << " written";
   }
 }
 
