@@ -67,12 +67,18 @@ void encode_width(const float* in, int64_t n, int64_t bucket, uint32_t levels, u
   encode_run<kBits, false>(in, n, bucket, levels, bits, scales, codes_out, rng, first);
 }
 
+// Whether qsgd's AVX2 decoder (dense_simd.h) takes codes of this width on this CPU.
+bool avx2_decode(unsigned bits) { return bits <= kMaxAvx2DecodeBits && use_avx2_kernels(); }
+
 // Checks every level is <= s (a b-bit field can hold up to 2^(b-1) - 1), before the
 // decoder writes anything. Skipped when s + 1 is a power of two: every field is valid.
 template <unsigned kBits>
 bool levels_in_range(const uint8_t* packed, int64_t n, uint32_t levels, unsigned bits) {
-  CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), bits);
   const uint32_t level_mask = (1u << (bits - 1)) - 1u;
+  if (avx2_decode(bits)) {
+    return max_level_avx2(CodeStream{packed, static_cast<uint64_t>(n), bits}, level_mask) <= levels;
+  }
+  CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), bits);
   uint32_t codes[kDenseChunk];
   uint32_t worst = 0;
   for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
@@ -83,9 +89,13 @@ bool levels_in_range(const uint8_t* packed, int64_t n, uint32_t levels, unsigned
   return worst <= levels;
 }
 
+// Decodes one run, bucket by bucket: the per-bucket unit here, the elements through
+// qsgd_decode_avx2 or the scalar loop (avx2_decode, read once per call).
 template <unsigned kBits, bool kAdd>
 void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, uint32_t levels,
                 unsigned bits, float* out) {
+  const bool avx2 = avx2_decode(bits);
+  const CodeStream stream{packed, static_cast<uint64_t>(n), bits};
   CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), bits);
   uint32_t codes[kDenseChunk];
   for (int64_t start = 0; start < n; start += bucket) {
@@ -93,6 +103,10 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
     const float unit = qsgd_unit(load_f32(scales), levels);
     scales += 4;
     float* y = out + start;
+    if (avx2) {
+      qsgd_decode_avx2(stream, static_cast<uint64_t>(start), m, unit, kAdd, y);
+      continue;
+    }
     for (size_t c = 0; c < m; c += kDenseChunk) {
       const size_t cm = std::min(kDenseChunk, m - c);
       reader.get(codes, cm);

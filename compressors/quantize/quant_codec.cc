@@ -89,9 +89,14 @@ void encode_bits(bool stochastic, const float* in, int64_t n, int64_t bucket, ui
                     : encode_run<kBits, false, false>(in, n, bucket, scales, codes, rng, first);
 }
 
+// Decodes one run, bucket by bucket: the per-bucket step here, the elements through
+// quant_decode_avx2 (dense_simd.h) or the scalar loop on the path use_avx2_kernels()
+// picks once per call.
 template <unsigned kBits, bool kAdd>
 void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, float* out) {
   constexpr uint32_t kLevels = (1u << kBits) - 1u;
+  const bool avx2 = use_avx2_kernels();
+  const CodeStream stream{packed, static_cast<uint64_t>(n), kBits};
   CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), kBits);
   uint32_t codes[kDenseChunk];
   for (int64_t start = 0; start < n; start += bucket) {
@@ -100,6 +105,10 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
     scales += 8;
     const float step = quant_step(lo, hi, kLevels);
     float* y = out + start;
+    if (avx2) {
+      quant_decode_avx2(stream, static_cast<uint64_t>(start), m, lo, step, kAdd, y);
+      continue;
+    }
     for (size_t c = 0; c < m; c += kDenseChunk) {
       const size_t cm = std::min(kDenseChunk, m - c);
       reader.get(codes, cm);

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 
+#include "compressors/cpu_kernels.h"
 #include "compressors/quantize/bitpack.h"
+#include "compressors/quantize/dense_simd.h"
 #include "compressors/quantize/dense_util.h"
 #include "gradcomm/errors.h"
 
@@ -73,12 +75,20 @@ class SignCodec final : public BucketCodec<SignCodec> {
         throw CorruptPayload(fmt::format("sign payload: bucket {} has scale {}", b, scale));
       }
     }
+    // Bucket by bucket, the elements through sign_decode_avx2 (quantize/dense_simd.h)
+    // or the scalar loop, on the path use_avx2_kernels() picks once per call.
+    const bool avx2 = use_avx2_kernels();
+    const CodeStream stream{s.codes, static_cast<uint64_t>(n), 1};
     CodeReader<1> reader(s.codes, static_cast<uint64_t>(n), 1);
     uint32_t bits[kDenseChunk];
     for (int64_t start = 0; start < n; start += bucket_) {
       const size_t m = static_cast<size_t>(std::min(bucket_, n - start));
       const float scale = load_f32(s.scales + 4 * (start / bucket_));
       float* y = out + start;
+      if (avx2) {
+        sign_decode_avx2(stream, static_cast<uint64_t>(start), m, scale, kAdd, y);
+        continue;
+      }
       for (size_t c = 0; c < m; c += kDenseChunk) {
         const size_t cm = std::min(kDenseChunk, m - c);
         reader.get(bits, cm);

@@ -1,17 +1,23 @@
-// The AVX2 paths of the CPU dense codecs (compressors/philox.cc, quantize/dense_simd.cc)
-// against the scalar definitions they replace: Philox blocks, each bulk loop, and
-// whole quant/qsgd/sign payloads byte for byte, the reference computed on the same
-// machine under ScopedScalarKernels. On a CPU without AVX2 both sides are the scalar
+// The AVX2 paths of the CPU dense codecs (compressors/philox.cc, quantize/dense_simd.cc,
+// quantize/dense_simd_decode.cc) against the scalar definitions they replace: Philox
+// blocks, each bulk loop, whole quant/qsgd/sign payloads byte for byte and their
+// decoded floats bit for bit, the reference computed on the same machine under
+// ScopedScalarKernels. On a CPU without AVX2 both sides are the scalar
 // path and the comparisons hold trivially; the kernel-level tests skip there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "compressors/codec.h"
 #include "compressors/cpu_kernels.h"
@@ -20,6 +26,7 @@
 #include "compressors/quantize/dense_simd.h"
 #include "compressors/quantize/dense_util.h"
 #include "cpu_features.h"
+#include "gradcomm/errors.h"
 #include "half.h"
 
 namespace gradcomm::detail {
@@ -290,6 +297,260 @@ TEST(DenseCodecBytes, PayloadDigestIsPinned) {
     }
   }
   EXPECT_EQ(digest, 0xc3675275ab34099cull);
+}
+
+// ---- decoders ---------------------------------------------------------------------
+// The AVX2 decoders against the scalar ones, float bits compared: signs of zero, NaN
+// signs and payloads included. One case is looser. decode_add's out[i] + v with both
+// NaN is a NaN, but which one: x86 returns the first operand, and which operand is
+// first is the compiler's choice, not the source's. GCC 12 makes different choices
+// in one scalar loop's vector body and its epilogue (the element's position in the
+// bucket decides), and different ones for quant than for qsgd and sign, so no
+// decoder can match the scalar bits there; both must give a NaN. quant's decode adds
+// two NaNs too, lo + c * step in a poisoned bucket; GCC 12 orders both paths alike
+// there, so that stays strict (a compiler that orders them apart fails here first).
+
+// Index of the first element where a and b differ, or -1: bits must be equal, except
+// that where nan_pair[i] (both addends NaN) any two NaNs match.
+int64_t first_difference(const std::vector<float>& a, const std::vector<float>& b,
+                         const std::vector<bool>& nan_pair = {}) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool same = i < nan_pair.size() && nan_pair[i] ? is_nan(a[i]) && is_nan(b[i])
+                                                         : float_bits(a[i]) == float_bits(b[i]);
+    if (!same) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// NaNs of both signs with other payloads than the canonical one (signalling ones
+// too), infinities, -0 and subnormals, between N(0, 1) values.
+std::vector<float> awkward_out(size_t n, uint32_t seed) {
+  std::vector<float> y = awkward_input(n, seed);
+  for (size_t i = 0; i < n; i += 5) y[i] = bits_float(0xFFC00000u | static_cast<uint32_t>(i));
+  for (size_t i = 2; i < n; i += 11) y[i] = bits_float(0x7F800001u + static_cast<uint32_t>(i));
+  for (size_t i = 3; i < n; i += 13) y[i] = -std::numeric_limits<float>::infinity();
+  return y;
+}
+
+// What decode (add false) or decode_add leaves in a copy of `out`; the same `out`
+// if the decoder threw CorruptPayload (which it must do before writing anything).
+struct Decoded {
+  std::vector<float> out;
+  bool corrupt = false;
+};
+Decoded decode_onto(const DenseCodec& codec, const std::vector<uint8_t>& p, int64_t n, bool add,
+                    std::vector<float> out) {
+  Decoded d;
+  try {
+    add ? codec.decode_add(p, n, out.data()) : codec.decode(p, n, out.data());
+  } catch (const CorruptPayload&) {
+    d.corrupt = true;
+  }
+  d.out = std::move(out);
+  return d;
+}
+
+// Both paths decode `p` into copies of `out`, with decode and with decode_add; the
+// results must match (first_difference) and both paths must agree on whether `p` is
+// corrupt. Returns whether the payload was accepted.
+bool expect_same_decode(const DenseCodec& codec, const std::vector<uint8_t>& p, int64_t n,
+                        const std::vector<float>& out, const std::string& what) {
+  std::vector<bool> nan_pair(out.size(), false);  // decode_add's NaN + NaN elements
+  bool accepted = true;
+  for (bool add : {false, true}) {
+    const Decoded fast = decode_onto(codec, p, n, add, out);
+    Decoded scalar;
+    {
+      ScopedScalarKernels force;
+      scalar = decode_onto(codec, p, n, add, out);
+    }
+    EXPECT_EQ(fast.corrupt, scalar.corrupt) << what << (add ? " decode_add" : " decode");
+    const int64_t i = first_difference(fast.out, scalar.out, add ? nan_pair : std::vector<bool>{});
+    EXPECT_EQ(i, -1) << what << (add ? " decode_add" : " decode") << ": element " << i << " is 0x" << std::hex
+                     << (i >= 0 ? float_bits(fast.out[i]) : 0) << ", the scalar path gives 0x"
+                     << (i >= 0 ? float_bits(scalar.out[i]) : 0);
+    if (!add && !scalar.corrupt) {
+      for (size_t k = 0; k < out.size(); ++k) nan_pair[k] = is_nan(out[k]) && is_nan(scalar.out[k]);
+    }
+    accepted = accepted && !fast.corrupt;
+  }
+  return accepted;
+}
+
+// The payload specs, and qsgd at the widest codes the AVX2 decoder unpacks (16 bits)
+// and the narrowest it leaves to the scalar one (17).
+std::vector<CompressorSpec> decode_specs(int64_t bucket) {
+  std::vector<CompressorSpec> specs = payload_specs(bucket);
+  for (int levels : {(1 << 15) - 1, 1 << 15}) {
+    specs.push_back(dense_codec_spec(CompressorId::kQsgd, 0, Rounding::kStochastic, levels, bucket));
+  }
+  return specs;
+}
+
+// Encoders' payloads of awkward_input: poisoned buckets (NaN scales), constant and
+// zero buckets, every bucket size class, lengths ending mid-group and mid-bucket, and
+// the last bytes of the stream (which the vector path leaves to the scalar one).
+TEST(DenseCodecBytes, Avx2DecodeEqualsScalarDecode) {
+  const std::vector<float> x = awkward_input(4200, 21);
+  const std::vector<float> out = awkward_out(4200, 22);
+  const PhiloxStream rng{0x452821E638D01377ull, 0xBE5466CF34E90C6Cull};
+  for (int64_t bucket : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{33}, int64_t{512}, int64_t{1500}}) {
+    for (const CompressorSpec& spec : decode_specs(bucket)) {
+      const auto codec = make_dense_codec(spec);
+      for (int64_t n : {0, 1, 7, 8, 31, 32, 33, 100, 511, 512, 513, 1500, 4099}) {
+        const float* in = x.data() + (x.size() - static_cast<size_t>(n));
+        const std::vector<uint8_t> p = encode(*codec, in, n, rng, 0);
+        const std::vector<float> start(out.begin(), out.begin() + n);
+        ASSERT_TRUE(expect_same_decode(*codec, p, n, start, describe(spec) + " n=" + std::to_string(n)));
+      }
+    }
+  }
+}
+
+// Payloads no encoder writes but the decoders accept (or must reject alike): every
+// code pattern, and scales that are NaNs of any sign and payload, subnormal, huge, or
+// a range that is one ulp wide. qsgd codes above s must be corrupt on both paths.
+TEST(DenseCodecBytes, Avx2DecodeEqualsScalarOnArbitraryPayloads) {
+  std::mt19937 gen(23);
+  const std::vector<float> x = awkward_input(3000, 24);
+  const std::vector<float> out = awkward_out(3000, 25);
+  const float nan_scales[] = {bits_float(0xFFC00000u), bits_float(0x7FC00001u), bits_float(0xFF80DEADu),
+                              bits_float(0x7FBFFFFFu)};
+  const float finite_scales[] = {0.0f, 1e-45f, 1e-39f, 1.0f, 1.0000001f, 3e38f};
+  int accepted = 0, rejected = 0;
+  for (int64_t bucket : {int64_t{5}, int64_t{64}, int64_t{100}}) {
+    for (const CompressorSpec& spec : decode_specs(bucket)) {
+      const auto codec = make_dense_codec(spec);
+      const unsigned bits = spec.id == CompressorId::kQuant  ? static_cast<unsigned>(spec.bits)
+                            : spec.id == CompressorId::kQsgd ? qsgd_code_bits(static_cast<uint32_t>(spec.levels))
+                                                             : 1u;
+      const size_t per_bucket = spec.id == CompressorId::kQuant ? 8 : 4;  // scale bytes
+      for (int64_t n : {1, 9, 40, 257, 3000}) {
+        std::vector<uint8_t> p = encode(*codec, x.data(), n, PhiloxStream{5, 6}, 0);
+        const size_t scales = 24, codes = scales + per_bucket * static_cast<size_t>(bucket_count(n, bucket));
+        for (size_t i = codes; i < p.size(); ++i) p[i] = static_cast<uint8_t>(gen());
+        const uint64_t code_bits = static_cast<uint64_t>(n) * bits;  // bits past the last code stay 0
+        if (code_bits % 8 != 0) p.back() &= static_cast<uint8_t>((1u << (code_bits % 8)) - 1u);
+        for (size_t b = scales; b < codes; b += per_bucket) {
+          const float lo = gen() % 2 ? nan_scales[gen() % 4] : finite_scales[gen() % 6];
+          store_f32(p.data() + b, lo);
+          if (per_bucket == 8) {  // quant's max: one ulp above a finite min, or another NaN
+            store_f32(p.data() + b + 4, is_finite(lo) ? std::nextafter(lo, 3e38f) : nan_scales[gen() % 4]);
+          }
+        }
+        const std::string what = describe(spec) + " n=" + std::to_string(n);
+        const bool ok = expect_same_decode(*codec, p, n, std::vector<float>(out.begin(), out.begin() + n), what);
+        ++(ok ? accepted : rejected);
+        ASSERT_FALSE(::testing::Test::HasFailure()) << what;
+      }
+    }
+  }
+  std::printf("%d payloads accepted, %d rejected by both paths\n", accepted, rejected);
+  EXPECT_GT(rejected, 0);  // the qsgd level check ran on both paths
+}
+
+// A page of bytes followed by a page that may not be read: a stream placed at the end
+// of the first page faults on any read past its last byte.
+class GuardedPage {
+ public:
+  GuardedPage() : size_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
+    void* p = mmap(nullptr, 2 * size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || mprotect(static_cast<uint8_t*>(p) + size_, size_, PROT_NONE) != 0) std::abort();
+    base_ = static_cast<uint8_t*>(p);
+  }
+  ~GuardedPage() { munmap(base_, 2 * size_); }
+  GuardedPage(const GuardedPage&) = delete;
+  GuardedPage& operator=(const GuardedPage&) = delete;
+  uint8_t* last(size_t bytes) { return base_ + size_ - bytes; }  // the final `bytes` readable bytes
+
+ private:
+  size_t size_;
+  uint8_t* base_;
+};
+
+// Each AVX2 decoder called directly at every width it unpacks, from start offsets
+// on and off a group of 8, over runs that end mid-group and at the end of the
+// stream (random codes, the stream's last byte just before an unreadable page, so
+// the 16-byte loads must stay inside it); and the level maximum.
+TEST(DenseSimdKernels, DecodersMatchTheFormulas) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 gen(27);
+  const uint64_t total = 301;
+  GuardedPage page;
+  const std::vector<float> out = awkward_out(total, 28);
+  const float lo = -1.5f, step = 0.1f, unit = 0.37f, scale = bits_float(0x7FC12345u);
+  for (unsigned bits = 1; bits <= kMaxAvx2DecodeBits; ++bits) {
+    uint8_t* const packed = page.last(packed_code_bytes(total, bits));
+    for (uint64_t i = 0; i < packed_code_bytes(total, bits); ++i) packed[i] = static_cast<uint8_t>(gen());
+    const CodeStream s{packed, total, bits};
+    const uint32_t level_mask = (1u << (bits - 1)) - 1u;
+    uint32_t worst = 0;
+    for (uint64_t i = 0; i < total; ++i) worst = std::max(worst, read_code(packed, i, bits) & level_mask);
+    ASSERT_EQ(max_level_avx2(s, level_mask), worst) << "bits " << bits;
+    for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{8}, uint64_t{13}, uint64_t{250}}) {
+      for (uint64_t m : {uint64_t{0}, uint64_t{5}, uint64_t{16}, uint64_t{37}, total - first}) {
+        const std::string where = "bits " + std::to_string(bits) + " first " + std::to_string(first) + " m " +
+                                  std::to_string(m);
+        // `decode(y, add)` against y[k] = v or y[k] += v, v = value(code first + k).
+        auto check = [&](const char* name, auto decode, auto value) {
+          for (bool add : {false, true}) {
+            std::vector<float> y(out.begin(), out.begin() + m), ref = y;
+            std::vector<bool> nan_pair(m, false);
+            decode(y.data(), add);
+            for (size_t k = 0; k < m; ++k) {
+              const float v = value(read_code(packed, first + k, bits));
+              add ? store_or_add<true>(ref[k], v) : store_or_add<false>(ref[k], v);
+              nan_pair[k] = add && is_nan(out[k]) && is_nan(v);
+            }
+            ASSERT_EQ(first_difference(y, ref, nan_pair), -1) << name << " " << where << (add ? " add" : "");
+          }
+        };
+        if (first + m > total) continue;
+        check("quant", [&](float* y, bool add) { quant_decode_avx2(s, first, m, lo, step, add, y); },
+              [&](uint32_t c) { return quant_value(lo, step, c); });
+        if (bits > 1) {
+          check("qsgd", [&](float* y, bool add) { qsgd_decode_avx2(s, first, m, unit, add, y); },
+                [&](uint32_t c) { return qsgd_value(c, unit, bits); });
+        } else {
+          check("sign", [&](float* y, bool add) { sign_decode_avx2(s, first, m, scale, add, y); },
+                [&](uint32_t c) { return sign_value(scale, c); });
+        }
+      }
+    }
+  }
+}
+
+// Decoded floats of a fixed matrix, hashed: taken from the scalar decoders as they
+// were before the AVX2 decoders existed, so a change that moved both paths together
+// would still fail here. NaNs hash as one value: which of two NaN operands an x86
+// add returns follows the operand order the compiler chose for the scalar loop, so
+// their bits may differ between compilers (the tests above compare them between the
+// paths of one build).
+TEST(DenseCodecBytes, DecodedDigestIsPinned) {
+  const std::vector<float> x = awkward_input(5000, 31);
+  const std::vector<float> out = awkward_out(5000, 32);
+  uint64_t digest = 0xcbf29ce484222325ull;
+  for (int64_t bucket : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{512}, int64_t{1000}}) {
+    for (const CompressorSpec& spec : decode_specs(bucket)) {
+      const auto codec = make_dense_codec(spec);
+      for (int64_t n : {0, 1, 13, 511, 1025, 5000}) {
+        const std::vector<uint8_t> p = encode(*codec, x.data() + (5000 - n), n, PhiloxStream{77, 78}, 0);
+        for (bool add : {false, true}) {
+          const Decoded d = decode_onto(*codec, p, n, add, std::vector<float>(out.begin(), out.begin() + n));
+          ASSERT_FALSE(d.corrupt);
+          for (float v : d.out) {
+            const uint32_t b = is_nan(v) ? kCanonicalNanBits : float_bits(v);
+            const uint8_t le[4] = {static_cast<uint8_t>(b), static_cast<uint8_t>(b >> 8),
+                                   static_cast<uint8_t>(b >> 16), static_cast<uint8_t>(b >> 24)};
+            digest = fnv1a(le, 4, digest);
+          }
+        }
+      }
+    }
+  }
+  std::printf("decoded digest 0x%016llx\n", static_cast<unsigned long long>(digest));
+  EXPECT_EQ(digest, 0x74443434517a2418ull);
 }
 
 }  // namespace
