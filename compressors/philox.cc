@@ -20,6 +20,24 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 #if GRADCOMM_X86_DISPATCH
+// philox4x32_10's key schedule, k0 + r W0 and k1 + r W1 for rounds r = 0..9: the
+// same for every block of a call, so the vector paths compute it once and broadcast.
+struct RoundKeyWords {
+  uint32_t k0[philox_internal::kRounds], k1[philox_internal::kRounds];
+};
+
+RoundKeyWords round_key_words(uint64_t seed) {
+  using namespace philox_internal;
+  RoundKeyWords w;
+  w.k0[0] = static_cast<uint32_t>(seed);
+  w.k1[0] = static_cast<uint32_t>(seed >> 32);
+  for (int round = 1; round < kRounds; ++round) {
+    w.k0[round] = w.k0[round - 1] + kWeyl0;
+    w.k1[round] = w.k1[round - 1] + kWeyl1;
+  }
+  return w;
+}
+
 // Eight blocks per iteration, the round function of philox4x32_10 on all of them at
 // once. AVX2 multiplies only the even 32-bit lanes (the low half of each 64-bit lane)
 // into full 64-bit products, so each counter word lives in two registers of four
@@ -113,16 +131,11 @@ __attribute__((target("avx2"))) void store_uniforms8(const Blocks8& g, float* o)
 
 __attribute__((target("avx2"))) void uniform_blocks_avx2(const PhiloxStream& s, uint64_t block0, uint64_t blocks,
                                                           float* out) {
-  using namespace philox_internal;
+  const RoundKeyWords w = round_key_words(s.seed);
   RoundKeys rk;
-  uint32_t k0 = static_cast<uint32_t>(s.seed), k1 = static_cast<uint32_t>(s.seed >> 32);
-  for (int round = 0; round < kRounds; ++round) {
-    if (round > 0) {
-      k0 += kWeyl0;
-      k1 += kWeyl1;
-    }
-    rk.k0[round] = _mm256_set1_epi32(static_cast<int>(k0));
-    rk.k1[round] = _mm256_set1_epi32(static_cast<int>(k1));
+  for (int round = 0; round < philox_internal::kRounds; ++round) {
+    rk.k0[round] = _mm256_set1_epi32(static_cast<int>(w.k0[round]));
+    rk.k1[round] = _mm256_set1_epi32(static_cast<int>(w.k1[round]));
   }
   const __m256i s0 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(s.stream)));
   const __m256i s1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(s.stream >> 32)));
@@ -133,6 +146,113 @@ __attribute__((target("avx2"))) void uniform_blocks_avx2(const PhiloxStream& s, 
     store_uniforms8(g, out + 4 * b);
   }
   philox_uniform_blocks_scalar(s, block0 + b, blocks - b, out + 4 * b);
+}
+
+// ---- AVX-512: sixteen blocks per iteration ----------------------------------------
+// The layout of the AVX2 path in registers twice as wide: each counter word in two
+// registers of eight 64-bit lanes, e for blocks b, b+2, .., b+14 and o for b+1, ..,
+// b+15, the word in the low half of each lane, so one _mm512_mul_epu32 again gives
+// both halves of eight products. What AVX-512F adds: one ternarylogic for the
+// three-way XOR of each half round (3 instructions where AVX2 takes 4, on twice the
+// blocks), a mask compare for counters that wrap the low word (no scalar slow path),
+// and two-source permutes for the transpose. With 32 registers the state (8) and
+// both multipliers never spill; round keys the registers do not hold are read as
+// memory operands of the ternarylogic.
+struct Lanes16 {
+  __m512i e, o;
+};
+struct Blocks16 {
+  Lanes16 c[4];
+};
+struct RoundKeys16 {
+  __m512i k0[philox_internal::kRounds], k1[philox_internal::kRounds];
+};
+
+// half_round on sixteen blocks: (x, y) <- (hi(m c) ^ y ^ key, lo(m c)).
+__attribute__((target("avx512f"))) void half_round16(Lanes16& x, Lanes16& y, const Lanes16& c, __m512i m,
+                                                     __m512i key) {
+  constexpr int kXor3 = 0x96;  // ternarylogic truth table of a ^ b ^ c
+  const __m512i pe = _mm512_mul_epu32(c.e, m), po = _mm512_mul_epu32(c.o, m);
+  x.e = _mm512_ternarylogic_epi32(_mm512_srli_epi64(pe, 32), y.e, key, kXor3);
+  x.o = _mm512_ternarylogic_epi32(_mm512_srli_epi64(po, 32), y.o, key, kXor3);
+  y.e = pe, y.o = po;
+}
+
+__attribute__((target("avx512f"))) void philox_rounds16(Blocks16& g, const RoundKeys16& rk) {
+  using namespace philox_internal;
+  const __m512i m0 = _mm512_set1_epi64(kMul0), m1 = _mm512_set1_epi64(kMul1);
+  Lanes16(&c)[4] = g.c;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 10  // as in philox_rounds
+#endif
+  for (int round = 0; round < kRounds; ++round) {
+    const Lanes16 x0 = c[0];
+    half_round16(c[0], c[1], c[2], m1, rk.k0[round]);
+    half_round16(c[2], c[3], x0, m0, rk.k1[round]);
+  }
+}
+
+// Blocks first .. first + 15 before the rounds. Lane i's low word is first + i
+// modulo 2^32; where that wrapped (it came out below i), the high word carries one,
+// which also covers the wrap of the whole 64-bit counter.
+__attribute__((target("avx512f"))) Blocks16 counters16(uint64_t first, __m512i s0, __m512i s1) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i lo = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(first))), iota);
+  const __m512i hi0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(first >> 32)));
+  const __m512i hi = _mm512_mask_add_epi32(hi0, _mm512_cmplt_epu32_mask(lo, iota), hi0, _mm512_set1_epi32(1));
+  return Blocks16{{{lo, _mm512_srli_epi64(lo, 32)}, {hi, _mm512_srli_epi64(hi, 32)}, {s0, s0}, {s1, s1}}};
+}
+
+// Uniforms of sixteen random words: the top 24 bits scaled by 2^-24, as in word_uniforms.
+__attribute__((target("avx512f"))) __m512 uniforms16(__m512i w) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 8)), _mm512_set1_ps(philox_internal::kUniformScale));
+}
+
+// The 64 uniforms of sixteen blocks in block order. Pairing the low halves of two
+// words' lanes gives 64-bit lanes that are half a block each: a = words 0-1 and
+// b = words 2-3 of the even blocks, c and d the same of the odd ones (lane m: block
+// 2m or 2m+1). Two rounds of two-source permutes on those halves then put blocks
+// 4j .. 4j+3 in output register j.
+__attribute__((target("avx512f"))) void store_uniforms16(const Blocks16& g, float* out) {
+  const Lanes16(&c)[4] = g.c;
+  constexpr __mmask16 kOdd = 0xAAAA;  // the high half of each 64-bit lane
+  const __m512i a = _mm512_mask_blend_epi32(kOdd, c[0].e, _mm512_slli_epi64(c[1].e, 32));
+  const __m512i b = _mm512_mask_blend_epi32(kOdd, c[2].e, _mm512_slli_epi64(c[3].e, 32));
+  const __m512i cc = _mm512_mask_blend_epi32(kOdd, c[0].o, _mm512_slli_epi64(c[1].o, 32));
+  const __m512i d = _mm512_mask_blend_epi32(kOdd, c[2].o, _mm512_slli_epi64(c[3].o, 32));
+  // Indices 0-7 pick lanes of the first source, 8-15 of the second.
+  const __m512i zip_lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+  const __m512i zip_hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i ab_lo = _mm512_permutex2var_epi64(a, zip_lo, b), ab_hi = _mm512_permutex2var_epi64(a, zip_hi, b);
+  const __m512i cd_lo = _mm512_permutex2var_epi64(cc, zip_lo, d), cd_hi = _mm512_permutex2var_epi64(cc, zip_hi, d);
+  // ab_lo = a0 b0 a1 b1 .. a3 b3 (blocks 0, 2, 4, 6), cd_lo the same for blocks 1, 3, 5, 7.
+  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  _mm512_storeu_ps(out, uniforms16(_mm512_permutex2var_epi64(ab_lo, first, cd_lo)));        // blocks 0-3
+  _mm512_storeu_ps(out + 16, uniforms16(_mm512_permutex2var_epi64(ab_lo, second, cd_lo)));  // blocks 4-7
+  _mm512_storeu_ps(out + 32, uniforms16(_mm512_permutex2var_epi64(ab_hi, first, cd_hi)));   // blocks 8-11
+  _mm512_storeu_ps(out + 48, uniforms16(_mm512_permutex2var_epi64(ab_hi, second, cd_hi)));  // blocks 12-15
+}
+
+// Whole groups of sixteen; a remainder of 8 to 15 blocks takes one AVX2 group, the
+// last 0 to 7 the scalar loop (both inside uniform_blocks_avx2).
+__attribute__((target("avx512f"))) void uniform_blocks_avx512(const PhiloxStream& s, uint64_t block0,
+                                                              uint64_t blocks, float* out) {
+  const RoundKeyWords w = round_key_words(s.seed);
+  RoundKeys16 rk;
+  for (int round = 0; round < philox_internal::kRounds; ++round) {
+    rk.k0[round] = _mm512_set1_epi32(static_cast<int>(w.k0[round]));
+    rk.k1[round] = _mm512_set1_epi32(static_cast<int>(w.k1[round]));
+  }
+  const __m512i s0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(s.stream)));
+  const __m512i s1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(s.stream >> 32)));
+  uint64_t b = 0;
+  for (; b + 16 <= blocks; b += 16) {
+    Blocks16 g = counters16(block0 + b, s0, s1);
+    philox_rounds16(g, rk);
+    store_uniforms16(g, out + 4 * b);
+  }
+  uniform_blocks_avx2(s, block0 + b, blocks - b, out + 4 * b);
 }
 #endif
 
@@ -150,6 +270,10 @@ void philox_uniform_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64
 
 void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out) {
 #if GRADCOMM_X86_DISPATCH
+  if (use_avx512_kernels()) {
+    uniform_blocks_avx512(s, block0, blocks, out);
+    return;
+  }
   if (use_avx2_kernels()) {
     uniform_blocks_avx2(s, block0, blocks, out);
     return;
@@ -158,7 +282,10 @@ void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t bloc
   philox_uniform_blocks_scalar(s, block0, blocks, out);
 }
 
-const char* philox_uniform_blocks_path() { return use_avx2_kernels() ? "avx2" : "scalar"; }
+const char* philox_uniform_blocks_path() {
+  if (use_avx512_kernels()) return "avx512";
+  return use_avx2_kernels() ? "avx2" : "scalar";
+}
 
 // Chained, not XORed together: mixing each input into the running state before the
 // next one enters keeps (key, step, rank) and its permutations apart, e.g.

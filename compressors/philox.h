@@ -108,13 +108,15 @@ GRADCOMM_HD float philox_uniform(const PhiloxStream& s, uint64_t index) {
 }
 
 // Uniforms of whole blocks, the bulk path of stochastic rounding: out[4b + lane] =
-// philox_uniform(s, 4 (block0 + b) + lane) for b in [0, blocks). Eight blocks at a
-// time in AVX2 registers where the CPU has AVX2 (philox.cc), bit-identical to the
-// scalar definition above either way. Host only.
+// philox_uniform(s, 4 (block0 + b) + lane) for b in [0, blocks). Sixteen blocks at a
+// time in AVX-512 registers where the CPU has AVX-512F, eight in AVX2 registers
+// where it has AVX2 (philox.cc), bit-identical to the scalar definition above on
+// every path. Host only.
 void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
 // The same, one block at a time: the reference the vector path is tested against.
 void philox_uniform_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
-// "avx2" or "scalar": the path philox_uniform_blocks takes now (compressors/cpu_kernels.h).
+// "avx512", "avx2" or "scalar": the path philox_uniform_blocks takes now
+// (compressors/cpu_kernels.h).
 const char* philox_uniform_blocks_path();
 
 }  // namespace gradcomm::detail

@@ -449,10 +449,10 @@ TEST(DenseCodecParts, BatchedUniformsMatchPhiloxUniform) {
   }
 }
 
-// The bulk path (eight blocks per AVX2 iteration where the CPU has it) against the
-// scalar definition, element by element: every batch length around the vector
-// width, batches that start and end mid-block, and a run whose block counter
-// crosses 2^32 inside one vector (the counter's high word then differs by lane).
+// The bulk path (16 blocks per AVX-512 or 8 per AVX2 iteration where the CPU has
+// them) against the scalar definition, element by element: every batch length
+// around the vector width, batches that start and end mid-block, and a run whose
+// block counter crosses 2^32 inside one vector (the high word then differs by lane).
 TEST(DenseCodecParts, VectorPhiloxBlocksMatchTheScalarDefinition) {
   std::printf("philox_uniform_blocks path on this CPU: %s\n", philox_uniform_blocks_path());
   const PhiloxStream rng{0x0123456789ABCDEFull, 0x0F1E2D3C4B5A6978ull};

@@ -2,12 +2,18 @@
 // statistics every compressor that draws from it relies on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <random>
 #include <set>
 #include <vector>
 
+#include "compressors/cpu_kernels.h"
 #include "compressors/philox.h"
+#include "cpu_features.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -147,6 +153,79 @@ TEST(Philox, StreamIdIsDeterministicAndSeparatesKeyStepRank) {
   EXPECT_EQ(ids.size(), static_cast<size_t>(count));
   // Swapping step and rank must not land on the same stream.
   EXPECT_NE(philox_stream_id(5, 1, 2), philox_stream_id(5, 2, 1));
+}
+
+// ---- the bulk paths against the scalar reference -------------------------------------
+
+// Every path's output over a matrix of keys and block ranges, bitwise against
+// philox_uniform_blocks_scalar: seed and stream 0 and random ones; starts anywhere
+// and starts whose low counter word wraps at or inside a group (the vector paths'
+// carry into the high word), including the wrap of the whole 64-bit counter; every
+// count 0..40 (whole groups, an AVX2 group after the AVX-512 ones, scalar tails) and
+// one large count; and that nothing is written past 4 * blocks.
+void expect_blocks_match_scalar(const char* path) {
+  ASSERT_STREQ(philox_uniform_blocks_path(), path);
+  constexpr uint64_t kLarge = 4099;  // 256 groups of sixteen, one of eight, three scalar
+  std::vector<float> fast(4 * kLarge + 16), scalar(4 * kLarge);
+  std::mt19937_64 gen(2024);
+  auto check = [&](const PhiloxStream& rng, uint64_t block0, uint64_t blocks) {
+    SCOPED_TRACE(::testing::Message() << path << " seed=" << rng.seed << " stream=" << rng.stream
+                                      << " block0=" << block0 << " blocks=" << blocks);
+    std::fill(fast.begin(), fast.end(), -1.0f);
+    philox_uniform_blocks(rng, block0, blocks, fast.data());
+    philox_uniform_blocks_scalar(rng, block0, blocks, scalar.data());
+    for (uint64_t i = 0; i < 4 * blocks; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(scalar[i])) << "element " << i;
+    }
+    for (uint64_t i = 4 * blocks; i < 4 * blocks + 16; ++i) ASSERT_EQ(fast[i], -1.0f) << "wrote past the end: " << i;
+  };
+  for (int trial = 0; trial < 24; ++trial) {
+    const PhiloxStream rng{trial == 0 ? 0 : gen(), trial == 0 ? 0 : gen()};
+    const uint64_t high = (gen() >> 32) << 32;  // any high word, low word zero
+    const uint64_t wrap = high + (uint64_t{1} << 32);  // the next high word
+    // Starts 1 to 32 blocks below a change of the high word: with the counts 0..40
+    // the carry lands on and inside AVX-512, AVX2 and scalar groups. The last start
+    // wraps the whole 64-bit counter.
+    const uint64_t starts[] = {gen(), high, wrap - 32, wrap - 31, wrap - 16, wrap - 15,
+                               wrap - 9, wrap - 8, wrap - 7, wrap - 1, ~uint64_t{0} - 12};
+    for (uint64_t block0 : starts) {
+      for (uint64_t blocks = 0; blocks <= 40; ++blocks) {
+        check(rng, block0, blocks);
+        if (testing::Test::HasFatalFailure()) return;
+      }
+      check(rng, block0, kLarge);
+      if (testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(PhiloxBlocks, Avx512MatchesScalarBitwise) {
+  if (!cpu_has_avx512f() || !cpu_has_avx2()) GTEST_SKIP() << "no AVX-512F (or no AVX2) on this CPU: no AVX-512 path";
+  expect_blocks_match_scalar("avx512");
+}
+
+TEST(PhiloxBlocks, Avx2MatchesScalarBitwise) {
+  if (!cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU: no AVX2 path";
+  ScopedAvx2Kernels avx2;  // on an AVX-512 CPU, the path below it
+  expect_blocks_match_scalar("avx2");
+}
+
+TEST(PhiloxBlocks, KernelCapsSelectThePath) {
+  {
+    ScopedScalarKernels scalar;
+    EXPECT_STREQ(philox_uniform_blocks_path(), "scalar");
+    ScopedAvx2Kernels avx2;  // a wider cap does not lift a narrower one
+    EXPECT_STREQ(philox_uniform_blocks_path(), "scalar");
+  }
+  {
+    ScopedAvx2Kernels avx2;
+    EXPECT_FALSE(use_avx512_kernels());
+    EXPECT_EQ(use_avx2_kernels(), cpu_has_avx2());
+  }
+  EXPECT_EQ(use_avx512_kernels(), cpu_has_avx512f() && cpu_has_avx2());
+  const char* widest = use_avx512_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "scalar";
+  EXPECT_STREQ(philox_uniform_blocks_path(), widest);
+  std::printf("philox_uniform_blocks path on this CPU: %s\n", philox_uniform_blocks_path());
 }
 
 }  // namespace
