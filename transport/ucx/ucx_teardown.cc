@@ -61,7 +61,15 @@ void UcxTransport::force_close(int rank) {
   if (UCS_PTR_IS_PTR(result)) close_requests_.push_back(result);
 }
 
+// A single-copy receive's queued read goes first (the buffer goes with the
+// Request); a single-copy send gets the time a plain one gets, then withdraws.
 void UcxTransport::abandon(uint64_t id) {
+  drop_cma_read(id);
+  abandon_ucx(id);
+  withdraw_cma_send(id);
+}
+
+void UcxTransport::abandon_ucx(uint64_t id) {
   auto it = ops_.find(id);
   if (it == ops_.end()) return;
   UcxOp* op = it->second.get();
@@ -206,6 +214,11 @@ void UcxTransport::shutdown() noexcept {
       if (op->ucx_request != nullptr) ucp_request_free(op->ucx_request);
     }
     ops_.clear();
+    if (cma_reads_done_ > 0) {
+      log(LogLevel::kInfo, "ucx: rank {} read {} messages ({} bytes) from its peers by single-copy read (cma)", rank_,
+          cma_reads_done_, cma_bytes_read_);
+    }
+    cma_slots_.reset();  // cleared, then freed: a late reader finds its exchange gone
     ucp_worker_destroy(worker_);
     worker_ = nullptr;
   }

@@ -43,9 +43,10 @@ UcxRequest::~UcxRequest() {
 // ranks of one host then talk over TCP loopback. With it, the lane is sysv (or posix)
 // shared memory, which reports a dead peer (ucx_info -d: "error handling: peer
 // failure"): keepalive checks the peer's process every GRADCOMM_UCX_KEEPALIVE_MS.
-// Large messages go through the same FIFO in 8K fragments (in peer error mode UCX
-// 1.13 does not pick cma for rendezvous), which is why wait_for_event polls while
-// sends are in flight. A user's own setting wins: with UCX_TLS or any of
+// Large messages would go through the same FIFO in 8K fragments (in peer error mode
+// UCX 1.13 does not pick cma for rendezvous); the transport's own single-copy read
+// (ucx_cma.h) takes those of GRADCOMM_CMA_MIN_BYTES or more. wait_for_event polls
+// while sends are in flight. A user's own setting wins: with UCX_TLS or any of
 // the three variables set, nothing is added (UCX also warns of an unused variable when
 // UCX_TLS leaves the mm transports out; a UCX_TLS that names them needs
 // UCX_MM_ERROR_HANDLING=y beside it). The emulated-cluster scripts set
@@ -170,7 +171,7 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
   GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP | UCP_FEATURE_AM;  // AM: single-copy acks (ucx_cma.h)
   params.estimated_num_eps = static_cast<size_t>(size_);
   ucs_status_t status = UCS_OK;
   try {
@@ -189,6 +190,14 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // one thread drives the transport
   GRADCOMM_UCX_CHECK(ucp_worker_create(context_, &worker_params, &worker_), "creating the UCX worker");
   GRADCOMM_UCX_CHECK(ucp_worker_get_efd(worker_, &event_fd_), "getting the worker's event fd");
+  ucp_am_handler_param_t ack{};
+  ack.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                   UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  ack.id = kCmaAckAmId;
+  ack.flags = UCP_AM_FLAG_WHOLE_MSG;
+  ack.cb = &UcxTransport::on_cma_ack;
+  ack.arg = this;
+  GRADCOMM_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &ack), "setting the single-copy ack handler");
 
   ucp_address_t* address = nullptr;
   size_t address_bytes = 0;
@@ -236,6 +245,7 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
     peer.shared_memory = over.find("sysv/") != std::string::npos || over.find("posix/") != std::string::npos;
     log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}", rank_, peer.rank, over);
   }
+  connect_cma(store, options.key_prefix, deadline);
 }
 
 // The transports of an endpoint's lanes, e.g. "sysv/memory cma/memory" or "tcp/lo":
@@ -309,6 +319,10 @@ RequestPtr UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t 
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &UcxTransport::on_send;
   param.user_data = op;
+  if (cma_describe(*op, target, data, bytes)) {  // the peer reads it itself: send where to (ucx_cma.h)
+    data = op->storage.data();
+    bytes = op->storage.size();
+  }
   after_post(op, ucp_tag_send_nbx(target.ep, data, bytes, ucx_wire_tag(tag, rank_), &param));
   return request;
 }
@@ -337,7 +351,10 @@ RequestPtr UcxTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes)
   // Posted even when `peer` has failed: a message it sent before it went away may
   // already wait in UCX's unexpected queue (a rank that finished its last
   // collective and exited), and matching it here loses nothing it delivered.
-  after_post(op, ucp_tag_recv_nbx(worker_, data, bytes, ucx_wire_tag(tag, peer), ~0ull, &param));
+  void* target = data;
+  size_t capacity = bytes;
+  cma_receive_into(*op, source, data, target, capacity);
+  after_post(op, ucp_tag_recv_nbx(worker_, target, capacity, ucx_wire_tag(tag, peer), ~0ull, &param));
   if (source.failed && request->pending()) {
     auto it = ops_.find(request->op_);
     void* ucx_request = it != ops_.end() ? it->second->ucx_request : nullptr;
@@ -358,37 +375,42 @@ void UcxTransport::after_post(UcxOp* op, ucs_status_ptr_t result) {
   if (UCS_PTR_IS_PTR(result)) {
     if (op->done) {
       erase(op);
-    } else {
+    } else if (!op->ucx_done) {
       op->ucx_request = result;
     }
     return;
   }
+  op->ucx_done = true;
   finish(op, UCS_PTR_STATUS(result), 0);  // receives never complete here with UCS_OK
-  erase(op);
+  if (op->done) erase(op);
 }
 
 void UcxTransport::on_send(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<UcxOp*>(user_data);
   ucp_request_free(request);
   op->ucx_request = nullptr;
+  op->ucx_done = true;
   UcxTransport* self = op->transport;
   self->finish(op, status, op->bytes);
-  if (!op->posting) self->erase(op);
+  if (!op->posting && op->done) self->erase(op);
 }
 
 void UcxTransport::on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
   auto* op = static_cast<UcxOp*>(user_data);
   ucp_request_free(request);
   op->ucx_request = nullptr;
+  op->ucx_done = true;
   UcxTransport* self = op->transport;
   self->finish(op, status, info != nullptr ? info->length : 0);
-  if (!op->posting) self->erase(op);
+  if (!op->posting && op->done) self->erase(op);
 }
 
-// Records how `op` ended. Does not erase it (the caller does).
+// Records how `op` ended, unless a single-copy exchange goes on. Does not erase it
+// (the caller does, once done).
 void UcxTransport::finish(UcxOp* op, ucs_status_t status, size_t length) {
-  op->done = true;
   ++events_;
+  if (cma_continues(*op, status, length)) return;
+  op->done = true;
   switch (op->kind) {
     case UcxOp::Kind::kControlRecv: {
       control_posted_ = false;  // drive() re-posts, outside UCX callbacks
@@ -457,6 +479,7 @@ bool UcxTransport::drive() {
     last_kick_ = now;
     for (int i = 0; i < kUcxKeepaliveIterSkip; ++i) ucp_worker_progress(worker_);
   }
+  if (!cma_reads_.empty()) run_cma_reads();
   if (peers_newly_failed_) cancel_receives_from_failed();
   if (!control_posted_ && !closing_) post_control_recv();
   if (!receipts_due_.empty()) send_receipts();
@@ -464,7 +487,7 @@ bool UcxTransport::drive() {
 }
 
 void UcxTransport::wait_for_event(std::chrono::microseconds max_wait) {
-  if (max_wait.count() <= 0) return;
+  if (max_wait.count() <= 0 || !cma_reads_.empty()) return;
   if (polled_sends_ > 0 && !abandoned_) {
     // A send to a shared-memory peer may be waiting for room in its FIFO (large
     // messages go through it in 8K fragments, since peer error mode leaves cma out), and

@@ -20,6 +20,10 @@
 //  - The transport is destroyed first: pending receives are cancelled, the worker
 //    flushed (bounded), every endpoint force-closed, and surviving Requests are
 //    detached and marked kFailed; their destructors then touch nothing.
+//  - A single-copy exchange (ucx_cma.h) outlives its UCX operation: a send waits for
+//    the receiver's ack, a receive for its read in drive(). Abandoned, the send gets
+//    the wait above and then clears its slot (the receiver's read then fails); the
+//    receive's read is dropped at once.
 // A peer failure (endpoint error callback) marks that peer's pending Requests
 // kPeerFailed at once, so waits end in seconds; their receives are cancelled right
 // after. Callers destroy their Requests before freeing the buffers, which is when
@@ -44,11 +48,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "env.h"
+#include "transport/ucx/ucx_cma.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace gradcomm::detail {
@@ -91,8 +97,16 @@ struct UcxOp {
   UcxRequest* owner = nullptr;  // null: nobody waits (control ops, abandoned requests)
   void* ucx_request = nullptr;  // the UCX request while UCX owns one
   bool posting = true;          // inside the *_nbx call: the poster erases, not the callback
-  bool done = false;
-  std::vector<uint8_t> storage;  // control ops own their bytes
+  bool ucx_done = false;        // UCX finished its part (a single-copy exchange may go on)
+  bool done = false;            // finished: erased as soon as UCX holds nothing of it
+  std::vector<uint8_t> storage;  // control ops own their bytes; descriptors (ucx_cma.h) too
+  // Single-copy exchanges (ucx_cma.h). A send: its descriptor while the slot is live.
+  // A receive from a peer that may send descriptors (cma_capable): the user's buffer
+  // (UCX receives into `storage` when the buffer is smaller than a descriptor), and
+  // the descriptor once one arrived, until its read has run.
+  std::optional<CmaDescriptor> cma;
+  bool cma_capable = false;
+  void* data = nullptr;
 };
 
 class UcxTransport final : public Transport {
@@ -131,6 +145,14 @@ class UcxTransport final : public Transport {
     std::string error;
     // Aborts sent to it that it has not yet confirmed (ucx_wire.h: receipts).
     int receipts_owed = 0;
+    // Single-copy exchanges (ucx_cma.h): its large messages may come as descriptors
+    // (marked with its cookie), read from its process (pid) with its slot table at
+    // cma_table; ours go to it so.
+    bool cma_from = false;
+    bool cma_to = false;
+    pid_t pid = 0;
+    uint64_t cma_table = 0;
+    uint64_t cma_cookie = 0;
   };
   // An exchange UCX may never finish, and that nothing waits for once it has had a
   // brief drain (kUcxLostDrain): its Op is detached and freed at shutdown.
@@ -181,7 +203,24 @@ class UcxTransport final : public Transport {
   void fail_peer(int peer, std::string error);
   void cancel_receives_from_failed();
   void force_close(int peer);
+  void abandon_ucx(uint64_t id);
   bool alive(uint64_t id) const { return ops_.count(id) != 0; }
+
+  // Single-copy exchanges (ucx_cma.cc).
+  void connect_cma(Store& store, const std::string& prefix, const Deadline& deadline);
+  // A send that goes by descriptor: fills op.cma and op.storage, true.
+  bool cma_describe(UcxOp& op, const Peer& target, const void* data, size_t bytes);
+  // Where a receive from `source` lands (target, capacity).
+  void cma_receive_into(UcxOp& op, const Peer& source, void* data, void*& target, size_t& capacity);
+  // From finish(): true while the exchange goes on (a send awaits its ack, a read is
+  // queued); may turn a plain OK into kTruncated (status) for a bounced receive.
+  bool cma_continues(UcxOp& op, ucs_status_t& status, size_t length);
+  void run_cma_reads();
+  void send_cma_ack(int peer, const CmaDescriptor& descriptor, CmaOutcome outcome);
+  void drop_cma_read(uint64_t id);
+  void withdraw_cma_send(uint64_t id);
+  static ucs_status_t on_cma_ack(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param);
   static std::string lanes(ucp_ep_h ep);
 
   static void on_send(void* request, ucs_status_t status, void* user_data);
@@ -207,6 +246,11 @@ class UcxTransport final : public Transport {
   std::vector<ControlMessage> receipts_due_;  // origin: the rank that sent us the abort
   std::vector<void*> close_requests_;  // force-closes still finishing
   Clock::time_point last_kick_ = Clock::now();
+  std::unique_ptr<CmaSlots> cma_slots_;  // this rank's exchanges as a sender
+  int64_t cma_min_bytes_ = 0;            // GRADCOMM_CMA_MIN_BYTES
+  std::vector<uint64_t> cma_reads_;      // receives whose descriptor arrived, read in drive()
+  uint64_t cma_reads_done_ = 0;          // for the info line at destruction
+  uint64_t cma_bytes_read_ = 0;
 };
 
 // Progresses until done() or the deadline; sleeps on the worker between rounds.
