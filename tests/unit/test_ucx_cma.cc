@@ -73,10 +73,14 @@ TEST(UcxCmaProcesses, SenderKilledWithItsDescriptorInFlightFailsTheReceive) {
     if (rank == 1) {
       auto send = t->isend(0, tag, buffer.data(), buffer.size());
       for (int i = 0; i < 50; ++i) t->progress();
+      store.set_text("victim_pid", std::to_string(::getpid()));
       store.set_text("died_at", std::to_string(now_ms()));
       raise(SIGKILL);
     }
     store.get_text("died_at", 20s);
+    // Only a dead sender's message must fail: posted while it still lives (it sets
+    // died_at just before SIGKILL lands), the read may rightly succeed.
+    if (!wait_until_dead(static_cast<pid_t>(std::stol(store.get_text("victim_pid", 1s))), 10s)) return 6;
     auto recv = t->irecv(1, tag, buffer.data(), buffer.size());
     const int64_t took = ms_until_it_ends(*t, store, *recv, "receive from the killed sender");
     if (took < 0) return 3;

@@ -288,6 +288,24 @@ inline std::unique_ptr<Transport> connect_then_kill(FileStore& store, int rank, 
   return t;
 }
 
+// Whether process `pid` ended (a zombie or gone) within `limit`: a killed process keeps
+// its memory until the kernel has torn it down, and a single-copy read before that
+// still succeeds.
+inline bool wait_until_dead(pid_t pid, std::chrono::milliseconds limit) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    if (!std::getline(stat, text)) return true;  // gone
+    const size_t close = text.rfind(')');        // "pid (comm) S ...": the state follows the name
+    if (close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X')) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 inline int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
 }
