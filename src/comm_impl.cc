@@ -39,8 +39,13 @@ CommunicatorImpl::~CommunicatorImpl() {
 }
 
 Stats CommunicatorImpl::stats() const {
-  std::lock_guard lock(stats_mutex_);
-  return published_stats_;
+  Stats s;
+  {
+    std::lock_guard lock(stats_mutex_);
+    s = published_stats_;
+  }
+  if (engine_) s.engine_cpu_s = engine_->cpu_seconds();
+  return s;
 }
 
 void CommunicatorImpl::publish_stats() {

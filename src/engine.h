@@ -70,6 +70,9 @@ class Engine {
   // A caller is blocked waiting on a call (Doorbell::waited_on): waits poll first.
   bool waited_on() const { return doorbell_->waited_on(); }
   const FusionConfig& fusion() const { return fusion_; }
+  // CPU time the engine thread has used so far, in seconds (its thread CPU clock; the
+  // final figure once it ended). Thread-safe. Stats::engine_cpu_s.
+  double cpu_seconds() const;
 
  private:
   void loop();
@@ -115,6 +118,8 @@ class Engine {
   uint64_t generation_ = 0;    // bumped by submit, ring and stop: the engine never sleeps through one
   bool stop_ = false;
   std::atomic<bool> stopping_{false};
+  clockid_t cpu_clock_{};                 // the engine thread's CPU clock, while it runs
+  std::atomic<int64_t> final_cpu_ns_{-1};  // its CPU time once it ended, else -1
   std::thread thread_;
 };
 

@@ -116,16 +116,18 @@ std::vector<Phase> ef_ring_phases(const Inputs& in) {
 
 // ---- top-k: select_topk, then sparse_allgather_allreduce -----------------------
 // Per step on the host (compressed_allreduce.h, compression.cc, sparse_allreduce.cc):
-// select_topk = topk_select_accumulate (the fold acc = grad + residual is fused into
-// its collect pass) + keep_rounding (the residual at the k sent indices); then
-// encode_sparse, the allgather, and decode_sum_sparse of the N payloads.
+// select_topk = topk_select_fold (the fold acc = grad + residual, and grad's zeroing,
+// are fused into its collect pass) + keep_rounding (the residual at the k sent
+// indices); then encode_sparse, the allgather, and decode_sum_sparse of the N payloads
+// onto the zeroed gradient (kZeroed, the average's divisor). select_acc and the
+// fill-path decodes are the same steps without the zeroing (the path before it).
 std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
   const int64_t n = in.n;
   const CompressorSpec spec = detail::parse_compressor_spec(label);
   const int64_t k = detail::selection_count(spec.ratio, spec.k, n);
   const SparseFormat raw{spec.values, false}, coded{spec.values, true};
   struct State {
-    std::vector<float> residual, out;
+    std::vector<float> residual, out, grad;
     SparseVector sel, sel_plain, sel2;
     std::vector<uint8_t> raw, coded, raw2, coded2, into;
     PhiloxStream rng;
@@ -150,12 +152,18 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
   const float* g = in.grad;
   const float* other = in.other;
   auto restore_residual = [s, other, n] { std::copy_n(other, n, s->residual.data()); };
+  auto restore_both = [s, g, other, n] {
+    std::copy_n(other, n, s->residual.data());
+    s->grad.assign(g, g + n);
+  };
   const detail::TopkSelect select = spec.select;
   const detail::ValueType values = spec.values;
-  auto decode_sum = [s, n](bool use_coded) {
+  auto decode_sum = [s, n](bool use_coded, int64_t divisor = 1,
+                           detail::SparseOutput output = detail::SparseOutput::kFill) {
     const std::span<const uint8_t> p[2] = {use_coded ? s->coded : s->raw, use_coded ? s->coded2 : s->raw2};
-    detail::decode_sum_sparse(CompressorId::kTopk, p, n, s->out.data());
+    detail::decode_sum_sparse(CompressorId::kTopk, p, n, s->out.data(), divisor, output);
   };
+  auto zero_out = [s] { std::fill(s->out.begin(), s->out.end(), 0.0f); };
   return {
       {label, "fold", "12n", 12.0 * n,
        "reduce_inplace(residual, grad): the fold alone (topk_select.cc's add_into); with EF the "
@@ -167,6 +175,11 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
        "and its collect lists per call",
        restore_residual,
        [s, g, n, k, select] { s->sel = detail::topk_select_accumulate(g, s->residual.data(), n, k, select, s->rng); }},
+      {label, "select_fold", "16n + 12k (acc into residual; grad zeroed; selection out), " + pk, 16.0 * n + 12.0 * kk,
+       "topk_select_fold(grad, residual): select_topk with EF as the host engine runs it (grad zeroed "
+       "in the same pass); allocates the SparseVector and its collect lists per call",
+       restore_both,
+       [s, n, k, select] { s->sel = detail::topk_select_fold(s->grad.data(), s->residual.data(), n, k, select, s->rng); }},
       {label, "select", "4n + 12k", 4.0 * n + 12.0 * kk, "topk_select(grad): select_topk without EF; allocates",
        nullptr, [s, g, n, k, select] { s->sel_plain = detail::topk_select(g, n, k, select, s->rng); }},
       {label, "keep_rounding", "16k (read index, value; write residual[index]), scattered", 16.0 * kk,
@@ -194,6 +207,14 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
        "decode_sum_sparse of 2 raw payloads (N = 2, sum)", nullptr, [decode_sum] { decode_sum(false); }},
       {label, "decode_sum2_coded", "P1 + P2 + 4n", p_coded + p_coded2 + 4.0 * n,
        "decode_sum_sparse of 2 coded payloads (N = 2, sum)", nullptr, [decode_sum] { decode_sum(true); }},
+      {label, "decode_avg2_coded", "P1 + P2 + 4n", p_coded + p_coded2 + 4.0 * n,
+       "decode_sum_sparse of 2 coded payloads, average (N = 2): the fill path", nullptr,
+       [decode_sum] { decode_sum(true, 2); }},
+      {label, "decode_avg2_zeroed", "P1 + P2 + 16k (the entries' lines, read and written; at least)",
+       p_coded + p_coded2 + 16.0 * kk,
+       "decode_sum_sparse of 2 coded payloads, average (N = 2), onto the zeroed gradient (kZeroed): "
+       "the host engine's path with error feedback",
+       zero_out, [decode_sum] { decode_sum(true, 2, detail::SparseOutput::kZeroed); }},
   };
 }
 

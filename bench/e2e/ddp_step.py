@@ -49,7 +49,8 @@ import torch.nn as nn
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 HIDDEN = (2048, 2048)
-STAT_KEYS = ("bytes_sent", "bytes_received", "ops", "total_s", "reduce_s", "encode_s", "decode_s", "comm_s")
+STAT_KEYS = ("bytes_sent", "bytes_received", "ops", "total_s", "reduce_s", "encode_s", "decode_s", "comm_s",
+             "engine_cpu_s")
 
 
 def parse_args(argv):

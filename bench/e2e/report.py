@@ -125,13 +125,20 @@ def markdown(records, table, title):
                                         if with_acc else ""))
         gc = [(v, c) for v, c in cells.items() if "gradcomm" in c]
         if gc:
-            lines += ["", "gradcomm.stats() per step and rank (medians over rounds of the per-run means):", "",
-                      "| variant | inside collectives (ms) | encode | decode | reduce | wire wait | sent (MB) |",
-                      "|---|---|---|---|---|---|---|"]
+            lines += ["", "gradcomm.stats() per step and rank (medians over rounds of the per-run means). "
+                      "Engine CPU: the CPU time of gradcomm's engine thread, where all of its encode, decode, "
+                      "reduction and transport work runs (`engine_cpu_s`); per parameter, the communication "
+                      "path's CPU measured directly, not as a difference of two noisy totals:", "",
+                      "| variant | inside collectives (ms) | encode | decode | reduce | wire wait | sent (MB) "
+                      "| engine CPU (ms) | engine CPU/param (ns) |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for v, c in gc:
                 g = c["gradcomm"]
+                cpu = g.get("engine_cpu_s")
+                per_param = "–" if cpu is None or not c.get("params") else f"{cpu / c['params'] * 1e9:.2f}"
                 lines.append(f"| `{v}` | {ms(g['total_s'])} | {ms(g['encode_s'])} | {ms(g['decode_s'])} | "
-                             f"{ms(g['reduce_s'])} | {ms(g['comm_s'])} | {mb(g['bytes_sent'])} |")
+                             f"{ms(g['reduce_s'])} | {ms(g['comm_s'])} | {mb(g['bytes_sent'])} | {ms(cpu)} | "
+                             f"{per_param} |")
         tr = [(v, c) for v, c in cells.items() if c.get("kind") == "train"]
         if tr:
             lines += ["", "gradcomm-train (`topk:ratio=0.01`), per step and rank:", "",

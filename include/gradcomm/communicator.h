@@ -48,6 +48,10 @@ struct Stats {
   double encode_s = 0;          // of which: compression encode
   double decode_s = 0;          // of which: compression decode
   double comm_s() const { return total_s - reduce_s - encode_s - decode_s; }  // waiting on the wire
+  // CPU time of the communicator's engine thread, where every collective's encode,
+  // decode, reduction and transport work runs: the library's CPU cost, which wall
+  // times like total_s cannot show when that thread shares a core with training.
+  double engine_cpu_s = 0;
 };
 
 // How the next allreduce of a float32 tensor will travel (Communicator::plan_allreduce).

@@ -389,5 +389,6 @@ def load_state_dict(state):
 def stats():
     """Counters of the calls completed since init: bytes_sent/bytes_received on the
     wire, messages_sent, ops (fused_calls of them travelled fused), and seconds:
-    total_s = reduce_s + encode_s + decode_s + comm_s."""
+    total_s = reduce_s + encode_s + decode_s + comm_s (wall time inside collectives);
+    engine_cpu_s, the CPU time of the engine thread that runs them."""
     return _C.stats()

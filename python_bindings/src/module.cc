@@ -343,6 +343,7 @@ PYBIND11_MODULE(_gradcomm, m) {
     d["decode_s"] = st.decode_s;
     d["comm_s"] = st.comm_s();
     d["fused_calls"] = st.fused_calls;
+    d["engine_cpu_s"] = st.engine_cpu_s;
     return d;
   });
 }
