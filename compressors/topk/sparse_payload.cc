@@ -146,6 +146,19 @@ struct SparseView {
 // Decodes the Elias–Fano sections into `out` (count indices), checking that the high
 // section holds exactly `count` one bits and zero padding, and every index is below n
 // and above its predecessor.
+// elias_fano_low(low, j, L), with one unaligned 8-byte load where the value fits in it
+// (shift + L <= 63) and the load stays inside the `readable` bytes from `low` (the low
+// section and the high section after it): the shared byte loop costs some 35
+// instructions an index, this 6.
+inline uint64_t low_part(const uint8_t* low, uint64_t readable, uint64_t j, unsigned L) {
+  const uint64_t bit = j * L;
+  if (L <= 56 && bit / 8 + 8 <= readable) {
+    const uint64_t word = load<uint64_t>(low + bit / 8);
+    return (word >> (bit % 8)) & ((uint64_t{1} << L) - 1);
+  }
+  return elias_fano_low(low, j, L);
+}
+
 void decode_coded(const char* name, const uint8_t* low, const uint8_t* high, const EliasFanoLayout& ef,
                   uint64_t count, uint64_t n, std::vector<uint64_t>& out) {
   out.resize(count);
@@ -164,7 +177,7 @@ void decode_coded(const char* name, const uint8_t* low, const uint8_t* high, con
       const uint64_t pos = base + static_cast<uint64_t>(std::countr_zero(word));
       word &= word - 1;
       if (j == count) corrupt(name, fmt::format("high section has more than count = {} one bits", count));
-      const uint64_t x = ((pos - j) << L) | elias_fano_low(low, j, L);
+      const uint64_t x = ((pos - j) << L) | low_part(low, ef.low_bytes + ef.high_bytes, j, L);
       if (x >= n || (j > 0 && x <= prev)) {
         corrupt(name, fmt::format("coded index {} at position {} is out of range (numel {}) or not above its "
                                   "predecessor {}",
