@@ -255,25 +255,21 @@ void check_accumulate(const AccumulateCase& c, int64_t k, TopkSelect select, con
   const std::vector<uint64_t> want =
       select == TopkSelect::kExact ? reference_topk(c.order, k) : reference_sample(c.acc, c.order, k, rng);
 
-  std::vector<float> res = c.residual;
-  std::vector<float> grad = c.grad;
-  const SparseVector got = topk_select_accumulate(grad.data(), res.data(), n, k, select, rng);
-  ASSERT_EQ(got.indices, want);
-  expect_values_match(got, c.acc);
-  for (size_t i = 0; i < c.acc.size(); ++i) {
-    ASSERT_TRUE(same_bits(res[i], c.acc[i])) << "residual " << i << ": " << res[i] << " != " << c.acc[i];
-    ASSERT_TRUE(same_bits(grad[i], c.grad[i])) << "grad written at " << i;
-  }
-  // topk_select_fold: the same selection and residual, and grad all +0.0 after, on
-  // every internal path (the fused pass zeroes it; the others in a pass after).
-  std::vector<float> folded_res = c.residual;
-  std::vector<float> folded_grad = c.grad;
-  const SparseVector folded = topk_select_fold(folded_grad.data(), folded_res.data(), n, k, select, rng);
-  ASSERT_EQ(folded.indices, want);
-  expect_values_match(folded, c.acc);
-  for (size_t i = 0; i < c.acc.size(); ++i) {
-    ASSERT_TRUE(same_bits(folded_res[i], c.acc[i])) << "folded residual " << i;
-    ASSERT_TRUE(same_bits(folded_grad[i], 0.0f)) << "grad not cleared to +0.0 at " << i << ": " << folded_grad[i];
+  // topk_select_accumulate leaves grad as it was; topk_select_fold leaves it all +0.0, on
+  // every internal path (the fused pass zeroes it, the others a pass after). Both give
+  // the same selection and residual.
+  for (bool fold : {false, true}) {
+    SCOPED_TRACE(fold ? "topk_select_fold" : "topk_select_accumulate");
+    std::vector<float> res = c.residual;
+    std::vector<float> grad = c.grad;
+    const SparseVector got = fold ? topk_select_fold(grad.data(), res.data(), n, k, select, rng)
+                                  : topk_select_accumulate(grad.data(), res.data(), n, k, select, rng);
+    ASSERT_EQ(got.indices, want);
+    expect_values_match(got, c.acc);
+    for (size_t i = 0; i < c.acc.size(); ++i) {
+      ASSERT_TRUE(same_bits(res[i], c.acc[i])) << "residual " << i << ": " << res[i] << " != " << c.acc[i];
+      ASSERT_TRUE(same_bits(grad[i], fold ? 0.0f : c.grad[i])) << "grad at " << i << ": " << grad[i];
+    }
   }
   // No residual: acc is grad itself.
   ASSERT_EQ(topk_select_accumulate(c.acc.data(), nullptr, n, k, select, rng).indices, want);
