@@ -61,8 +61,8 @@
 namespace gradcomm::detail {
 
 // GRADCOMM_CMA_MIN_BYTES: the smallest send that goes by descriptor (0: never). Below
-// it the FIFO's eager path needs no ack round trip. 64 KiB is a choice, not yet a
-// measurement: the runs of bench/results/cma-2026-11-27.md were too loaded to tune it.
+// it the FIFO's eager path needs no ack round trip. 64 KiB is a choice, not tuned:
+// bench/results/cma-2026-11-27.md measures 256 KiB and up, with and without it.
 inline constexpr int64_t kCmaDefaultMinBytes = int64_t{64} << 10;
 inline constexpr size_t kCmaSlots = size_t{1} << 14;  // descriptors one rank may have unacknowledged
 inline constexpr unsigned kCmaAckAmId = 7;            // the ack's active-message id
