@@ -59,14 +59,14 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
     {
       Op::PhaseTimer timer(op, &Stats::encode_s);
       codec.encode(data + b, e - b, out[u].data(), rng, b);
-      if (residual != nullptr || final_owner) {
+      if (residual != nullptr) {
         codec.decode(out[u], e - b, scratch.data());
-        if (residual != nullptr) accumulate_loss(residual + b, data + b, scratch.data(), e - b);
-        if (final_owner) {  // the owner keeps what everyone decodes
-          std::copy_n(scratch.data(), e - b, data + b);
-          divide_inplace(data + b, e - b, DType::kFloat32, divisor);
-        }
+        accumulate_loss(residual + b, data + b, scratch.data(), e - b);
+        if (final_owner) std::copy_n(scratch.data(), e - b, data + b);  // the owner keeps what everyone decodes
+      } else if (final_owner) {
+        codec.decode(out[u], e - b, data + b);  // nothing needs the sum any more: decode in place
       }
+      if (final_owner) divide_inplace(data + b, e - b, DType::kFloat32, divisor);
     }
     sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
   };
