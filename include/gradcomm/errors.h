@@ -3,6 +3,7 @@
 // was expected versus what was found.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
