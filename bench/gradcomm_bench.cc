@@ -102,7 +102,10 @@ class Bench {
   RankSample measure(int64_t count, int64_t per_rank);
   void gradcomm_op(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank,
                    const CompressOptions& copts);
-  int64_t count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank) const;
+  // compressed: gradcomm's own call, checked against its compressor's bound; the baseline
+  // is a dense collective and is checked against the exact result.
+  int64_t count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank,
+                      bool compressed) const;
   Row gather(int index, int64_t size_bytes, int64_t count, const RankSample& mine);
 
   const Options& o_;
@@ -124,8 +127,9 @@ void Bench::gradcomm_op(const BenchBuffer& in, const BenchBuffer& out, int64_t c
   }
 }
 
-int64_t Bench::count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank) const {
-  if (p_.op == BenchOp::kAllreduce && o_.compressor != "none") {
+int64_t Bench::count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank,
+                           bool compressed) const {
+  if (p_.op == BenchOp::kAllreduce && compressed && o_.compressor != "none") {
     return count_wrong_compressed(in, o_.compressor, count, comm_.size(), p_.device, o_.rows);
   }
   if (p_.op == BenchOp::kAllreduce) return count_wrong_allreduce(in, dtype_, count, comm_.size(), p_.device, redop_);
@@ -235,7 +239,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
     check_options.key = fmt::format("bench/check/{}/{}", count * elt, c);
     gradcomm_op(in, out, count, per_rank, check_options);
     if (cuda) comm_.synchronize();
-    const auto wrong_gc = static_cast<double>(count_wrong(in, out, count, per_rank));
+    const auto wrong_gc = static_cast<double>(count_wrong(in, out, count, per_rank, true));
     if (s.wrong_gc == 0) s.wrong_gc = wrong_gc;
     if (baseline_ != nullptr) {
       fill_check_input(in, dtype_, in_count, rank, p_.device);
@@ -243,7 +247,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
       comm_.barrier();
       baseline_->run();
       baseline_->synchronize();
-      const auto wrong_base = static_cast<double>(count_wrong(in, out, count, per_rank));
+      const auto wrong_base = static_cast<double>(count_wrong(in, out, count, per_rank, false));
       if (s.wrong_base == 0) s.wrong_base = wrong_base;
     }
   }

@@ -7,7 +7,10 @@
 #include <memory>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 #include "comm_impl.h"
+#include "cuda/check.h"
 #include "cuda/device.h"
 #include "gradcomm/gradcomm.h"
 #include "unit/test_util.h"
@@ -35,6 +38,22 @@ inline void run_device_threads(int n, const std::string& transport, const std::f
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+// Host <-> device copies for checking kernels, ordered with every stream. A plain
+// cudaMemcpy runs on the legacy default stream, which does not wait for the
+// non-blocking streams the kernels run on (Stream's default): a download would read
+// a table a kernel is still adding into, and a pageable upload may still be in flight
+// when a kernel reads it. So each copy synchronizes the device on both sides (which also
+// raises an earlier kernel's fault here, with its location).
+inline void copy_to_device(void* dst, const void* src, size_t bytes) {
+  GRADCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  if (bytes != 0) GRADCOMM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  GRADCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+inline void copy_to_host(void* dst, const void* src, size_t bytes) {
+  GRADCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  if (bytes != 0) GRADCOMM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
 // A world of one over the real transports, preferring `transport` for CUDA tensors.

@@ -111,13 +111,13 @@ struct Dev {
 template <class T>
 Dev to_device(const std::vector<T>& v, size_t offset = 0) {
   Dev d{DeviceBuffer(v.size() * sizeof(T) + offset + 16), offset};
-  if (!v.empty()) GRADCOMM_CUDA_CHECK(cudaMemcpy(d.as<T>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  gradcomm::testing::copy_to_device(d.as<T>(), v.data(), v.size() * sizeof(T));
   return d;
 }
 template <class T>
 std::vector<T> to_host(const Dev& d, size_t count) {
   std::vector<T> v(count);
-  if (count != 0) GRADCOMM_CUDA_CHECK(cudaMemcpy(v.data(), d.as<T>(), count * sizeof(T), cudaMemcpyDeviceToHost));
+  gradcomm::testing::copy_to_host(v.data(), d.as<T>(), count * sizeof(T));
   return v;
 }
 
