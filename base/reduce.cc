@@ -121,6 +121,8 @@ void divide_half(uint16_t* data, int64_t n, int64_t divisor) {
 
 }  // namespace
 
+bool exact_reciprocal_f32(int64_t divisor, float& inverse) { return exact_reciprocal(divisor, inverse); }
+
 void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op, int64_t final_divisor) {
   switch (dtype) {
     case DType::kFloat32:

@@ -19,6 +19,10 @@ void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp
 // data[i] /= divisor, same arithmetic as above (average on a single rank).
 void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor);
 
+// The exact fp32 reciprocal of a power-of-two divisor > 1 (x * inverse is then x /
+// divisor bit for bit); false for any other divisor.
+bool exact_reciprocal_f32(int64_t divisor, float& inverse);
+
 // Error feedback's loss, fp32: residual[i] += value[i] - kept[i] (the difference
 // first, then the sum). The three ranges must not overlap.
 void accumulate_loss(float* residual, const float* value, const float* kept, int64_t n);

@@ -34,6 +34,11 @@ class DenseCodec {
   // when the payload is not a valid encoding of n values under this spec.
   virtual void decode(std::span<const uint8_t> payload, int64_t n, float* out) const = 0;
   virtual void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const = 0;
+  // out[i] = decoded value i / divisor (divisor >= 1), bit for bit what decode and then
+  // divide_inplace (base/reduce.h) give: the average's last step. This default does
+  // exactly that; the bucketed codecs and the casts fold a power-of-two divisor into
+  // their stores (x * 2^-k is x / 2^k), which saves a pass over the output.
+  virtual void decode_average(std::span<const uint8_t> payload, int64_t n, float* out, int64_t divisor) const;
   // Ring segments must start at multiples of this (bucket size; 1 for casts).
   virtual int64_t alignment() const = 0;
 };

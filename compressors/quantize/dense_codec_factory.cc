@@ -1,4 +1,5 @@
-// make_dense_codec (through the family, family.h), and the argument and payload checks every dense codec shares.
+// make_dense_codec (through the family, family.h), the argument and payload checks every dense codec
+// shares, and DenseCodec::decode_average's plain form.
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -10,6 +11,12 @@
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
+
+void DenseCodec::decode_average(std::span<const uint8_t> payload, int64_t n, float* out, int64_t divisor) const {
+  if (divisor < 1) throw InvalidArgument(fmt::format("decode_average: divisor {} < 1", divisor));
+  decode(payload, n, out);
+  if (divisor > 1) divide_inplace(out, n, DType::kFloat32, divisor);
+}
 
 void check_dense_numel(const char* codec, int64_t n) {
   if (n < 0 || n > kMaxDenseNumel) {

@@ -59,12 +59,15 @@ struct CodeStream {
 constexpr unsigned kMaxAvx2DecodeBits = 16;
 
 // For k in [0, m), with c the code of element first + k of `codes`:
-//   y[k] = v, or y[k] += v when add, with v = quant_value(lo, step, c) (quant_codec.cc),
-void quant_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float lo, float step, bool add, float* y);
+//   store_value<store>(y[k], v, scale) (dense_util.h), with v = quant_value(lo, step, c) (quant_codec.cc),
+void quant_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float lo, float step, DecodeStore store,
+                       float scale, float* y);
 //   v = qsgd_value(c, unit, codes.bits) (qsgd_codec.cc),
-void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit, bool add, float* y);
-//   v = sign_value(scale, c), codes.bits == 1 (sign_codec.cc).
-void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float scale, bool add, float* y);
+void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit, DecodeStore store, float scale,
+                      float* y);
+//   v = sign_value(sign_scale, c), codes.bits == 1 (sign_codec.cc).
+void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float sign_scale, DecodeStore store,
+                      float scale, float* y);
 
 // The largest (code & level_mask) in the whole stream (qsgd's level check).
 uint32_t max_level_avx2(const CodeStream& codes, uint32_t level_mask);

@@ -158,29 +158,38 @@ struct SignValues {
   float scale1;
 };
 
-// y[k] = v or y[k] += v (store_or_add).
-template <bool kAdd, class Values>
+// y[k] = v, y[k] += v or y[k] = v * scale (store_value).
+template <DecodeStore kStore, class Values>
 struct DecodeInto {
   __attribute__((target("avx2"))) void group(__m256i raw, size_t k) {
     __m256 v = values.group(raw);
-    if constexpr (kAdd) v = _mm256_add_ps(_mm256_loadu_ps(y + k), v);
+    if constexpr (kStore == DecodeStore::kAdd) v = _mm256_add_ps(_mm256_loadu_ps(y + k), v);
+    if constexpr (kStore == DecodeStore::kScale) v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
     _mm256_storeu_ps(y + k, v);
   }
-  void one(uint32_t code, size_t k) { store_or_add<kAdd>(y[k], values.one(code)); }
+  void one(uint32_t code, size_t k) { store_value<kStore>(y[k], values.one(code), scale); }
 
   const Values& values;
+  float scale;
   float* y;
 };
 
 template <class Values>
 __attribute__((target("avx2"))) void decode_codes(const CodeStream& s, uint64_t first, size_t m,
-                                                   const Values& values, bool add, float* y) {
-  if (add) {
-    DecodeInto<true, Values> d{values, y};
-    walk_codes(s, first, m, d);
-  } else {
-    DecodeInto<false, Values> d{values, y};
-    walk_codes(s, first, m, d);
+                                                   const Values& values, DecodeStore store, float scale, float* y) {
+  switch (store) {
+    case DecodeStore::kSet: {
+      DecodeInto<DecodeStore::kSet, Values> d{values, scale, y};
+      return walk_codes(s, first, m, d);
+    }
+    case DecodeStore::kAdd: {
+      DecodeInto<DecodeStore::kAdd, Values> d{values, scale, y};
+      return walk_codes(s, first, m, d);
+    }
+    case DecodeStore::kScale: {
+      DecodeInto<DecodeStore::kScale, Values> d{values, scale, y};
+      return walk_codes(s, first, m, d);
+    }
   }
 }
 
@@ -198,18 +207,18 @@ struct MaxLevel {
 }  // namespace
 
 __attribute__((target("avx2"))) void quant_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float lo,
-                                                        float step, bool add, float* y) {
-  decode_codes(codes, first, m, QuantValues(codes.bits, lo, step), add, y);
+                                                        float step, DecodeStore store, float scale, float* y) {
+  decode_codes(codes, first, m, QuantValues(codes.bits, lo, step), store, scale, y);
 }
 
 __attribute__((target("avx2"))) void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit,
-                                                       bool add, float* y) {
-  decode_codes(codes, first, m, QsgdValues(codes.bits, unit), add, y);
+                                                       DecodeStore store, float scale, float* y) {
+  decode_codes(codes, first, m, QsgdValues(codes.bits, unit), store, scale, y);
 }
 
-__attribute__((target("avx2"))) void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float scale,
-                                                       bool add, float* y) {
-  decode_codes(codes, first, m, SignValues(scale), add, y);
+__attribute__((target("avx2"))) void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m,
+                                                       float sign_scale, DecodeStore store, float scale, float* y) {
+  decode_codes(codes, first, m, SignValues(sign_scale), store, scale, y);
 }
 
 __attribute__((target("avx2"))) uint32_t max_level_avx2(const CodeStream& codes, uint32_t level_mask) {
@@ -225,27 +234,31 @@ __attribute__((target("avx2"))) uint32_t max_level_avx2(const CodeStream& codes,
 namespace {
 
 template <class Value>
-void decode_codes(const CodeStream& s, uint64_t first, size_t m, bool add, float* y, Value value) {
+void decode_codes(const CodeStream& s, uint64_t first, size_t m, DecodeStore store, float scale, float* y,
+                  Value value) {
   for (size_t k = 0; k < m; ++k) {
     const float v = value(read_code(s.packed, first + k, s.bits));
-    if (add) {
-      store_or_add<true>(y[k], v);
-    } else {
-      store_or_add<false>(y[k], v);
+    switch (store) {
+      case DecodeStore::kSet: store_value<DecodeStore::kSet>(y[k], v, scale); break;
+      case DecodeStore::kAdd: store_value<DecodeStore::kAdd>(y[k], v, scale); break;
+      case DecodeStore::kScale: store_value<DecodeStore::kScale>(y[k], v, scale); break;
     }
   }
 }
 
 }  // namespace
 
-void quant_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float lo, float step, bool add, float* y) {
-  decode_codes(codes, first, m, add, y, [&](uint32_t c) { return quant_value(lo, step, c); });
+void quant_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float lo, float step, DecodeStore store,
+                       float scale, float* y) {
+  decode_codes(codes, first, m, store, scale, y, [&](uint32_t c) { return quant_value(lo, step, c); });
 }
-void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit, bool add, float* y) {
-  decode_codes(codes, first, m, add, y, [&](uint32_t c) { return qsgd_value(c, unit, codes.bits); });
+void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit, DecodeStore store, float scale,
+                      float* y) {
+  decode_codes(codes, first, m, store, scale, y, [&](uint32_t c) { return qsgd_value(c, unit, codes.bits); });
 }
-void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float scale, bool add, float* y) {
-  decode_codes(codes, first, m, add, y, [&](uint32_t c) { return sign_value(scale, c); });
+void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float sign_scale, DecodeStore store,
+                      float scale, float* y) {
+  decode_codes(codes, first, m, store, scale, y, [&](uint32_t c) { return sign_value(sign_scale, c); });
 }
 uint32_t max_level_avx2(const CodeStream& codes, uint32_t level_mask) {
   uint32_t worst = 0;

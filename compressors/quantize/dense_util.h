@@ -15,36 +15,54 @@
 #include "compressors/payload.h"
 #include "compressors/philox.h"
 #include "compressors/quantize/dense_math.h"
+#include "reduce.h"  // exact_reciprocal_f32
 
 namespace gradcomm::detail {
 
-// The codecs with per-bucket scales (quant, qsgd, sign): decode and decode_add
-// forward to Derived::decode_impl<kAdd>, and ring segments align to the bucket.
+// How a decoder stores each value v at y: y = v (decode), y += v (decode_add), or
+// y = v * scale (decode_average over a power-of-two divisor d: scale = 1/d exactly,
+// so v * scale is v / d bit for bit). The decoders' one difference.
+enum class DecodeStore { kSet, kAdd, kScale };
+
+template <DecodeStore kStore>
+inline void store_value(float& y, float v, float scale) {
+  if constexpr (kStore == DecodeStore::kAdd) {
+    y += v;
+  } else if constexpr (kStore == DecodeStore::kScale) {
+    y = v * scale;
+  } else {
+    y = v;
+  }
+}
+
+// The codecs with per-bucket scales (quant, qsgd, sign): decode, decode_add and
+// decode_average forward to Derived::decode_impl<kStore>(payload, n, out, scale), and
+// ring segments align to the bucket.
 template <class Derived>
 class BucketCodec : public DenseCodec {
  public:
   explicit BucketCodec(int64_t bucket) : bucket_(bucket) {}
   void decode(std::span<const uint8_t> payload, int64_t n, float* out) const final {
-    static_cast<const Derived&>(*this).template decode_impl<false>(payload, n, out);
+    derived().template decode_impl<DecodeStore::kSet>(payload, n, out, 1.0f);
   }
   void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const final {
-    static_cast<const Derived&>(*this).template decode_impl<true>(payload, n, out);
+    derived().template decode_impl<DecodeStore::kAdd>(payload, n, out, 1.0f);
+  }
+  void decode_average(std::span<const uint8_t> payload, int64_t n, float* out, int64_t divisor) const final {
+    if (float inverse; exact_reciprocal_f32(divisor, inverse)) {
+      derived().template decode_impl<DecodeStore::kScale>(payload, n, out, inverse);
+    } else {
+      DenseCodec::decode_average(payload, n, out, divisor);
+    }
   }
   int64_t alignment() const final { return bucket_; }
 
  protected:
   const int64_t bucket_;  // elements per scale
-};
 
-// The decoders' one difference between decode and decode_add: store or accumulate.
-template <bool kAdd>
-inline void store_or_add(float& y, float v) {
-  if constexpr (kAdd) {
-    y += v;
-  } else {
-    y = v;
-  }
-}
+ private:
+  const Derived& derived() const { return static_cast<const Derived&>(*this); }
+};
 
 // Elements an encoder or decoder handles per inner chunk: codes and uniforms for one
 // chunk live on the stack (8 KiB), so nothing is allocated per call.

@@ -91,9 +91,9 @@ bool levels_in_range(const uint8_t* packed, int64_t n, uint32_t levels, unsigned
 
 // Decodes one run, bucket by bucket: the per-bucket unit here, the elements through
 // qsgd_decode_avx2 or the scalar loop (avx2_decode, read once per call).
-template <unsigned kBits, bool kAdd>
+template <unsigned kBits, DecodeStore kStore>
 void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, uint32_t levels,
-                unsigned bits, float* out) {
+                unsigned bits, float scale, float* out) {
   const bool avx2 = avx2_decode(bits);
   const CodeStream stream{packed, static_cast<uint64_t>(n), bits};
   CodeReader<kBits> reader(packed, static_cast<uint64_t>(n), bits);
@@ -104,7 +104,7 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
     scales += 4;
     float* y = out + start;
     if (avx2) {
-      qsgd_decode_avx2(stream, static_cast<uint64_t>(start), m, unit, kAdd, y);
+      qsgd_decode_avx2(stream, static_cast<uint64_t>(start), m, unit, kStore, scale, y);
       continue;
     }
     for (size_t c = 0; c < m; c += kDenseChunk) {
@@ -112,7 +112,7 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
       reader.get(codes, cm);
       for (size_t k = 0; k < cm; ++k) {
         const float v = qsgd_value(codes[k], unit, bits);
-        store_or_add<kAdd>(y[c + k], v);
+        store_value<kStore>(y[c + k], v, scale);
       }
     }
   }
@@ -156,16 +156,16 @@ class QsgdCodec final : public BucketCodec<QsgdCodec> {
 
   size_t scale_bytes(int64_t n) const { return 4 * static_cast<size_t>(bucket_count(n, bucket_)); }
 
-  template <unsigned kBits, bool kAdd>
-  void validate_and_decode(const DenseSections& s, int64_t n, float* out) const {
+  template <unsigned kBits, DecodeStore kStore>
+  void validate_and_decode(const DenseSections& s, int64_t n, float* out, float scale) const {
     if (((levels_ + 1) & levels_) != 0 && !levels_in_range<kBits>(s.codes, n, levels_, bits_)) {
       throw CorruptPayload(fmt::format("qsgd payload: a level above s = {}", levels_));
     }
-    decode_run<kBits, kAdd>(s.scales, s.codes, n, bucket_, levels_, bits_, out);
+    decode_run<kBits, kStore>(s.scales, s.codes, n, bucket_, levels_, bits_, scale, out);
   }
 
-  template <bool kAdd>
-  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+  template <DecodeStore kStore>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out, float scale) const {
     check_dense_numel("qsgd", n);  // before any size is computed from n
     const DenseSections s =
         read_dense_sections(payload, CompressorId::kQsgd, n, levels_, static_cast<uint32_t>(bucket_), scale_bytes(n),
@@ -179,14 +179,14 @@ class QsgdCodec final : public BucketCodec<QsgdCodec> {
       }
     }
     switch (bits_) {
-      case 2: return validate_and_decode<2, kAdd>(s, n, out);
-      case 3: return validate_and_decode<3, kAdd>(s, n, out);
-      case 4: return validate_and_decode<4, kAdd>(s, n, out);
-      case 5: return validate_and_decode<5, kAdd>(s, n, out);
-      case 6: return validate_and_decode<6, kAdd>(s, n, out);
-      case 7: return validate_and_decode<7, kAdd>(s, n, out);
-      case 8: return validate_and_decode<8, kAdd>(s, n, out);
-      default: return validate_and_decode<0, kAdd>(s, n, out);
+      case 2: return validate_and_decode<2, kStore>(s, n, out, scale);
+      case 3: return validate_and_decode<3, kStore>(s, n, out, scale);
+      case 4: return validate_and_decode<4, kStore>(s, n, out, scale);
+      case 5: return validate_and_decode<5, kStore>(s, n, out, scale);
+      case 6: return validate_and_decode<6, kStore>(s, n, out, scale);
+      case 7: return validate_and_decode<7, kStore>(s, n, out, scale);
+      case 8: return validate_and_decode<8, kStore>(s, n, out, scale);
+      default: return validate_and_decode<0, kStore>(s, n, out, scale);
     }
   }
 

@@ -92,8 +92,8 @@ void encode_bits(bool stochastic, const float* in, int64_t n, int64_t bucket, ui
 // Decodes one run, bucket by bucket: the per-bucket step here, the elements through
 // quant_decode_avx2 (dense_simd.h) or the scalar loop on the path use_avx2_kernels()
 // picks once per call.
-template <unsigned kBits, bool kAdd>
-void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, float* out) {
+template <unsigned kBits, DecodeStore kStore>
+void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t bucket, float scale, float* out) {
   constexpr uint32_t kLevels = (1u << kBits) - 1u;
   const bool avx2 = use_avx2_kernels();
   const CodeStream stream{packed, static_cast<uint64_t>(n), kBits};
@@ -106,7 +106,7 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
     const float step = quant_step(lo, hi, kLevels);
     float* y = out + start;
     if (avx2) {
-      quant_decode_avx2(stream, static_cast<uint64_t>(start), m, lo, step, kAdd, y);
+      quant_decode_avx2(stream, static_cast<uint64_t>(start), m, lo, step, kStore, scale, y);
       continue;
     }
     for (size_t c = 0; c < m; c += kDenseChunk) {
@@ -114,7 +114,7 @@ void decode_run(const uint8_t* scales, const uint8_t* packed, int64_t n, int64_t
       reader.get(codes, cm);
       for (size_t k = 0; k < cm; ++k) {
         const float v = quant_value(lo, step, codes[k]);
-        store_or_add<kAdd>(y[c + k], v);
+        store_value<kStore>(y[c + k], v, scale);
       }
     }
   }
@@ -153,8 +153,8 @@ class QuantCodec final : public BucketCodec<QuantCodec> {
 
   size_t scale_bytes(int64_t n) const { return 8 * static_cast<size_t>(bucket_count(n, bucket_)); }
 
-  template <bool kAdd>
-  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+  template <DecodeStore kStore>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out, float scale) const {
     check_dense_numel("quant", n);  // before any size is computed from n
     const DenseSections s =
         read_dense_sections(payload, CompressorId::kQuant, n, static_cast<uint32_t>(bits_),
@@ -173,10 +173,10 @@ class QuantCodec final : public BucketCodec<QuantCodec> {
       }
     }
     switch (bits_) {
-      case 1: return decode_run<1, kAdd>(s.scales, s.codes, n, bucket_, out);
-      case 2: return decode_run<2, kAdd>(s.scales, s.codes, n, bucket_, out);
-      case 4: return decode_run<4, kAdd>(s.scales, s.codes, n, bucket_, out);
-      default: return decode_run<8, kAdd>(s.scales, s.codes, n, bucket_, out);
+      case 1: return decode_run<1, kStore>(s.scales, s.codes, n, bucket_, scale, out);
+      case 2: return decode_run<2, kStore>(s.scales, s.codes, n, bucket_, scale, out);
+      case 4: return decode_run<4, kStore>(s.scales, s.codes, n, bucket_, scale, out);
+      default: return decode_run<8, kStore>(s.scales, s.codes, n, bucket_, scale, out);
     }
   }
 

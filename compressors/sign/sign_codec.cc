@@ -61,8 +61,8 @@ class SignCodec final : public BucketCodec<SignCodec> {
 
   size_t scale_bytes(int64_t n) const { return 4 * static_cast<size_t>(bucket_count(n, bucket_)); }
 
-  template <bool kAdd>
-  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out) const {
+  template <DecodeStore kStore>
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out, float out_scale) const {
     check_dense_numel("sign", n);  // before any size is computed from n
     const DenseSections s =
         read_dense_sections(payload, CompressorId::kSign, n, 0, static_cast<uint32_t>(bucket_), scale_bytes(n),
@@ -86,7 +86,7 @@ class SignCodec final : public BucketCodec<SignCodec> {
       const float scale = load_f32(s.scales + 4 * (start / bucket_));
       float* y = out + start;
       if (avx2) {
-        sign_decode_avx2(stream, static_cast<uint64_t>(start), m, scale, kAdd, y);
+        sign_decode_avx2(stream, static_cast<uint64_t>(start), m, scale, kStore, out_scale, y);
         continue;
       }
       for (size_t c = 0; c < m; c += kDenseChunk) {
@@ -94,7 +94,7 @@ class SignCodec final : public BucketCodec<SignCodec> {
         reader.get(bits, cm);
         for (size_t k = 0; k < cm; ++k) {
           const float v = sign_value(scale, bits[k]);
-          store_or_add<kAdd>(y[c + k], v);
+          store_value<kStore>(y[c + k], v, out_scale);
         }
       }
     }

@@ -17,10 +17,11 @@
 // with a residual buffer, that loss is added to it at the same positions, so the
 // sum of all ranks' outputs plus all residuals equals the sum of their inputs.
 //
-// The average (divisor > 1) divides each chunk right after it becomes final: the
-// owner's decoded copy, and each allgather chunk after its decode, while the chunk is
-// in cache. Every rank divides the same decoded sums, so results stay bitwise equal,
-// and they are the bits of a pass over the whole output after the ring.
+// The average (divisor > 1) divides each chunk as it becomes final: the owner's
+// decoded copy, and each allgather chunk, in the decoder's own stores where it can
+// (DenseCodec::decode_average: a power-of-two divisor) or right after, in cache.
+// Every rank divides the same decoded sums, so results stay bitwise equal, and they
+// are the bits of a pass over the whole output after the ring.
 #include <algorithm>
 #include <vector>
 
@@ -62,11 +63,13 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
       if (residual != nullptr) {
         codec.decode(out[u], e - b, scratch.data());
         accumulate_loss(residual + b, data + b, scratch.data(), e - b);
-        if (final_owner) std::copy_n(scratch.data(), e - b, data + b);  // the owner keeps what everyone decodes
+        if (final_owner) {  // the owner keeps what everyone decodes
+          std::copy_n(scratch.data(), e - b, data + b);
+          divide_inplace(data + b, e - b, DType::kFloat32, divisor);
+        }
       } else if (final_owner) {
-        codec.decode(out[u], e - b, data + b);  // nothing needs the sum any more: decode in place
+        codec.decode_average(out[u], e - b, data + b, divisor);  // nothing needs the sum any more: in place
       }
-      if (final_owner) divide_inplace(data + b, e - b, DType::kFloat32, divisor);
     }
     sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
   };
@@ -96,8 +99,7 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
     } else {
       {
         Op::PhaseTimer timer(op, &Stats::decode_s);
-        codec.decode(in[u], e - b, data + b);
-        divide_inplace(data + b, e - b, DType::kFloat32, divisor);
+        codec.decode_average(in[u], e - b, data + b, divisor);
       }
       if (u + C < total_units) {  // recvCopySend: forward the exact bytes
         out[u + C] = std::move(in[u]);

@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "cpu_features.h"
 #include "gradcomm/errors.h"
 #include "half.h"
+#include "reduce.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -450,6 +453,38 @@ TEST(DenseCodecBytes, Avx2DecodeEqualsScalarOnArbitraryPayloads) {
   EXPECT_GT(rejected, 0);  // the qsgd level check ran on both paths
 }
 
+// decode_average(p, n, y, d) is decode then divide_inplace(d), bit for bit, on both
+// paths, for every codec (casts too) and divisors that are and are not powers of two
+// (the fused store and the plain form); a divisor below 1 is refused. The payloads
+// decode to NaNs, infinities, subnormals and -0 (awkward_input), and the divisors
+// reach 2^20 so that some quotients are subnormal.
+TEST(DenseCodecBytes, DecodeAverageIsDecodeThenDivide) {
+  const std::vector<float> x = awkward_input(4200, 26);
+  std::vector<CompressorSpec> specs = decode_specs(33);
+  for (const CompressorSpec& spec : decode_specs(512)) specs.push_back(spec);
+  specs.push_back(dense_codec_spec(CompressorId::kFp16, 0, Rounding::kStochastic, 0, 1));
+  specs.push_back(dense_codec_spec(CompressorId::kBf16, 0, Rounding::kStochastic, 0, 1));
+  for (const CompressorSpec& spec : specs) {
+    const auto codec = make_dense_codec(spec);
+    for (int64_t n : {0, 1, 9, 512, 1500, 4200}) {
+      const std::vector<uint8_t> p = encode(*codec, x.data(), n, PhiloxStream{7, 8}, 0);
+      for (int64_t d : {1, 2, 3, 4, 6, 8, 1 << 20}) {
+        for (bool scalar : {false, true}) {
+          std::unique_ptr<ScopedScalarKernels> force(scalar ? new ScopedScalarKernels : nullptr);
+          std::vector<float> got(static_cast<size_t>(n) + 1, -7.0f), want = got;
+          codec->decode_average(p, n, got.data(), d);
+          codec->decode(p, n, want.data());
+          divide_inplace(want.data(), n, DType::kFloat32, d);
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+              << describe(spec) << " n=" << n << " d=" << d << (scalar ? " scalar" : "");
+        }
+      }
+      std::vector<float> y(static_cast<size_t>(n) + 1);
+      EXPECT_THROW(codec->decode_average(p, n, y.data(), 0), InvalidArgument) << describe(spec);
+    }
+  }
+}
+
 // A page of bytes followed by a page that may not be read: a stream placed at the end
 // of the first page faults on any read past its last byte.
 class GuardedPage {
@@ -492,28 +527,32 @@ TEST(DenseSimdKernels, DecodersMatchTheFormulas) {
       for (uint64_t m : {uint64_t{0}, uint64_t{5}, uint64_t{16}, uint64_t{37}, total - first}) {
         const std::string where = "bits " + std::to_string(bits) + " first " + std::to_string(first) + " m " +
                                   std::to_string(m);
-        // `decode(y, add)` against y[k] = v or y[k] += v, v = value(code first + k).
+        // `decode(y, store, f)` against y[k] = v, y[k] += v and y[k] = v * f (f = 1/2,
+        // 1/8: decode_average's), v = value(code first + k).
         auto check = [&](const char* name, auto decode, auto value) {
-          for (bool add : {false, true}) {
+          for (const auto& [store, f] : {std::pair{DecodeStore::kSet, 1.0f}, std::pair{DecodeStore::kAdd, 1.0f},
+                                         std::pair{DecodeStore::kScale, 0.5f}, std::pair{DecodeStore::kScale, 0.125f}}) {
+            const bool add = store == DecodeStore::kAdd;
             std::vector<float> y(out.begin(), out.begin() + m), ref = y;
             std::vector<bool> nan_pair(m, false);
-            decode(y.data(), add);
+            decode(y.data(), store, f);
             for (size_t k = 0; k < m; ++k) {
               const float v = value(read_code(packed, first + k, bits));
-              add ? store_or_add<true>(ref[k], v) : store_or_add<false>(ref[k], v);
+              ref[k] = add ? ref[k] + v : store == DecodeStore::kScale ? v / (1.0f / f) : v;
               nan_pair[k] = add && is_nan(out[k]) && is_nan(v);
             }
-            ASSERT_EQ(first_difference(y, ref, nan_pair), -1) << name << " " << where << (add ? " add" : "");
+            ASSERT_EQ(first_difference(y, ref, nan_pair), -1)
+                << name << " " << where << " store " << static_cast<int>(store) << " f " << f;
           }
         };
         if (first + m > total) continue;
-        check("quant", [&](float* y, bool add) { quant_decode_avx2(s, first, m, lo, step, add, y); },
+        check("quant", [&](float* y, DecodeStore st, float f) { quant_decode_avx2(s, first, m, lo, step, st, f, y); },
               [&](uint32_t c) { return quant_value(lo, step, c); });
         if (bits > 1) {
-          check("qsgd", [&](float* y, bool add) { qsgd_decode_avx2(s, first, m, unit, add, y); },
+          check("qsgd", [&](float* y, DecodeStore st, float f) { qsgd_decode_avx2(s, first, m, unit, st, f, y); },
                 [&](uint32_t c) { return qsgd_value(c, unit, bits); });
         } else {
-          check("sign", [&](float* y, bool add) { sign_decode_avx2(s, first, m, scale, add, y); },
+          check("sign", [&](float* y, DecodeStore st, float f) { sign_decode_avx2(s, first, m, scale, st, f, y); },
                 [&](uint32_t c) { return sign_value(scale, c); });
         }
       }
