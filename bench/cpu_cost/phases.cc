@@ -84,6 +84,9 @@ std::vector<Phase> dense_phases(const std::string& label, const Inputs& in) {
        [s, n] { s->codec->decode(s->payload, n, s->out.data()); }},
       {label, "decode_add", "P + 8n (out read and written)", p + 8.0 * n, "DenseCodec::decode_add", nullptr,
        [s, n] { s->codec->decode_add(s->payload, n, s->out.data()); }},
+      {label, "decode_avg2", "P + 4n", p + 4.0 * n,
+       "DenseCodec::decode_average, divisor 2 (N = 2): the ring's final decodes, the divide in the stores", nullptr,
+       [s, n] { s->codec->decode_average(s->payload, n, s->out.data(), 2); }},
   };
 }
 

@@ -23,11 +23,8 @@ struct Fp16 {  // F16C where the CPU has it (half_bulk.h), the same bits as half
   static constexpr CompressorId kId = CompressorId::kFp16;
   static void narrow(const float* in, uint16_t* out, size_t m) { floats_to_halves(in, out, m); }
   template <DecodeStore kStore>
-  static void widen(const uint16_t* in, float* out, size_t m, float scale) {
+  static void widen(const uint16_t* in, float* out, size_t m) {
     halves_to_floats(in, out, m, kStore == DecodeStore::kAdd);
-    if constexpr (kStore == DecodeStore::kScale) {
-      for (size_t k = 0; k < m; ++k) out[k] *= scale;  // the run is still in L1
-    }
   }
 };
 struct Bf16 {  // a rounding add and a shift: plain loops the compiler handles
@@ -36,8 +33,8 @@ struct Bf16 {  // a rounding add and a shift: plain loops the compiler handles
     for (size_t k = 0; k < m; ++k) out[k] = float_to_bf16(in[k]);
   }
   template <DecodeStore kStore>
-  static void widen(const uint16_t* in, float* out, size_t m, float scale) {
-    for (size_t k = 0; k < m; ++k) store_value<kStore>(out[k], bf16_to_float(in[k]), scale);
+  static void widen(const uint16_t* in, float* out, size_t m) {
+    for (size_t k = 0; k < m; ++k) store_value<kStore>(out[k], bf16_to_float(in[k]), 1.0f);
   }
 };
 
@@ -67,17 +64,15 @@ class CastCodec final : public DenseCodec {
   }
 
   void decode(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<DecodeStore::kSet>(payload, n, out, 1.0f);
+    decode_impl<DecodeStore::kSet>(payload, n, out, 1);
   }
   void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) const override {
-    decode_impl<DecodeStore::kAdd>(payload, n, out, 1.0f);
+    decode_impl<DecodeStore::kAdd>(payload, n, out, 1);
   }
+  // Each run divided while it is still in L1 (divide_inplace itself, so any divisor).
   void decode_average(std::span<const uint8_t> payload, int64_t n, float* out, int64_t divisor) const override {
-    if (float inverse; exact_reciprocal_f32(divisor, inverse)) {
-      decode_impl<DecodeStore::kScale>(payload, n, out, inverse);
-    } else {
-      DenseCodec::decode_average(payload, n, out, divisor);
-    }
+    if (divisor < 1) return DenseCodec::decode_average(payload, n, out, divisor);  // refuses it
+    decode_impl<DecodeStore::kSet>(payload, n, out, divisor);
   }
 
   int64_t alignment() const override { return 1; }
@@ -86,14 +81,15 @@ class CastCodec final : public DenseCodec {
   static const char* name() { return compressor_name(Format::kId); }
 
   template <DecodeStore kStore>
-  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out, float scale) const {
+  void decode_impl(std::span<const uint8_t> payload, int64_t n, float* out, int64_t divisor) const {
     // Every 16-bit pattern is a valid value, so only the framing can be wrong.
     const DenseSections s = read_dense_sections(payload, Format::kId, n, 0, 0, 0, 2 * static_cast<size_t>(n), 0);
     uint16_t chunk[kDenseChunk];
     for (int64_t start = 0; start < n; start += static_cast<int64_t>(kDenseChunk)) {
       const size_t m = static_cast<size_t>(std::min<int64_t>(kDenseChunk, n - start));
       std::memcpy(chunk, s.codes + 2 * start, 2 * m);
-      Format::template widen<kStore>(chunk, out + start, m, scale);
+      Format::template widen<kStore>(chunk, out + start, m);
+      if (divisor > 1) divide_inplace(out + start, static_cast<int64_t>(m), DType::kFloat32, divisor);
     }
   }
 };
