@@ -105,28 +105,36 @@ __attribute__((target("avx2"))) Blocks8 counters8(uint64_t first, __m256i s0, __
   return Blocks8{{{lo, _mm256_srli_epi64(lo, 32)}, {hi, _mm256_srli_epi64(hi, 32)}, {s0, s0}, {s1, s1}}};
 }
 
-// Uniforms of word j of the eight blocks, in block order: the low halves of e and o
-// interleaved, then the top 24 bits scaled by 2^-24 (exact: a 24-bit integer, then
-// a power of two).
-__attribute__((target("avx2"))) __m256 word_uniforms(const Lanes& c) {
-  const __m256i w = _mm256_blend_epi32(c.e, _mm256_slli_epi64(c.o, 32), 0xAA);
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), _mm256_set1_ps(philox_internal::kUniformScale));
+// Word j of the eight blocks, in block order: the low halves of e and o interleaved
+// (as floats only for the shuffles below, which move bits without arithmetic).
+__attribute__((target("avx2"))) __m256 block_words(const Lanes& c) {
+  return _mm256_castsi256_ps(_mm256_blend_epi32(c.e, _mm256_slli_epi64(c.o, 32), 0xAA));
 }
 
-// The 32 uniforms of eight blocks, four per block in block order: a 4 x 8
-// transpose of the word-major registers. t* interleave words 0/1 and 2/3; v_i
-// holds blocks i and i+4.
+// The 16 uniforms of eight consecutive words: each word's 16-bit halves, low first (the
+// order they sit in memory, so one zero-extension lines them up), scaled by 2^-16.
+__attribute__((target("avx2"))) void store_word_halves(__m256i w, float* out) {
+  const __m256 scale = _mm256_set1_ps(philox_internal::kUniform16Scale);
+  const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(w));
+  const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), scale));
+  _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), scale));
+}
+
+// The 64 uniforms of eight blocks, eight per block in block order: a 4 x 8 transpose
+// of the word-major registers into block order (t* interleave words 0/1 and 2/3; v_i
+// holds blocks i and i+4), then each register's words split in halves.
 __attribute__((target("avx2"))) void store_uniforms8(const Blocks8& g, float* o) {
-  const __m256 u0 = word_uniforms(g.c[0]), u1 = word_uniforms(g.c[1]);
-  const __m256 u2 = word_uniforms(g.c[2]), u3 = word_uniforms(g.c[3]);
+  const __m256 u0 = block_words(g.c[0]), u1 = block_words(g.c[1]);
+  const __m256 u2 = block_words(g.c[2]), u3 = block_words(g.c[3]);
   const __m256 t0 = _mm256_unpacklo_ps(u0, u1), t1 = _mm256_unpackhi_ps(u0, u1);
   const __m256 t2 = _mm256_unpacklo_ps(u2, u3), t3 = _mm256_unpackhi_ps(u2, u3);
   const __m256 v0 = _mm256_shuffle_ps(t0, t2, 0x44), v1 = _mm256_shuffle_ps(t0, t2, 0xEE);
   const __m256 v2 = _mm256_shuffle_ps(t1, t3, 0x44), v3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  _mm256_storeu_ps(o, _mm256_permute2f128_ps(v0, v1, 0x20));       // blocks 0, 1
-  _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(v2, v3, 0x20));   // blocks 2, 3
-  _mm256_storeu_ps(o + 16, _mm256_permute2f128_ps(v0, v1, 0x31));  // blocks 4, 5
-  _mm256_storeu_ps(o + 24, _mm256_permute2f128_ps(v2, v3, 0x31));  // blocks 6, 7
+  store_word_halves(_mm256_castps_si256(_mm256_permute2f128_ps(v0, v1, 0x20)), o);       // blocks 0, 1
+  store_word_halves(_mm256_castps_si256(_mm256_permute2f128_ps(v2, v3, 0x20)), o + 16);  // blocks 2, 3
+  store_word_halves(_mm256_castps_si256(_mm256_permute2f128_ps(v0, v1, 0x31)), o + 32);  // blocks 4, 5
+  store_word_halves(_mm256_castps_si256(_mm256_permute2f128_ps(v2, v3, 0x31)), o + 48);  // blocks 6, 7
 }
 
 __attribute__((target("avx2"))) void uniform_blocks_avx2(const PhiloxStream& s, uint64_t block0, uint64_t blocks,
@@ -143,9 +151,9 @@ __attribute__((target("avx2"))) void uniform_blocks_avx2(const PhiloxStream& s, 
   for (; b + 8 <= blocks; b += 8) {
     Blocks8 g = counters8(block0 + b, s0, s1);
     philox_rounds(g, rk);
-    store_uniforms8(g, out + 4 * b);
+    store_uniforms8(g, out + 8 * b);
   }
-  philox_uniform_blocks_scalar(s, block0 + b, blocks - b, out + 4 * b);
+  philox_uniform16_blocks_scalar(s, block0 + b, blocks - b, out + 8 * b);
 }
 
 // ---- AVX-512: sixteen blocks per iteration ----------------------------------------
@@ -203,12 +211,16 @@ __attribute__((target("avx512f"))) Blocks16 counters16(uint64_t first, __m512i s
   return Blocks16{{{lo, _mm512_srli_epi64(lo, 32)}, {hi, _mm512_srli_epi64(hi, 32)}, {s0, s0}, {s1, s1}}};
 }
 
-// Uniforms of sixteen random words: the top 24 bits scaled by 2^-24, as in word_uniforms.
-__attribute__((target("avx512f"))) __m512 uniforms16(__m512i w) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 8)), _mm512_set1_ps(philox_internal::kUniformScale));
+// The 32 uniforms of sixteen consecutive words, as store_word_halves.
+__attribute__((target("avx512f"))) void store_word_halves16(__m512i w, float* out) {
+  const __m512 scale = _mm512_set1_ps(philox_internal::kUniform16Scale);
+  const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
+  const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1));
+  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), scale));
+  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), scale));
 }
 
-// The 64 uniforms of sixteen blocks in block order. Pairing the low halves of two
+// The 128 uniforms of sixteen blocks in block order (the 64 words, then their halves). Pairing the low halves of two
 // words' lanes gives 64-bit lanes that are half a block each: a = words 0-1 and
 // b = words 2-3 of the even blocks, c and d the same of the odd ones (lane m: block
 // 2m or 2m+1). Two rounds of two-source permutes on those halves then put blocks
@@ -228,10 +240,10 @@ __attribute__((target("avx512f"))) void store_uniforms16(const Blocks16& g, floa
   // ab_lo = a0 b0 a1 b1 .. a3 b3 (blocks 0, 2, 4, 6), cd_lo the same for blocks 1, 3, 5, 7.
   const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
   const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-  _mm512_storeu_ps(out, uniforms16(_mm512_permutex2var_epi64(ab_lo, first, cd_lo)));        // blocks 0-3
-  _mm512_storeu_ps(out + 16, uniforms16(_mm512_permutex2var_epi64(ab_lo, second, cd_lo)));  // blocks 4-7
-  _mm512_storeu_ps(out + 32, uniforms16(_mm512_permutex2var_epi64(ab_hi, first, cd_hi)));   // blocks 8-11
-  _mm512_storeu_ps(out + 48, uniforms16(_mm512_permutex2var_epi64(ab_hi, second, cd_hi)));  // blocks 12-15
+  store_word_halves16(_mm512_permutex2var_epi64(ab_lo, first, cd_lo), out);        // blocks 0-3
+  store_word_halves16(_mm512_permutex2var_epi64(ab_lo, second, cd_lo), out + 32);  // blocks 4-7
+  store_word_halves16(_mm512_permutex2var_epi64(ab_hi, first, cd_hi), out + 64);   // blocks 8-11
+  store_word_halves16(_mm512_permutex2var_epi64(ab_hi, second, cd_hi), out + 96);  // blocks 12-15
 }
 
 // Whole groups of sixteen; a remainder of 8 to 15 blocks takes one AVX2 group, the
@@ -250,25 +262,28 @@ __attribute__((target("avx512f"))) void uniform_blocks_avx512(const PhiloxStream
   for (; b + 16 <= blocks; b += 16) {
     Blocks16 g = counters16(block0 + b, s0, s1);
     philox_rounds16(g, rk);
-    store_uniforms16(g, out + 4 * b);
+    store_uniforms16(g, out + 8 * b);
   }
-  uniform_blocks_avx2(s, block0 + b, blocks - b, out + 4 * b);
+  uniform_blocks_avx2(s, block0 + b, blocks - b, out + 8 * b);
 }
 #endif
 
 }  // namespace
 
-void philox_uniform_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out) {
+void philox_uniform16_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out) {
   const uint32_t s0 = static_cast<uint32_t>(s.stream), s1 = static_cast<uint32_t>(s.stream >> 32);
   const uint32_t k0 = static_cast<uint32_t>(s.seed), k1 = static_cast<uint32_t>(s.seed >> 32);
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t block = block0 + b;
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), s0, s1, k0, k1);
-    for (int lane = 0; lane < 4; ++lane) out[4 * b + lane] = uniform_from_bits(r.v[lane]);
+    for (int lane = 0; lane < 4; ++lane) {
+      out[8 * b + 2 * lane] = uniform_from_bits16(r.v[lane] & 0xFFFFu);
+      out[8 * b + 2 * lane + 1] = uniform_from_bits16(r.v[lane] >> 16);
+    }
   }
 }
 
-void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out) {
+void philox_uniform16_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out) {
 #if GRADCOMM_X86_DISPATCH
   if (use_avx512_kernels()) {
     uniform_blocks_avx512(s, block0, blocks, out);
@@ -279,7 +294,7 @@ void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t bloc
     return;
   }
 #endif
-  philox_uniform_blocks_scalar(s, block0, blocks, out);
+  philox_uniform16_blocks_scalar(s, block0, blocks, out);
 }
 
 const char* philox_uniform_blocks_path() {

@@ -36,6 +36,7 @@ constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // key schedule: golden ratio
 constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // key schedule: sqrt(3) - 1
 constexpr int kRounds = 10;
 constexpr float kUniformScale = 5.9604644775390625e-8f;  // 2^-24: 24 random bits -> [0, 1)
+constexpr float kUniform16Scale = 1.52587890625e-5f;      // 2^-16: 16 random bits -> [0, 1)
 
 // High and low halves of the 64-bit product a * b.
 GRADCOMM_HD uint32_t mulhi(uint32_t a, uint32_t b) {
@@ -107,15 +108,30 @@ GRADCOMM_HD float philox_uniform(const PhiloxStream& s, uint64_t index) {
   return uniform_from_bits(philox_bits(s, index));
 }
 
-// Uniforms of whole blocks, the bulk path of stochastic rounding: out[4b + lane] =
-// philox_uniform(s, 4 (block0 + b) + lane) for b in [0, blocks). Sixteen blocks at a
-// time in AVX-512 registers where the CPU has AVX-512F, eight in AVX2 registers
-// where it has AVX2 (philox.cc), bit-identical to the scalar definition above on
-// every path. Host only.
-void philox_uniform_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
+// Uniform in [0, 1), 16-bit resolution: 16 random bits scaled by 2^-16 (exact), the
+// largest 1 - 2^-16. What stochastic rounding draws (the dense codecs): "u < p" is then
+// a Bernoulli(ceil(2^16 p) / 2^16) draw, off p by less than 2^-16, which is 2^-16 of a
+// rounding step against a rounding noise of up to half a step. Half the random bits
+// of a 24-bit uniform buy one Philox block per eight elements instead of four.
+GRADCOMM_HD float uniform_from_bits16(uint32_t bits16) {
+  return static_cast<float>(bits16) * philox_internal::kUniform16Scale;
+}
+
+// That uniform for element `index` of the stream: the low (index even) or high (odd)
+// 16 bits of word index / 2, i.e. of Philox block index / 8, lane (index / 2) % 4.
+GRADCOMM_HD float philox_uniform16(const PhiloxStream& s, uint64_t index) {
+  return uniform_from_bits16((philox_bits(s, index >> 1) >> (16u * static_cast<uint32_t>(index & 1u))) & 0xFFFFu);
+}
+
+// Uniforms of whole blocks, the bulk path of stochastic rounding: out[8b + j] =
+// philox_uniform16(s, 8 (block0 + b) + j) for j in [0, 8), b in [0, blocks). Sixteen
+// blocks at a time in AVX-512 registers where the CPU has AVX-512F, eight in AVX2
+// registers where it has AVX2 (philox.cc), bit-identical to the scalar definition
+// above on every path. Host only.
+void philox_uniform16_blocks(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
 // The same, one block at a time: the reference the vector path is tested against.
-void philox_uniform_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
-// "avx512", "avx2" or "scalar": the path philox_uniform_blocks takes now
+void philox_uniform16_blocks_scalar(const PhiloxStream& s, uint64_t block0, uint64_t blocks, float* out);
+// "avx512", "avx2" or "scalar": the path philox_uniform16_blocks takes now
 // (compressors/cpu_kernels.h).
 const char* philox_uniform_blocks_path();
 

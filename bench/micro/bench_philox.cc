@@ -1,16 +1,16 @@
-// Cost of philox_uniform_blocks on each path (scalar, avx2, avx512), in thread CPU
+// Cost of philox_uniform16_blocks on each path (scalar, avx2, avx512), in thread CPU
 // time, so that time the thread spends descheduled on a shared machine does not count
 // (cache and frequency effects of neighbours still do: compare medians of
 // interleaved runs, not single numbers).
 //
 //   time BLOCKS REPS   REPS rounds; each round times every path the CPU has once, in
 //                      turn, on BLOCKS blocks in both of these forms:
-//       chunked  calls of 256 blocks into one 4 KiB buffer, as the dense codecs'
+//       chunked  calls of 128 blocks into one 4 KiB buffer, as the dense codecs'
 //                fill_uniforms does (kDenseChunk = 1024 uniforms): output in L1;
-//       one-call one call over a BLOCKS * 16-byte buffer: bound by memory writes when
+//       one-call one call over a BLOCKS * 32-byte buffer: bound by memory writes when
 //                that is larger than the caches; "memset" times a memset of the
 //                same buffer, the floor for that form.
-//     Prints ns per block (4 uniforms) per path and form: median, min, max.
+//     Prints ns per block (8 uniforms) per path and form: median, min, max.
 //     Checks first that all paths give the same bits on the timed range.
 //   count PATH BLOCKS  one chunked pass with callgrind instrumentation on around it
 //                      (PATH scalar or avx2: valgrind's CPU has no AVX-512):
@@ -39,7 +39,7 @@
 namespace gradcomm::detail {
 namespace {
 
-constexpr uint64_t kChunkBlocks = 256;  // fill_uniforms' 1024 uniforms
+constexpr uint64_t kChunkBlocks = 128;  // fill_uniforms' 1024 uniforms
 const PhiloxStream kStream{42, 0x0123456789ABCDEFull};
 
 double thread_seconds() {
@@ -63,7 +63,7 @@ void on_path(const std::string& path, F f) {
 
 void chunked(uint64_t blocks, float* chunk) {
   for (uint64_t b = 0; b < blocks; b += kChunkBlocks) {
-    philox_uniform_blocks(kStream, b, std::min(kChunkBlocks, blocks - b), chunk);
+    philox_uniform16_blocks(kStream, b, std::min(kChunkBlocks, blocks - b), chunk);
   }
 }
 
@@ -76,11 +76,11 @@ std::vector<std::string> paths_here() {
 
 int run_time(uint64_t blocks, int reps) {
   const std::vector<std::string> paths = paths_here();
-  std::vector<float> big(4 * blocks), reference(4 * blocks);
-  float chunk[4 * kChunkBlocks];
-  on_path("scalar", [&] { philox_uniform_blocks(kStream, 0, blocks, reference.data()); });
+  std::vector<float> big(8 * blocks), reference(8 * blocks);
+  float chunk[8 * kChunkBlocks];
+  on_path("scalar", [&] { philox_uniform16_blocks(kStream, 0, blocks, reference.data()); });
   for (const std::string& path : paths) {
-    on_path(path, [&] { philox_uniform_blocks(kStream, 0, blocks, big.data()); });
+    on_path(path, [&] { philox_uniform16_blocks(kStream, 0, blocks, big.data()); });
     if (std::memcmp(big.data(), reference.data(), big.size() * sizeof(float)) != 0) {
       std::fprintf(stderr, "%s differs from scalar\n", path.c_str());
       return 1;
@@ -106,25 +106,25 @@ int run_time(uint64_t blocks, int reps) {
     for (const std::string& path : paths) {
       on_path(path, [&] {
         timed(series[k++], [&] { chunked(blocks, chunk); });
-        timed(series[k++], [&] { philox_uniform_blocks(kStream, 0, blocks, big.data()); });
+        timed(series[k++], [&] { philox_uniform16_blocks(kStream, 0, blocks, big.data()); });
       });
     }
     timed(series[k], [&] { std::memset(big.data(), rep, big.size() * sizeof(float)); });
   }
   std::printf("%llu blocks (%llu uniforms), %d interleaved rounds, thread CPU time\n",
-              static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(4 * blocks), reps);
+              static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(8 * blocks), reps);
   std::printf("%-18s %12s %12s %12s %14s\n", "path", "median ns/blk", "min", "max", "median ns/unif");
   for (Series& s : series) {
     std::vector<double>& v = s.ns_per_block;
     std::sort(v.begin(), v.end());
     const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    std::printf("%-18s %12.3f %12.3f %12.3f %14.3f\n", s.name.c_str(), median, v.front(), v.back(), median / 4);
+    std::printf("%-18s %12.3f %12.3f %12.3f %14.3f\n", s.name.c_str(), median, v.front(), v.back(), median / 8);
   }
   return 0;
 }
 
 int run_count(const std::string& path, uint64_t blocks) {
-  float chunk[4 * kChunkBlocks];
+  float chunk[8 * kChunkBlocks];
   on_path(path, [&] {
     CALLGRIND_START_INSTRUMENTATION;
     chunked(blocks, chunk);

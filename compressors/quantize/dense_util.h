@@ -86,12 +86,13 @@ inline float load_f32(const uint8_t* in) {
   return v;
 }
 
-// u[k] = philox_uniform(rng, pos + k) for k in [0, count), computing each Philox
-// block once for its four lanes (philox.h: element i is lane i % 4 of block i / 4).
-// `scratch` holds count + 8 floats; returns the pointer u (inside scratch).
+// u[k] = philox_uniform16(rng, pos + k) for k in [0, count), computing each Philox
+// block once for its eight elements (philox.h: element i is in block i / 8).
+// `scratch` holds count + kUniformSlack floats; returns the pointer u (inside scratch).
+constexpr size_t kUniformSlack = 16;
 inline const float* fill_uniforms(const PhiloxStream& rng, uint64_t pos, size_t count, float* scratch) {
-  philox_uniform_blocks(rng, pos / 4, (pos % 4 + count + 3) / 4, scratch);
-  return scratch + pos % 4;
+  philox_uniform16_blocks(rng, pos / 8, (pos % 8 + count + 7) / 8, scratch);
+  return scratch + pos % 8;
 }
 
 // Sum of f(x[j]) over a bucket in the lane order of dense_math.h (kSumLanes lanes,

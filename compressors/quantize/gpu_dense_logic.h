@@ -187,22 +187,22 @@ GRADCOMM_HD uint64_t bucket_of(uint64_t i, uint64_t bucket) {
   return i / bucket;
 }
 
-// philox_uniform for element `pos`, reusing the block when it is the cached one
-// (four consecutive positions share a block).
+// philox_uniform16 for element `pos`, reusing the block when it is the cached one
+// (eight consecutive positions share a block).
 struct UniformCache {
   uint64_t block = ~uint64_t{0};
   Philox4 r{};
   GRADCOMM_HD float at(const PhiloxStream& s, uint64_t pos) {
-    if ((pos >> 2) != block) {
-      block = pos >> 2;
+    if ((pos >> 3) != block) {
+      block = pos >> 3;
       r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
                         static_cast<uint32_t>(s.stream), static_cast<uint32_t>(s.stream >> 32),
                         static_cast<uint32_t>(s.seed), static_cast<uint32_t>(s.seed >> 32));
     }
-    const unsigned lane = static_cast<unsigned>(pos & 3);
+    const unsigned lane = static_cast<unsigned>((pos >> 1) & 3);
     // Selects, not r.v[lane]: a dynamic index would put r in local memory on the GPU.
-    const uint32_t bits = lane == 0 ? r.v[0] : lane == 1 ? r.v[1] : lane == 2 ? r.v[2] : r.v[3];
-    return uniform_from_bits(bits);  // philox_uniform's mapping
+    const uint32_t word = lane == 0 ? r.v[0] : lane == 1 ? r.v[1] : lane == 2 ? r.v[2] : r.v[3];
+    return uniform_from_bits16((word >> (16u * static_cast<uint32_t>(pos & 1))) & 0xFFFFu);  // philox_uniform16's
   }
 };
 

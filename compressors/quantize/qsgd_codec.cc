@@ -34,7 +34,7 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint32_t levels, uns
   const float levels_f = static_cast<float>(levels);
   CodeWriter<kBits> writer(codes_out, bits, kAvx2 ? &pack_codes_avx2 : nullptr);
   uint32_t codes[kDenseChunk];
-  float uniforms[kDenseChunk + 8];
+  float uniforms[kDenseChunk + kUniformSlack];
   for (int64_t start = 0; start < n; start += bucket) {
     const size_t m = static_cast<size_t>(std::min(bucket, n - start));
     const float* x = in + start;

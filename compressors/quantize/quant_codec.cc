@@ -4,7 +4,7 @@
 // Payload (FORMAT_dense.md): header (param0 = bits, param1 = bucket), then per
 // bucket the pair (min, max) as fp32, then the n codes packed `bits` wide.
 // Per element: s = clamp((x - min) * inv, 0, L) with inv = L / (max - min), code =
-// round(s) (half up, or stochastically with u = philox_uniform(rng, first + i));
+// round(s) (half up, or stochastically with u = philox_uniform16(rng, first + i));
 // decode min + code * step with step = (max - min) / L. A bucket holding a NaN or an
 // infinity (or whose max - min overflows) stores (NaN, NaN) and decodes to NaN.
 #include <fmt/format.h>
@@ -44,7 +44,7 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uin
   constexpr float kLevelsF = static_cast<float>(kLevels);
   CodeWriter<kBits> writer(codes_out, kBits, kAvx2 ? &pack_codes_avx2 : nullptr);
   uint32_t codes[kDenseChunk];
-  float uniforms[kDenseChunk + 8];
+  float uniforms[kDenseChunk + kUniformSlack];
   for (int64_t start = 0; start < n; start += bucket) {
     const size_t m = static_cast<size_t>(std::min(bucket, n - start));
     const float* x = in + start;

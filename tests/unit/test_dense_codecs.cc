@@ -438,39 +438,7 @@ TEST(DenseCodecFactory, RejectsWhatIsNotADenseCodec) {
 
 // ---- building blocks ----------------------------------------------------------------
 
-TEST(DenseCodecParts, BatchedUniformsMatchPhiloxUniform) {
-  const PhiloxStream rng{0x123456789ABCDEFull, 0xFEDCBA987654321ull};
-  float scratch[kDenseChunk + 8];
-  for (uint64_t pos : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{4}, uint64_t{(1ull << 32) * 4 - 2}}) {
-    for (size_t count : {size_t{1}, size_t{5}, size_t{kDenseChunk}}) {
-      const float* u = fill_uniforms(rng, pos, count, scratch);
-      for (size_t k = 0; k < count; ++k) ASSERT_EQ(bits_of(u[k]), bits_of(philox_uniform(rng, pos + k))) << pos + k;
-    }
-  }
-}
-
-// The bulk path (16 blocks per AVX-512 or 8 per AVX2 iteration where the CPU has
-// them) against the scalar definition, element by element: every batch length
-// around the vector width, batches that start and end mid-block, and a run whose
-// block counter crosses 2^32 inside one vector (the high word then differs by lane).
-TEST(DenseCodecParts, VectorPhiloxBlocksMatchTheScalarDefinition) {
-  std::printf("philox_uniform_blocks path on this CPU: %s\n", philox_uniform_blocks_path());
-  const PhiloxStream rng{0x0123456789ABCDEFull, 0x0F1E2D3C4B5A6978ull};
-  std::vector<float> fast(4 * 80), scalar(4 * 80);
-  for (uint64_t block0 : {uint64_t{0}, uint64_t{5}, (uint64_t{1} << 32) - 3, (uint64_t{1} << 61) - 40}) {
-    for (uint64_t blocks = 0; blocks <= 80; ++blocks) {
-      SCOPED_TRACE(::testing::Message() << "block0=" << block0 << " blocks=" << blocks);
-      std::fill(fast.begin(), fast.end(), -1.0f);
-      philox_uniform_blocks(rng, block0, blocks, fast.data());
-      philox_uniform_blocks_scalar(rng, block0, blocks, scalar.data());
-      for (uint64_t i = 0; i < 4 * blocks; ++i) {
-        ASSERT_EQ(bits_of(fast[i]), bits_of(philox_uniform(rng, 4 * (block0 + i / 4) + i % 4))) << "element " << i;
-        ASSERT_EQ(bits_of(scalar[i]), bits_of(fast[i])) << "element " << i;
-      }
-      for (uint64_t i = 4 * blocks; i < fast.size(); ++i) ASSERT_EQ(fast[i], -1.0f) << "wrote past the end: " << i;
-    }
-  }
-}
+// (fill_uniforms and the bulk Philox paths: test_dense_codec_bytes.cc and test_philox.cc.)
 
 // Writes and reads back in uneven pieces, as bucket boundaries cut them; checks the
 // stream bit by bit and that nothing is written past packed_code_bytes.

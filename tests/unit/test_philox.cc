@@ -81,6 +81,30 @@ TEST(Philox, UniformIsTopTwentyFourBitsInUnitInterval) {
   EXPECT_LT(static_cast<float>(0xFFFFFFFFu >> 8) * 5.9604644775390625e-8f, 1.0f);
 }
 
+// philox_uniform16: element i is half i % 2 of word i / 2 (low half first), scaled
+// by 2^-16, so two consecutive elements split one 32-bit word; the largest draw is
+// 1 - 2^-16. And over 2^20 draws every one of the 2^16 values is as frequent as a
+// fair die allows (chi-square, 65535 degrees of freedom: mean 65535, sd 362).
+TEST(Philox, Uniform16IsHalfAWordInUnitInterval) {
+  const PhiloxStream s{42, 7};
+  for (uint64_t i = 0; i < 4096; ++i) {
+    const uint32_t word = philox_bits(s, i / 2);
+    const uint32_t half = i % 2 == 0 ? word & 0xFFFFu : word >> 16;
+    ASSERT_EQ(philox_uniform16(s, i), static_cast<float>(half) / 65536.0f) << "element " << i;
+  }
+  EXPECT_EQ(uniform_from_bits16(0xFFFFu), 1.0f - 1.0f / 65536.0f);
+  EXPECT_EQ(uniform_from_bits16(0), 0.0f);
+  std::vector<int64_t> count(65536, 0);
+  constexpr int64_t kDraws = int64_t{1} << 20;
+  for (int64_t i = 0; i < kDraws; ++i) {
+    ++count[static_cast<size_t>(philox_uniform16(s, static_cast<uint64_t>(i)) * 65536.0f)];
+  }
+  double chi2 = 0;
+  const double expected = static_cast<double>(kDraws) / 65536.0;
+  for (int64_t c : count) chi2 += (static_cast<double>(c) - expected) * (static_cast<double>(c) - expected) / expected;
+  EXPECT_NEAR(chi2, 65535.0, 6 * 362.0);
+}
+
 TEST(Philox, UniformMeanAndVarianceOfOneMillionDraws) {
   constexpr int64_t kDraws = 1'000'000;
   const PhiloxStream s{0x5EED, philox_stream_id(0xABCDEF, 3, -1)};
@@ -158,26 +182,26 @@ TEST(Philox, StreamIdIsDeterministicAndSeparatesKeyStepRank) {
 // ---- the bulk paths against the scalar reference -------------------------------------
 
 // Every path's output over a matrix of keys and block ranges, bitwise against
-// philox_uniform_blocks_scalar: seed and stream 0 and random ones; starts anywhere
+// philox_uniform16_blocks_scalar: seed and stream 0 and random ones; starts anywhere
 // and starts whose low counter word wraps at or inside a group (the vector paths'
 // carry into the high word), including the wrap of the whole 64-bit counter; every
 // count 0..40 (whole groups, an AVX2 group after the AVX-512 ones, scalar tails) and
-// one large count; and that nothing is written past 4 * blocks.
+// one large count; and that nothing is written past 8 * blocks.
 void expect_blocks_match_scalar(const char* path) {
   ASSERT_STREQ(philox_uniform_blocks_path(), path);
   constexpr uint64_t kLarge = 4099;  // 256 groups of sixteen, one of eight, three scalar
-  std::vector<float> fast(4 * kLarge + 16), scalar(4 * kLarge);
+  std::vector<float> fast(8 * kLarge + 16), scalar(8 * kLarge);
   std::mt19937_64 gen(2024);
   auto check = [&](const PhiloxStream& rng, uint64_t block0, uint64_t blocks) {
     SCOPED_TRACE(::testing::Message() << path << " seed=" << rng.seed << " stream=" << rng.stream
                                       << " block0=" << block0 << " blocks=" << blocks);
     std::fill(fast.begin(), fast.end(), -1.0f);
-    philox_uniform_blocks(rng, block0, blocks, fast.data());
-    philox_uniform_blocks_scalar(rng, block0, blocks, scalar.data());
-    for (uint64_t i = 0; i < 4 * blocks; ++i) {
+    philox_uniform16_blocks(rng, block0, blocks, fast.data());
+    philox_uniform16_blocks_scalar(rng, block0, blocks, scalar.data());
+    for (uint64_t i = 0; i < 8 * blocks; ++i) {
       ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(scalar[i])) << "element " << i;
     }
-    for (uint64_t i = 4 * blocks; i < 4 * blocks + 16; ++i) ASSERT_EQ(fast[i], -1.0f) << "wrote past the end: " << i;
+    for (uint64_t i = 8 * blocks; i < 8 * blocks + 16; ++i) ASSERT_EQ(fast[i], -1.0f) << "wrote past the end: " << i;
   };
   for (int trial = 0; trial < 24; ++trial) {
     const PhiloxStream rng{trial == 0 ? 0 : gen(), trial == 0 ? 0 : gen()};
@@ -225,7 +249,7 @@ TEST(PhiloxBlocks, KernelCapsSelectThePath) {
   EXPECT_EQ(use_avx512_kernels(), cpu_has_avx512f() && cpu_has_avx2());
   const char* widest = use_avx512_kernels() ? "avx512" : use_avx2_kernels() ? "avx2" : "scalar";
   EXPECT_STREQ(philox_uniform_blocks_path(), widest);
-  std::printf("philox_uniform_blocks path on this CPU: %s\n", philox_uniform_blocks_path());
+  std::printf("philox_uniform16_blocks path on this CPU: %s\n", philox_uniform_blocks_path());
 }
 
 }  // namespace
