@@ -85,6 +85,7 @@ flags+=("${extra[@]}")
 # Host code only: the CUDA codecs' host halves (compressors/*/gpu_*.cc) need the CUDA
 # headers and have no CPU path to fuzz.
 lib_sources=(src/errors.cc src/types.cc src/state.cc base/env.cc base/logging.cc src/wire.cc src/gpu_plan.cc base/half_bulk.cc
+             base/reduce.cc
              transport/ucx/ucx_wire.cc trainer/checkpoint.cc
              src/store/tcp_store_protocol.cc src/store/tcp_store_server.cc src/store/tcp_store_client.cc
              src/store/socket_util.cc src/store/auth.cc tests/fuzz/fmt_once.cc)
