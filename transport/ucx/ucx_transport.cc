@@ -246,6 +246,53 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
     log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}", rank_, peer.rank, over);
   }
   connect_cma(store, options.key_prefix, deadline);
+  connect_link_watch(store, options.key_prefix, deadline);
+}
+
+void UcxTransport::connect_link_watch(Store& store, const std::string& prefix, const Deadline& deadline) {
+  const auto key = [&](int r) { return fmt::format("{}/ucx/ips/{}", prefix, r); };
+  std::string mine;
+  for (const std::string& address : interface_addresses()) mine += (mine.empty() ? "" : ",") + address;
+  store.set(key(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+  // GRADCOMM_LINK_TIMEOUT_S: how long a TCP peer's host may leave this process's data
+  // unacknowledged before it counts as cut off (docs/fault-model.md); 0: never.
+  const int64_t seconds = env_int("GRADCOMM_LINK_TIMEOUT_S", kUcxLinkTimeoutS, 0, 86'400);
+  if (seconds == 0) return;
+  std::vector<std::vector<std::string>> addresses(static_cast<size_t>(size_));
+  bool any = false;
+  for (const Peer& peer : peers_) {
+    if (peer.rank == rank_ || peer.shared_memory) continue;
+    const std::vector<uint8_t> theirs = store.get(key(peer.rank), deadline.remaining());
+    std::string text(theirs.begin(), theirs.end());
+    for (size_t begin = 0; begin < text.size();) {
+      size_t end = text.find(',', begin);
+      if (end == std::string::npos) end = text.size();
+      if (end > begin) addresses[static_cast<size_t>(peer.rank)].push_back(text.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    any = true;
+  }
+  if (!any) return;
+  link_watch_ = std::make_unique<LinkWatch>(addresses, std::chrono::seconds(seconds));
+  if (link_watch_->empty()) link_watch_.reset();  // every TCP peer shares an address with this host
+}
+
+// At most every kUcxLinkPoll, while a data exchange is pending: a host found cut off
+// fails every rank there, as UCX's own error callback would for a broken connection.
+void UcxTransport::poll_links(Clock::time_point now) {
+  next_link_poll_ = now + kUcxLinkPoll;
+  const bool waiting = std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
+    return entry.second->kind == UcxOp::Kind::kSend || entry.second->kind == UcxOp::Kind::kRecv;
+  });
+  if (!waiting) return;
+  for (const LinkWatch::Finding& finding : link_watch_->poll(now)) {
+    for (int r : finding.ranks) {
+      Peer& peer = peers_[static_cast<size_t>(r)];
+      if (peer.failed) continue;
+      peer.lost = true;  // as from on_ep_error: nothing more will come through it
+      fail_peer(r, fmt::format("ucx: rank {} lost rank {}: {}", rank_, r, finding.why));
+    }
+  }
 }
 
 // The transports of an endpoint's lanes, e.g. "sysv/memory cma/memory" or "tcp/lo":
@@ -480,6 +527,9 @@ bool UcxTransport::drive() {
     for (int i = 0; i < kUcxKeepaliveIterSkip; ++i) ucp_worker_progress(worker_);
   }
   if (!cma_reads_.empty()) run_cma_reads();
+  if (link_watch_ && !closing_) {
+    if (const auto now = Clock::now(); now >= next_link_poll_) poll_links(now);
+  }
   if (peers_newly_failed_) cancel_receives_from_failed();
   if (!control_posted_ && !closing_) post_control_recv();
   if (!receipts_due_.empty()) send_receipts();

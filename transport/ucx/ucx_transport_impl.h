@@ -55,6 +55,7 @@
 
 #include "env.h"
 #include "transport/ucx/ucx_cma.h"
+#include "transport/ucx/ucx_link_watch.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace gradcomm::detail {
@@ -68,6 +69,8 @@ constexpr auto kUcxCancelWait = std::chrono::milliseconds{100};     // cancelled
 constexpr auto kUcxLostDrain = std::chrono::milliseconds{10};       // a failed peer's queued fragments drain
 constexpr auto kUcxFlushWait = std::chrono::seconds{1};             // destructor: let queued sends (aborts) leave
 constexpr auto kUcxCloseWait = std::chrono::seconds{2};             // destructor: endpoint closes and cancellations
+constexpr auto kUcxLinkPoll = std::chrono::seconds{1};              // LinkWatch scans at most this often
+constexpr int64_t kUcxLinkTimeoutS = 20;                            // GRADCOMM_LINK_TIMEOUT_S default
 
 class UcxTransport;
 struct UcxOp;
@@ -206,6 +209,11 @@ class UcxTransport final : public Transport {
   void abandon_ucx(uint64_t id);
   bool alive(uint64_t id) const { return ops_.count(id) != 0; }
 
+  // Cut-off hosts (ucx_link_watch.h): every rank publishes its interface addresses;
+  // a rank with TCP peers watches their connections while data exchanges are pending.
+  void connect_link_watch(Store& store, const std::string& prefix, const Deadline& deadline);
+  void poll_links(Clock::time_point now);
+
   // Single-copy exchanges (ucx_cma.cc).
   void connect_cma(Store& store, const std::string& prefix, const Deadline& deadline);
   // A send that goes by descriptor: fills op.cma and op.storage, true.
@@ -251,6 +259,8 @@ class UcxTransport final : public Transport {
   std::vector<uint64_t> cma_reads_;      // receives whose descriptor arrived, read in drive()
   uint64_t cma_reads_done_ = 0;          // for the info line at destruction
   uint64_t cma_bytes_read_ = 0;
+  std::unique_ptr<LinkWatch> link_watch_;  // null: no TCP peer, or GRADCOMM_LINK_TIMEOUT_S=0
+  Clock::time_point next_link_poll_{};
 };
 
 // Progresses until done() or the deadline; sleeps on the worker between rounds.
