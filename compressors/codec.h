@@ -39,6 +39,13 @@ class DenseCodec {
   // exactly that; the bucketed codecs and the casts fold a power-of-two divisor into
   // their stores (x * 2^-k is x / 2^k), which saves a pass over the output.
   virtual void decode_average(std::span<const uint8_t> payload, int64_t n, float* out, int64_t divisor) const;
+  // encode, and values[i] = what decode_average(the payload, n, ., divisor) gives, bit for
+  // bit: the encoder's own result, as the ring's final owner and error feedback need it.
+  // `values` may be `in` (each element is overwritten after it is read). This default
+  // encodes, then decodes; quant fuses the two (the values come from the codes while the
+  // bucket is in cache), saving the decode's pass over the payload and the output.
+  virtual void encode_with_values(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first,
+                                  float* values, int64_t divisor) const;
   // Ring segments must start at multiples of this (bucket size; 1 for casts).
   virtual int64_t alignment() const = 0;
 };

@@ -18,6 +18,13 @@ void DenseCodec::decode_average(std::span<const uint8_t> payload, int64_t n, flo
   if (divisor > 1) divide_inplace(out, n, DType::kFloat32, divisor);
 }
 
+void DenseCodec::encode_with_values(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first,
+                                    float* values, int64_t divisor) const {
+  if (divisor < 1) throw InvalidArgument(fmt::format("encode_with_values: divisor {} < 1", divisor));
+  encode(in, n, out, rng, first);
+  decode_average(std::span<const uint8_t>(out, encoded_bytes(n)), n, values, divisor);
+}
+
 void check_dense_numel(const char* codec, int64_t n) {
   if (n < 0 || n > kMaxDenseNumel) {
     throw InvalidArgument(fmt::format("{} codec: element count {} outside [0, 2^48]", codec, n));

@@ -69,6 +69,11 @@ void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float u
 void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float sign_scale, DecodeStore store,
                       float scale, float* y);
 
+// store_value<store>(y[k], quant_value(lo, step, codes[k]), scale) for k in [0, m): the
+// decoder's values straight from unpacked codes (quant's encode_with_values).
+void quant_values_avx2(const uint32_t* codes, size_t m, unsigned bits, float lo, float step, DecodeStore store,
+                       float scale, float* y);
+
 // The largest (code & level_mask) in the whole stream (qsgd's level check).
 uint32_t max_level_avx2(const CodeStream& codes, uint32_t level_mask);
 

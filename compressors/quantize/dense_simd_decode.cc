@@ -211,6 +211,30 @@ __attribute__((target("avx2"))) void quant_decode_avx2(const CodeStream& codes, 
   decode_codes(codes, first, m, QuantValues(codes.bits, lo, step), store, scale, y);
 }
 
+namespace {
+
+// Whole codes, eight at a time, through a DecodeInto (their mask leaves them as they are).
+template <class Into>
+__attribute__((target("avx2"))) void values_into(const uint32_t* codes, size_t m, Into into) {
+  size_t k = 0;
+  for (; k + 8 <= m; k += 8) into.group(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + k)), k);
+  for (; k < m; ++k) into.one(codes[k], k);
+}
+
+}  // namespace
+
+// The same DecodeInto as quant_decode_avx2, so the values are the decoder's bit for bit.
+__attribute__((target("avx2"))) void quant_values_avx2(const uint32_t* codes, size_t m, unsigned bits, float lo,
+                                                        float step, DecodeStore store, float scale, float* y) {
+  const QuantValues values(bits, lo, step);
+  switch (store) {
+    case DecodeStore::kSet: return values_into(codes, m, DecodeInto<DecodeStore::kSet, QuantValues>{values, scale, y});
+    case DecodeStore::kAdd: return values_into(codes, m, DecodeInto<DecodeStore::kAdd, QuantValues>{values, scale, y});
+    case DecodeStore::kScale:
+      return values_into(codes, m, DecodeInto<DecodeStore::kScale, QuantValues>{values, scale, y});
+  }
+}
+
 __attribute__((target("avx2"))) void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit,
                                                        DecodeStore store, float scale, float* y) {
   decode_codes(codes, first, m, QsgdValues(codes.bits, unit), store, scale, y);
@@ -255,6 +279,16 @@ void quant_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float 
 void qsgd_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float unit, DecodeStore store, float scale,
                       float* y) {
   decode_codes(codes, first, m, store, scale, y, [&](uint32_t c) { return qsgd_value(c, unit, codes.bits); });
+}
+void quant_values_avx2(const uint32_t* codes, size_t m, unsigned, float lo, float step, DecodeStore store, float scale,
+                       float* y) {
+  for (size_t k = 0; k < m; ++k) {
+    switch (store) {
+      case DecodeStore::kSet: store_value<DecodeStore::kSet>(y[k], quant_value(lo, step, codes[k]), scale); break;
+      case DecodeStore::kAdd: store_value<DecodeStore::kAdd>(y[k], quant_value(lo, step, codes[k]), scale); break;
+      case DecodeStore::kScale: store_value<DecodeStore::kScale>(y[k], quant_value(lo, step, codes[k]), scale); break;
+    }
+  }
 }
 void sign_decode_avx2(const CodeStream& codes, uint64_t first, size_t m, float sign_scale, DecodeStore store,
                       float scale, float* y) {

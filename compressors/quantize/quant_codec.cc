@@ -36,10 +36,12 @@ void codes_stochastic(const float* __restrict x, const float* __restrict u, size
 
 // Encodes one run. Two passes per bucket (range, then codes), the bucket still in
 // cache for the second; codes stream through `writer` across bucket boundaries.
-// kAvx2: the loops of dense_simd.h instead of the scalar ones, same bytes.
+// kAvx2: the loops of dense_simd.h instead of the scalar ones, same bytes. With
+// `values`, each chunk's decoded values (times `scale`, a power of two, when not 1) go
+// there right after its codes: what decode_average gives, without reading the payload.
 template <unsigned kBits, bool kStochastic, bool kAvx2>
 void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uint8_t* codes_out,
-                const PhiloxStream& rng, int64_t first) {
+                const PhiloxStream& rng, int64_t first, float* values, float scale) {
   constexpr uint32_t kLevels = (1u << kBits) - 1u;
   constexpr float kLevelsF = static_cast<float>(kLevels);
   CodeWriter<kBits> writer(codes_out, kBits, kAvx2 ? &pack_codes_avx2 : nullptr);
@@ -55,6 +57,8 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uin
     store_f32(scales + 4, hi);
     scales += 8;
     const float inv = quant_inverse_step(lo, hi, kLevels);
+    const float step = quant_step(lo, hi, kLevels);
+    const DecodeStore store = scale == 1.0f ? DecodeStore::kSet : DecodeStore::kScale;
     for (size_t c = 0; c < m; c += kDenseChunk) {
       const size_t cm = std::min(kDenseChunk, m - c);
       const float* xc = x + c;
@@ -71,6 +75,15 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uin
         codes_nearest<kLevels>(xc, cm, lo, inv, codes);
       }
       writer.put(codes, cm);
+      if (values == nullptr) continue;
+      float* y = values + start + static_cast<int64_t>(c);
+      if constexpr (kAvx2) {
+        quant_values_avx2(codes, cm, kBits, lo, step, store, scale, y);
+      } else if (store == DecodeStore::kSet) {
+        for (size_t k = 0; k < cm; ++k) store_value<DecodeStore::kSet>(y[k], quant_value(lo, step, codes[k]), scale);
+      } else {
+        for (size_t k = 0; k < cm; ++k) store_value<DecodeStore::kScale>(y[k], quant_value(lo, step, codes[k]), scale);
+      }
     }
   }
   writer.finish();
@@ -80,13 +93,13 @@ void encode_run(const float* in, int64_t n, int64_t bucket, uint8_t* scales, uin
 // use_avx2_kernels() picks once per call.
 template <unsigned kBits>
 void encode_bits(bool stochastic, const float* in, int64_t n, int64_t bucket, uint8_t* scales, uint8_t* codes,
-                 const PhiloxStream& rng, int64_t first) {
+                 const PhiloxStream& rng, int64_t first, float* values, float scale) {
   if (use_avx2_kernels()) {
-    return stochastic ? encode_run<kBits, true, true>(in, n, bucket, scales, codes, rng, first)
-                      : encode_run<kBits, false, true>(in, n, bucket, scales, codes, rng, first);
+    return stochastic ? encode_run<kBits, true, true>(in, n, bucket, scales, codes, rng, first, values, scale)
+                      : encode_run<kBits, false, true>(in, n, bucket, scales, codes, rng, first, values, scale);
   }
-  return stochastic ? encode_run<kBits, true, false>(in, n, bucket, scales, codes, rng, first)
-                    : encode_run<kBits, false, false>(in, n, bucket, scales, codes, rng, first);
+  return stochastic ? encode_run<kBits, true, false>(in, n, bucket, scales, codes, rng, first, values, scale)
+                    : encode_run<kBits, false, false>(in, n, bucket, scales, codes, rng, first, values, scale);
 }
 
 // Decodes one run, bucket by bucket: the per-bucket step here, the elements through
@@ -130,6 +143,22 @@ class QuantCodec final : public BucketCodec<QuantCodec> {
   }
 
   void encode(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first) const override {
+    encode_impl(in, n, out, rng, first, nullptr, 1.0f);
+  }
+
+  void encode_with_values(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first,
+                          float* values, int64_t divisor) const override {
+    float scale = 1.0f;
+    if (divisor != 1 && !exact_reciprocal_f32(divisor, scale)) {  // (divisor < 1 is refused there)
+      return DenseCodec::encode_with_values(in, n, out, rng, first, values, divisor);
+    }
+    if (values == nullptr && n > 0) throw InvalidArgument("quant codec: encode_with_values needs values");
+    encode_impl(in, n, out, rng, first, values, scale);
+  }
+
+ private:
+  void encode_impl(const float* in, int64_t n, uint8_t* out, const PhiloxStream& rng, int64_t first, float* values,
+                   float scale) const {
     check_dense_encode("quant", n, first, bucket_);
     PayloadHeader h;
     h.id = CompressorId::kQuant;
@@ -141,14 +170,13 @@ class QuantCodec final : public BucketCodec<QuantCodec> {
     uint8_t* codes = scales + scale_bytes(n);
     const bool stochastic = round_ == Rounding::kStochastic;
     switch (bits_) {
-      case 1: return encode_bits<1>(stochastic, in, n, bucket_, scales, codes, rng, first);
-      case 2: return encode_bits<2>(stochastic, in, n, bucket_, scales, codes, rng, first);
-      case 4: return encode_bits<4>(stochastic, in, n, bucket_, scales, codes, rng, first);
-      default: return encode_bits<8>(stochastic, in, n, bucket_, scales, codes, rng, first);
+      case 1: return encode_bits<1>(stochastic, in, n, bucket_, scales, codes, rng, first, values, scale);
+      case 2: return encode_bits<2>(stochastic, in, n, bucket_, scales, codes, rng, first, values, scale);
+      case 4: return encode_bits<4>(stochastic, in, n, bucket_, scales, codes, rng, first, values, scale);
+      default: return encode_bits<8>(stochastic, in, n, bucket_, scales, codes, rng, first, values, scale);
     }
   }
 
- private:
   friend class BucketCodec<QuantCodec>;
 
   size_t scale_bytes(int64_t n) const { return 8 * static_cast<size_t>(bucket_count(n, bucket_)); }

@@ -59,16 +59,19 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
     out[u].resize(plan.send_bytes(u));
     {
       Op::PhaseTimer timer(op, &Stats::encode_s);
-      codec.encode(data + b, e - b, out[u].data(), rng, b);
       if (residual != nullptr) {
-        codec.decode(out[u], e - b, scratch.data());
+        // What the peers will decode, from the encoder itself (encode_with_values).
+        codec.encode_with_values(data + b, e - b, out[u].data(), rng, b, scratch.data(), 1);
         accumulate_loss(residual + b, data + b, scratch.data(), e - b);
         if (final_owner) {  // the owner keeps what everyone decodes
           std::copy_n(scratch.data(), e - b, data + b);
           divide_inplace(data + b, e - b, DType::kFloat32, divisor);
         }
       } else if (final_owner) {
-        codec.decode_average(out[u], e - b, data + b, divisor);  // nothing needs the sum any more: in place
+        // Nothing needs the sum any more: the decoded average replaces it in place.
+        codec.encode_with_values(data + b, e - b, out[u].data(), rng, b, data + b, divisor);
+      } else {
+        codec.encode(data + b, e - b, out[u].data(), rng, b);
       }
     }
     sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());

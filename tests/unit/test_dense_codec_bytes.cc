@@ -489,6 +489,49 @@ TEST(DenseCodecBytes, DecodeAverageIsDecodeThenDivide) {
   }
 }
 
+// encode_with_values gives encode's payload and decode_average's values, bit for bit,
+// for every codec (quant's fused path and the others' default), on both paths, with the
+// values in a separate buffer and in place over the input.
+TEST(DenseCodecBytes, EncodeWithValuesIsEncodeThenDecodeAverage) {
+  const std::vector<float> x = awkward_input(4200, 27);
+  const PhiloxStream rng{0x1122334455667788ull, 99};
+  for (int64_t bucket : {int64_t{33}, int64_t{512}}) {
+    std::vector<CompressorSpec> specs = decode_specs(bucket);
+    specs.push_back(dense_codec_spec(CompressorId::kFp16, 0, Rounding::kStochastic, 0, 1));
+    for (const CompressorSpec& spec : specs) {
+      const auto codec = make_dense_codec(spec);
+      for (int64_t n : {0, 1, 9, 512, 1500, 4200}) {
+        const float* in = x.data() + (x.size() - static_cast<size_t>(n));
+        for (int64_t first : {int64_t{0}, 3 * codec->alignment()}) {
+          for (int64_t d : {1, 2, 3, 8}) {
+            for (bool scalar : {false, true}) {
+              std::unique_ptr<ScopedScalarKernels> force(scalar ? new ScopedScalarKernels : nullptr);
+              const std::string what = describe(spec) + " n=" + std::to_string(n) + " first=" + std::to_string(first) +
+                                       " d=" + std::to_string(d) + (scalar ? " scalar" : "");
+              const std::vector<uint8_t> want_payload = encode(*codec, in, n, rng, first);
+              std::vector<float> want(static_cast<size_t>(n));
+              codec->decode_average(want_payload, n, want.data(), d);
+              std::vector<uint8_t> payload(codec->encoded_bytes(n));
+              std::vector<float> values(static_cast<size_t>(n), -3.0f);
+              codec->encode_with_values(in, n, payload.data(), rng, first, values.data(), d);
+              ASSERT_EQ(payload, want_payload) << what;
+              ASSERT_EQ(0, std::memcmp(values.data(), want.data(), values.size() * sizeof(float))) << what;
+              std::vector<float> same(in, in + n);  // in place
+              codec->encode_with_values(same.data(), n, payload.data(), rng, first, same.data(), d);
+              ASSERT_EQ(payload, want_payload) << what << " in place";
+              ASSERT_EQ(0, std::memcmp(same.data(), want.data(), same.size() * sizeof(float))) << what << " in place";
+            }
+          }
+        }
+      }
+    }
+  }
+  std::vector<uint8_t> p(make_dense_codec(payload_specs(64)[0])->encoded_bytes(8));
+  std::vector<float> v(8);
+  EXPECT_THROW(make_dense_codec(payload_specs(64)[0])->encode_with_values(x.data(), 8, p.data(), rng, 0, v.data(), 0),
+               InvalidArgument);
+}
+
 // A page of bytes followed by a page that may not be read: a stream placed at the end
 // of the first page faults on any read past its last byte.
 class GuardedPage {
