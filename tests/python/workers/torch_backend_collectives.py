@@ -232,7 +232,7 @@ def expect_error(what, cls, fn, *needles):
 
 x = torch.ones(4)
 peers = [torch.ones(4) for _ in range(n)]
-expect_error("reduce", NotImplementedError, lambda: dist.reduce(x, dst=0), "reduce", "supported: allreduce")
+expect_error("reduce", NotImplementedError, lambda: dist.reduce(x, dst=0), "reduce", "supported: all_reduce")
 expect_error("gather", NotImplementedError, lambda: dist.gather(x, peers if r == 0 else None, dst=0),
              "gather", "supported")
 expect_error("scatter", NotImplementedError, lambda: dist.scatter(x, peers if r == 0 else None, src=0),
