@@ -71,7 +71,7 @@ _GradBucket = torch.distributed.GradBucket if torch.distributed.is_available() e
 
 __all__ = ["CompressionHookState", "compression_hook", "DistributedOptimizer", "broadcast_parameters",
            "broadcast_optimizer_state", "ProcessGroupOptions", "set_compression", "backend_available", "stats",
-           "next_round"]
+           "next_round", "backend"]
 
 _TORCH_MAJOR = int(torch.__version__.split(".")[0])
 _warned_dtypes = set()
@@ -706,6 +706,13 @@ def _backend_of(group, who):
     raise TypeError(f"{who}: expected a gradcomm process group, got {type(group).__name__}")
 
 
+def backend(group=None):
+    """The gradcomm backend object of a "gradcomm" process group (None: the default
+    group): on torch 1.13 the group itself, on torch >= 2 the c10d Backend its
+    ProcessGroup dispatches to. It has .compression and .min_compress_numel."""
+    return _backend_of(group, "gradcomm.torch.backend")
+
+
 def set_compression(group, compression, min_compress_numel=PG_MIN_COMPRESS_NUMEL):
     """Sets the compression of a "gradcomm" process group (dist.group.WORLD, None for
     it, or a new_group's) for the collectives issued after it; every rank must set
@@ -719,7 +726,9 @@ def stats(group=None):
     split (total_s = reduce_s + encode_s + decode_s + comm_s; engine_cpu_s), and
     for the reductions issued (all_reduce, reduce_scatter and their coalesced forms):
     reductions, compressed_reductions, reduced_bytes and dense_ring_bytes, what a
-    dense ring would have sent for them (2(N-1)/N x their bytes). gradcomm.stats()
+    dense ring would have sent for them (2(N-1)/N x their bytes); gathered_bytes, the
+    payload the all-gathers send (exact: (N-1) x input bytes each), so that
+    bytes_sent - gathered_bytes is about what the reductions sent. gradcomm.stats()
     covers gradcomm.init()'s communicator only; each process group has its own."""
     return _backend_of(group, "gradcomm.torch.stats")._stats()
 

@@ -107,6 +107,7 @@ PYBIND11_MODULE(_gradcomm_torch, m) {
         d["compressed_reductions"] = s.compressed;
         d["reduced_bytes"] = s.reduced_bytes;
         d["dense_ring_bytes"] = s.dense_ring_bytes;
+        d["gathered_bytes"] = s.gathered_bytes;
         return d;
       });
   m.attr("torch_major") = TORCH_VERSION_MAJOR;

@@ -343,6 +343,12 @@ void ProcessGroupGradcomm::count_reduction(const at::Tensor& flat, const Compres
   stats_.dense_ring_bytes += n > 1 ? 2 * (n - 1) * bytes / n : 0;
 }
 
+void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  stats_.gathered_bytes +=
+      static_cast<uint64_t>(getSize() - 1) * static_cast<uint64_t>(in.numel()) * static_cast<uint64_t>(in.element_size());
+}
+
 bool ProcessGroupGradcomm::compress_through_float32(const at::Tensor& t, ReduceOp op) const {
   if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) return false;
   std::lock_guard<std::mutex> lock(issue_mutex_);
@@ -442,6 +448,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather(std::vector<std::
       outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
     }
   };
+  count_gather(in);
   return start(
       c10d::OpType::ALLGATHER, "allgather",
       [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, outs, {in, flat}, std::move(finish));
@@ -461,6 +468,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_allgather_base(at::Tensor&
   const TensorView vin = copy_view(in), vout = copy_view(flat);
   std::function<void()> finish;
   if (!flat.is_same(out)) finish = [out, flat] { out.copy_(flat); };
+  count_gather(in);
   return start(
       c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
       [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, {out}, {in, flat}, std::move(finish));

@@ -175,7 +175,7 @@ class ProcessGroupGradcomm : public BackendBase {
     uint64_t compressed = 0;             // of those: with a compressor
     uint64_t reduced_bytes = 0;          // their tensors' bytes
     uint64_t dense_ring_bytes = 0;       // what a dense ring sends for them: 2(N-1)/N x bytes each
-    uint64_t skipped_dtype = 0;          // left dense for their dtype (not float32/16, bfloat16)
+    uint64_t gathered_bytes = 0;         // payload the all-gathers issued send: (N-1) x input bytes each
   };
   GroupStats stats();
 
@@ -211,6 +211,8 @@ class ProcessGroupGradcomm : public BackendBase {
   CompressOptions reduce_scatter_options(const at::Tensor& flat, ReduceOp op);
   // Counts a reduction of `flat` in stats_; caller holds issue_mutex_.
   void count_reduction(const at::Tensor& flat, const CompressOptions& options);
+  // Counts an all-gather of `in` in stats_ (takes issue_mutex_).
+  void count_gather(const at::Tensor& in);
   // Whether `t` (float16/bfloat16) would be compressed if it were float32: then it is
   // staged through a float32 copy.
   bool compress_through_float32(const at::Tensor& t, ReduceOp op) const;

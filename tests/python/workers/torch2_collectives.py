@@ -70,13 +70,13 @@ if r < 2:
     t = torch.ones(4) * coef
     dist.all_reduce(t, group=pair)
     assert torch.equal(t, torch.full((4,), 3.0)), t
-    assert gtorch._backend_of(pair, "test").compression == "topk:ratio=0.1"
-assert gtorch._backend_of(everyone, "test").compression == "none"
-assert gtorch._backend_of(None, "test").compression == "none"
+    assert gtorch.backend(pair).compression == "topk:ratio=0.1"
+assert gtorch.backend(everyone).compression == "none"
+assert gtorch.backend().compression == "none"
 
 # ---- compressed reduce_scatter_tensor (FSDP's gradients) ----------------------------------
 gtorch.set_compression(everyone, "topk:ratio=0.25", min_compress_numel=0)
-backend = gtorch._backend_of(everyone, "test")
+backend = gtorch.backend(everyone)
 g = torch.Generator().manual_seed(1000 + r)
 shard = 4096
 
