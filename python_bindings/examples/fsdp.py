@@ -139,8 +139,10 @@ for epoch in range(1, args.epochs + 1):
               "train_loss": loss_sum / steps, "test_accuracy": accuracy, "step_s": step_s, "steps": steps}
     if args.backend == "gradcomm":
         st = gtorch.stats()
-        record.update({k: st[k] for k in ("bytes_sent", "dense_ring_bytes", "reductions", "compressed_reductions",
-                                          "encode_s", "decode_s", "comm_s")})
+        record.update({k: st[k] for k in ("bytes_sent", "gathered_bytes", "dense_ring_bytes", "reductions",
+                                          "compressed_reductions", "encode_s", "decode_s", "comm_s")})
+        # What the reduce-scatters put on the wire, against a dense ring's payload.
+        record["reduce_bytes_sent"] = st["bytes_sent"] - st["gathered_bytes"]
     if rank == 0:
         print(json.dumps(record), flush=True)
         if args.json:
