@@ -190,8 +190,9 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   app.footer(
       "nccl-tests' -b -e -f -i -n -w -c -o -d -a -z keep their meanings (bench/README.md); its other flags are "
       "refused by name. --baseline mpi: under gradcomm-run the MPI singletons are joined through ompi-server (Open "
-      "MPI's TCP transport between them); under `mpirun -n N -x GRADCOMM_STORE=tcp://127.0.0.1:PORT gradcomm-bench "
-      "...` MPI_COMM_WORLD is used (shared memory within a host).");
+      "MPI's TCP transport between them); under `mpirun -n N gradcomm-bench ...` MPI_COMM_WORLD is used (shared "
+      "memory within a host), and the ranks meet through MPI itself (across hosts: -x "
+      "GRADCOMM_STORE=tcp://HOST:PORT).");
   check_opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   check_long->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   try {

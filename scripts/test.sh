@@ -2,11 +2,13 @@
 # Installs dependencies, configures, builds and runs the whole test suite, then the
 # sanitizer stage (scripts/test-sanitizers.sh: the unit, launcher, multi-process and
 # trainer tests again under ASan+UBSan, the threaded ones under TSan).
-#   scripts/test.sh                 everything (about 43 minutes from a fresh clone on 2 cores)
+#   scripts/test.sh                 everything (about 43 minutes from a fresh clone on 2 cores, plus
+#                                   the torch 2.x stage: about 11 more, 2 of them the venv's download)
+#   TORCH2=0 scripts/test.sh        without the torch 2.x stage (scripts/test-torch2.sh)
 #   SANITIZERS=0 scripts/test.sh    the plain build's tests only (about 18 minutes)
 #   BUILD_DIR=b scripts/test.sh     another build directory
 #   CTEST_ARGS="-L unit" SANITIZERS=0 scripts/test.sh   a subset
-# Both stages always run; the exit status is non-zero if either failed.
+# Every stage always runs; the exit status is non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,10 +38,15 @@ fi
 if [[ ${SANITIZERS:-1} != 0 ]]; then
   JOBS=$jobs scripts/test-sanitizers.sh || status=1
 fi
+# The torch tests again on the newest torch 2.x from the package index (Debian's is 1.13):
+# a venv made once and reused, a second build directory (README, "PyTorch 2.x").
+torch2_failed=0
+JOBS=$jobs scripts/test-torch2.sh || { status=1; torch2_failed=1; }
 if ((${#plain_failed[@]})); then
   scripts/failed-output.sh "$build_dir"
   echo "test.sh: plain build: ${#plain_failed[@]} test(s) failed:"
   printf '  %s\n' "${plain_failed[@]}"
 fi
+((torch2_failed)) && echo "test.sh: the torch 2.x stage (scripts/test-torch2.sh) failed"
 echo "test.sh: $( ((status == 0)) && echo passed || echo FAILED )"
 exit "$status"

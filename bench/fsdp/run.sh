@@ -8,23 +8,25 @@
 #
 #   bench/fsdp/run.sh --python VENV/bin/python --build build-torch2 [--rate 1gbit] [--rounds 3]
 #                     [--steps 40] [--hidden 2048,2048] [--out bench/results/fsdp-<date>]
+#                     [--variants gloo,gradcomm:none,gradcomm:quant:bits=8,gradcomm:topk:ratio=0.01]
 #
-# Variants: gloo (dense FSDP), gradcomm:quant:bits=8, gradcomm:topk:ratio=0.01.
+# Variants: gloo (dense FSDP over gloo), gradcomm:SPEC (FSDP on the "gradcomm" backend with
+# set_compression(WORLD, SPEC); gradcomm:none is its dense transport alone).
 # Output: OUT/records.jsonl, OUT/logs/, and the table (bench/fsdp/report.py) in OUT.md.
 # Needs root, ip, tc, a torch >= 2 interpreter and a build of the package for it.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 src=$(cd "$here/../.." && pwd -P)
+variants=(gloo gradcomm:none gradcomm:quant:bits=8 gradcomm:topk:ratio=0.01)
 py="" build="" rate=1gbit rounds=3 steps=40 hidden=2048,2048 out="$src/bench/results/fsdp-$(date +%F)"
 while (($#)); do
   case $1 in
     --python) py=$2; shift 2 ;; --build) build=$(cd "$2" && pwd -P); shift 2 ;; --rate) rate=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;; --steps) steps=$2; shift 2 ;; --hidden) hidden=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;; *) echo "fsdp/run.sh: unknown argument $1" >&2; exit 2 ;;
+    --out) out=$2; shift 2 ;; --variants) IFS=, read -r -a variants <<<"$2"; shift 2 ;; *) echo "fsdp/run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [[ -n $py && -n $build ]] || { echo "fsdp/run.sh: --python and --build are required" >&2; exit 2; }
-variants=(gloo gradcomm:quant:bits=8 gradcomm:topk:ratio=0.01)
 NETNS_PY=$py
 # shellcheck source=../cluster/netns.sh
 source "$src/bench/cluster/netns.sh"

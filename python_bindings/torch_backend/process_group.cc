@@ -308,14 +308,15 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
 // round ends where every rank agrees it does: gradcomm.torch calls next_round()
 // before each optimizer step (a global torch.optim hook). The residual so keyed
 // covers this rank's whole input, i.e. its contribution to every output shard.
-CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& flat, ReduceOp op) {
+CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type,
+                                                             ReduceOp op) {
   CompressOptions options;
   if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
     count_reduction(flat, options);
     return options;  // exact
   }
-  const std::string site = fmt::format("{}", flat.numel());
+  const std::string site = fmt::format("{}/{}", flat.numel(), c10::toString(input_type));
   const uint64_t call = round_calls_[site]++;
   if (call == kRoundCallsWarning) {
     TORCH_WARN("gradcomm: ", call, " reduce-scatters of ", flat.numel(), " elements in one round of group '",
@@ -324,7 +325,7 @@ CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& f
                "torch.optim optimizer.");
   }
   options.compressor = compression_.spec;
-  options.key = fmt::format("torch/rs/n{}#{}", flat.numel(), call);
+  options.key = fmt::format("torch/rs/n{}#{}", site, call);
   count_reduction(flat, options);
   return options;
 }
@@ -345,8 +346,8 @@ void ProcessGroupGradcomm::count_reduction(const at::Tensor& flat, const Compres
 
 void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
   std::lock_guard<std::mutex> lock(issue_mutex_);
-  stats_.gathered_bytes +=
-      static_cast<uint64_t>(getSize() - 1) * static_cast<uint64_t>(in.numel()) * static_cast<uint64_t>(in.element_size());
+  const auto bytes = static_cast<uint64_t>(in.numel()) * static_cast<uint64_t>(in.element_size());
+  stats_.gathered_bytes += static_cast<uint64_t>(getSize() - 1) * bytes;
 }
 
 bool ProcessGroupGradcomm::compress_through_float32(const at::Tensor& t, ReduceOp op) const {
@@ -504,7 +505,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(
       c10d::OpType::REDUCE_SCATTER, "reduce_scatter",
-      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, op))); },
+      [&](auto& works) {
+        works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
+      },
       {out}, {flat}, std::move(finish));
 }
 
@@ -529,7 +532,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(
       c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
-      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, op))); },
+      [&](auto& works) {
+        works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
+      },
       {out}, {flat}, std::move(finish));
 }
 

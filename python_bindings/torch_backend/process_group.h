@@ -206,9 +206,9 @@ class ProcessGroupGradcomm : public BackendBase {
   CompressOptions compress_options(const at::Tensor& t, const at::Tensor& flat, ReduceOp op);
   std::string compression_key(const at::Tensor& t);  // caller holds issue_mutex_
 
-  // The options for a reduce-scatter of `flat` (the whole input, staged), keyed per
-  // round and call site; caller holds issue_mutex_.
-  CompressOptions reduce_scatter_options(const at::Tensor& flat, ReduceOp op);
+  // The options for a reduce-scatter of `flat` (the whole input, staged; its dtype was
+  // `input_type`), keyed per round and call site; caller holds issue_mutex_.
+  CompressOptions reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type, ReduceOp op);
   // Counts a reduction of `flat` in stats_; caller holds issue_mutex_.
   void count_reduction(const at::Tensor& flat, const CompressOptions& options);
   // Counts an all-gather of `in` in stats_ (takes issue_mutex_).

@@ -42,7 +42,8 @@ def dense(tmp_path_factory):
 def test_compressed_fsdp_within_1pp_of_dense(tmp_path, dense, spec):
     last = train(tmp_path, "--compression", spec)
     assert last["compressed_reductions"] == last["reductions"] > 0, last  # every reduce-scatter compressed
-    assert last["reduce_bytes_sent"] < last["dense_ring_bytes"] / 3, last
+    # Fewer bytes than even a true dense reduce-scatter ((N-1)/N x bytes = half the dense ring).
+    assert last["reduce_bytes_sent"] < last["dense_ring_bytes"] / 2 / 1.5, last
     assert abs(last["test_accuracy"] - dense["test_accuracy"]) <= 0.01, (last, dense)
     assert dense["test_accuracy"] > 0.8, dense  # the task is learnt at all
 
