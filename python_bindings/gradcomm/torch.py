@@ -9,19 +9,27 @@ torch.distributed backend "gradcomm" (registered when this module is imported):
     ddp = DDP(model)            # no hook needed: DDP's allreduces are compressed
     gradcomm.torch.set_compression(dist.group.WORLD, "none")   # change it later
 
-The process group rendezvous through torch's store (no second port) and owns its
-own communicator (dist.new_group(backend="gradcomm") gets another). Supported:
-all_reduce (SUM, AVG, MIN, MAX), all_gather, all_gather_into_tensor, broadcast,
-reduce_scatter, reduce_scatter_tensor, barrier, and the calls DDP makes; others
-(reduce, gather, scatter, all_to_all, send/recv) raise an error naming the op.
-All are asynchronous (async_op=True gives a Work whose get_future() completes with
-the output tensors). Compression applies to all_reduce of float32 tensors with SUM
-or AVG and at least min_compress_numel elements (default 1024, so metrics and
-counters stay exact); its error-feedback state follows the tensor's storage, so it
-suits tensors reduced again and again (DDP's buckets). The state of a tensor that
-is freed is dropped soon after, so reducing fresh tensors does not grow memory.
-Every rank must use the same compression. Reductions take float32, float16,
-bfloat16, float64, int32, int64 and uint8; broadcast and all_gather any dtype.
+On torch 1.13 the backend is the process group; on torch >= 2 it is a c10d
+Backend registered for "cpu" (and "cuda" when built with CUDA) that torch's
+ProcessGroup dispatches to; backend(group) finds it either way, and
+backend_available() says whether it can be used here and why not. The process
+group rendezvous through torch's store (no second port) and owns its own
+communicator (dist.new_group(backend="gradcomm", pg_options=...) gets another, with
+its own options). Supported: all_reduce (SUM, AVG, MIN, MAX), all_gather,
+all_gather_into_tensor, broadcast, reduce_scatter, reduce_scatter_tensor, barrier,
+on torch 2.x the coalescing manager and the coalesced tensor ops, and the calls DDP
+and FSDP make; others (reduce, gather, scatter, all_to_all, send/recv) raise an
+error naming the op. All are asynchronous (async_op=True gives a Work whose
+get_future() completes with the output tensors). Compression applies to all_reduce
+and reduce_scatter of float32 tensors (float16/bfloat16 ones through a float32 copy)
+with SUM or AVG and at least min_compress_numel elements (default 1024, so metrics
+and counters stay exact); all_gather stays exact (FSDP's parameters). An
+all_reduce's error-feedback state follows the tensor's storage, so it suits tensors
+reduced again and again (DDP's buckets); the state of a tensor that is freed is
+dropped soon after. A reduce-scatter's follows its call site within a training step
+(FSDP's gradients; see next_round()). Every rank must use the same compression.
+Reductions take float32, float16, bfloat16, float64, int32, int64 and uint8;
+broadcast and all_gather any dtype. stats(group) gives a group's counters.
 
 DDP (torch.nn.parallel.DistributedDataParallel, any process group, e.g. gloo):
 
@@ -654,7 +662,8 @@ def _require_backend():
 
 
 def _create_process_group(backend_options, pg_options):
-    # torch 1.13's extended creator API: c10d::DistributedBackendOptions, then pg_options.
+    # The extended creator API (torch 1.13 and 2.x alike): c10d::DistributedBackendOptions,
+    # then what the caller gave as pg_options (2.x calls it backend_options).
     _require_backend()
     if pg_options is None:
         pg_options = ProcessGroupOptions()
