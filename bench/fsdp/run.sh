@@ -6,14 +6,15 @@
 # (--steps steps) is timed; the record is the example's epoch-2 JSON line (step time, and
 # for gradcomm the group's counters: reduce-scatter bytes sent against a dense ring's).
 #
-#   bench/fsdp/run.sh --python VENV/bin/python --build build-torch2 [--rate 1gbit] [--rounds 3]
+#   bench/fsdp/run.sh --python VENV/bin/python --build build [--rate 1gbit] [--rounds 3]
 #                     [--steps 40] [--hidden 2048,2048] [--out bench/results/fsdp-<date>]
 #                     [--variants gloo,gradcomm:none,gradcomm:quant:bits=8,gradcomm:topk:ratio=0.01]
 #
 # Variants: gloo (dense FSDP over gloo), gradcomm:SPEC (FSDP on the "gradcomm" backend with
 # set_compression(WORLD, SPEC); gradcomm:none is its dense transport alone).
 # Output: OUT/records.jsonl, OUT/logs/, and the table (bench/fsdp/report.py) in OUT.md.
-# Needs root, ip, tc, a torch >= 2 interpreter and a build of the package for it.
+# Needs root, ip, tc, a torch >= 2 interpreter and a build of the package for it: BUILD/python-torch2
+# (a build configured with -DGRADCOMM_TORCH2_PYTHON=VENV/bin/python), else BUILD/python.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 src=$(cd "$here/../.." && pwd -P)
@@ -27,6 +28,8 @@ while (($#)); do
   esac
 done
 [[ -n $py && -n $build ]] || { echo "fsdp/run.sh: --python and --build are required" >&2; exit 2; }
+package=$build/python
+[[ -d $build/python-torch2/gradcomm ]] && package=$build/python-torch2
 NETNS_PY=$py
 # shellcheck source=../cluster/netns.sh
 source "$src/bench/cluster/netns.sh"
@@ -43,7 +46,7 @@ for round in $(seq 1 "$rounds"); do
     [[ $v == gradcomm:* ]] && args=(--backend gradcomm --compression "${v#gradcomm:}")
     pids=()
     for r in 0 1; do
-      netns_exec "$r" MASTER_PORT="$port" PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 \
+      netns_exec "$r" MASTER_PORT="$port" PYTHONPATH="$package" PYTHONDONTWRITEBYTECODE=1 \
         timeout --signal=KILL 600 "$py" "$src/python_bindings/examples/fsdp.py" "${args[@]}" --epochs 2 \
           --max-steps "$steps" --hidden "$hidden" --json "$out/logs/$tag.jsonl" >"$out/logs/$tag.rank$r.log" 2>&1 &
       pids+=($!)
