@@ -173,8 +173,9 @@ def report_torch_backend(package):
     print(f"gradcomm setup.py: torch.distributed backend {status}", flush=True)
     if not status.startswith("OFF") or "GRADCOMM_TORCH_BACKEND=OFF" in status or "cannot import torch" in status:
         return
+    why = re.fullmatch(r"OFF \((.*)\)", status)
     raise RuntimeError(f"setup.py: the gradcomm torch.distributed backend cannot be built for {sys.executable}'s "
-                       f"torch: {status[3:].strip(' ()')}. Install a torch it supports (1.13, or >= 2.0 built with "
+                       f"torch: {why.group(1) if why else status}. Install a torch it supports (1.13, or >= 2.0 built with "
                        f"the C++11 ABI), or install without the backend: "
                        f"GRADCOMM_CMAKE_ARGS=-DGRADCOMM_TORCH_BACKEND=OFF pip install ...")
 

@@ -623,7 +623,8 @@ def backend_available():
     if not torch.distributed.is_available():
         return BackendAvailability(False, f"this torch ({torch.__version__}) has no torch.distributed")
     if built.startswith("OFF"):
-        return BackendAvailability(False, f"not built: {built[3:].strip(' ()')}")
+        why = built[len("OFF ("):-1] if built.startswith("OFF (") and built.endswith(")") else built
+        return BackendAvailability(False, f"not built: {why}")
     return BackendAvailability(False, f"built ({built}) but it does not load with torch {torch.__version__}: "
                                       f"{_backend_import_error}; reinstall gradcomm against this torch")
 
