@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import WORKERS, expect_ok, launch, torchrun
+from conftest import PYTHON, WORKERS, expect_ok, launch, run, torchrun
 
 torch = pytest.importorskip("torch")
 if int(torch.__version__.split(".")[0]) < 2:
@@ -39,3 +39,18 @@ def test_backend_registered_for_its_devices():
     assert "gradcomm" in torch.distributed.Backend.backend_capability
     devices = torch.distributed.Backend.backend_capability["gradcomm"]
     assert devices[0] == "cpu" and set(devices) <= {"cpu", "cuda"}
+
+
+def test_set_compression_on_another_backends_group_names_it(tmp_path):
+    code = f"""
+import torch.distributed as dist, gradcomm.torch as gt
+dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
+try:
+    gt.set_compression(dist.group.WORLD, "topk:ratio=0.01")
+except TypeError as e:
+    assert 'process group of the "gradcomm" backend, got one of "gloo"' in str(e), e
+    print("OK refused")
+dist.destroy_process_group()
+"""
+    result = run([PYTHON, "-c", code], timeout=60)
+    assert result.returncode == 0 and "OK refused" in result.stdout, result.stdout
