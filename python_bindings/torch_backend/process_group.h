@@ -1,6 +1,8 @@
-// ProcessGroupGradcomm: a torch.distributed (c10d) process group whose collectives
-// run on a gradcomm Communicator, so `dist.init_process_group("gradcomm")` gives
-// torch code (DDP included) gradcomm's transports and gradient compression.
+// ProcessGroupGradcomm: a torch.distributed (c10d) backend whose collectives run on
+// a gradcomm Communicator, so `dist.init_process_group("gradcomm")` gives torch code
+// (DDP and FSDP included) gradcomm's transports and gradient compression. On torch
+// 1.13 it is the process group itself; on torch >= 2 a c10d::Backend that torch's
+// ProcessGroup dispatches to (BackendBase below).
 //
 // One communicator per process group, created in the constructor through the
 // c10d::Store torch hands the backend's creator (c10d_store.h): the rendezvous
@@ -15,9 +17,12 @@
 //   allgather            allgather_async into one flat buffer, then copied into the
 //                        caller's list; _allgather_base gathers straight into its output
 //   reduce_scatter       the library has none: the inputs laid end to end are
-//                        allreduced (dense, same op) and this rank's chunk copied out.
-//                        Exact for every op; it moves about twice the bytes of a true
-//                        reduce-scatter.
+//                        allreduced (same op; compressed like an allreduce, below) and
+//                        this rank's chunk copied out; _reduce_scatter_base alike.
+//                        Dense, it moves about twice the bytes of a true reduce-scatter.
+//   torch 2.x            startCoalescing/endCoalescing, and the coalesced
+//                        all-gather / reduce-scatter of tensors: the ops above, issued
+//                        one by one, completed as one Work
 //   barrier              a one-element allreduce: no rank completes it before every
 //                        rank has issued it, and it is ordered after earlier calls
 // Anything else (reduce, gather, scatter, alltoall, send/recv, ...) throws an error
@@ -33,8 +38,11 @@
 // float16, bfloat16, float64, int32, int64, uint8); broadcast and allgather move any
 // dtype, as raw bytes when the library has no such type (bool, int8, complex).
 //
-// Compression: allreduce of float32 tensors with SUM or AVG and at least
-// `min_numel` elements uses the group's compressor spec ("none" = exact). Its
+// Compression: allreduce and reduce-scatter of float32 tensors (float16/bfloat16 ones
+// staged through a float32 copy) with SUM or AVG and at least `min_numel` elements
+// use the group's compressor spec ("none" = exact); gathers and broadcasts are exact.
+// A reduce-scatter's error-feedback state is keyed by its call site within a round
+// (process_group.cc, "Compressed reduce-scatter"). An allreduce's
 // state (error feedback) is keyed by the tensor's storage: each storage gets an
 // ordinal the first time it is compressed (the same on every rank, since every
 // rank issues the same calls in the same order), and the key is
