@@ -25,8 +25,8 @@ Environment variables:
                          interpreter of this one's version (checked); setuptools'
                          own files go to its pip/ subdirectory. Without it, a fresh
                          build directory is configured in build-pip/temp.*/cmake
-                         (kept, so a second install is incremental) with tests and
-                         benchmarks OFF, Release.
+                         (kept, so a second install is incremental) with tests OFF,
+                         gradcomm-bench but not the other benchmarks, Release.
   GRADCOMM_CMAKE_ARGS    extra arguments for that configure step, split like a
                          shell line, e.g. "-DGRADCOMM_CUDA=OFF" or
                          "-DCMAKE_BUILD_TYPE=RelWithDebInfo" (later -D win). Ignored
@@ -103,7 +103,8 @@ def existing_build_dir(value):
 
 def configure_fresh(build_dir):
     command = ["cmake", "-S", SOURCE_DIR, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-               "-DGRADCOMM_TESTS=OFF", "-DGRADCOMM_BENCH=OFF", "-DGRADCOMM_PYTHON=ON",
+               # gradcomm-bench (README: pip puts it on the venv's PATH), not the developers' benchmarks.
+               "-DGRADCOMM_TESTS=OFF", "-DGRADCOMM_BENCH=ON", "-DGRADCOMM_BENCH_EXTRAS=OFF", "-DGRADCOMM_PYTHON=ON",
                f"-DGRADCOMM_PYTHON_EXECUTABLE={sys.executable}"]
     if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
         command += ["-G", "Ninja"]
@@ -137,6 +138,7 @@ class BuildWithCMake(build_ext):
         run(["cmake", "--install", build_dir, "--prefix", stage], "staging the install tree")
 
         package = self._find_package(stage, build_dir)
+        report_torch_backend(package)
         target = Path(self.build_lib) / "gradcomm"
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -158,6 +160,24 @@ class BuildWithCMake(build_ext):
                                f"{sys.executable} needs _gradcomm{suffix}: configure it with "
                                f"-DGRADCOMM_PYTHON_EXECUTABLE={sys.executable}")
         return package
+
+
+def report_torch_backend(package):
+    """One line on the torch.distributed backend: printed, and, when this interpreter
+    has a torch that the backend cannot be built against, the install fails with it
+    (pip shows a failed build's output; it hides a successful one's unless -v), so a
+    torch user never finds out at init_process_group("gradcomm"). Without torch, or
+    with GRADCOMM_TORCH_BACKEND=OFF asked for, the package installs without it."""
+    status_file = package / "_torch_backend_status.txt"
+    status = status_file.read_text().strip() if status_file.is_file() else "unknown (no status recorded)"
+    print(f"gradcomm setup.py: torch.distributed backend {status}", flush=True)
+    if not status.startswith("OFF") or "GRADCOMM_TORCH_BACKEND=OFF" in status or "cannot import torch" in status:
+        return
+    why = re.fullmatch(r"OFF \((.*)\)", status)
+    raise RuntimeError(f"setup.py: the gradcomm torch.distributed backend cannot be built for {sys.executable}'s "
+                       f"torch: {why.group(1) if why else status}. Install a torch it supports (1.13, or >= 2.0 built with "
+                       f"the C++11 ABI), or install without the backend: "
+                       f"GRADCOMM_CMAKE_ARGS=-DGRADCOMM_TORCH_BACKEND=OFF pip install ...")
 
 
 class InstallCMakePrefix(Command):

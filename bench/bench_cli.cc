@@ -16,14 +16,18 @@ namespace gradcomm::bench {
 namespace {
 
 // nccl-tests' flags that gradcomm-bench does not implement, and why or what instead.
+// `accepted`: the one value that asks for what gradcomm-bench does anyway (every
+// nccl-tests command line says -g 1), taken silently; null: every use is refused.
 struct RefusedFlag {
   const char* names;  // CLI11 spec: short and long
   const char* what;
   const char* instead;
+  const char* accepted = nullptr;
 };
 constexpr RefusedFlag kRefused[] = {
-    {"-t,--nthreads", "threads per process", "gradcomm runs one rank per process: start more ranks (gradcomm-run -n N)"},
-    {"-g,--ngpus", "GPUs per thread", "each rank drives one device: start one rank per GPU (gradcomm-run -n N)"},
+    {"-t,--nthreads", "threads per process", "gradcomm runs one rank per process: start more ranks (gradcomm-run -n N)",
+     "1"},
+    {"-g,--ngpus", "GPUs per thread", "each rank drives one device: start one rank per GPU (gradcomm-run -n N)", "1"},
     {"-m,--agg_iters", "aggregated iterations", "each timed call is one collective"},
     {"-N,--run_cycles", "run cycles", "run the command again"},
     {"-p,--parallel_init", "parallel init", "each rank initializes on its own already"},
@@ -174,7 +178,11 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   std::vector<std::pair<CLI::Option*, const RefusedFlag*>> refused;
   std::vector<std::string> sink(std::size(kRefused));
   for (size_t k = 0; k < std::size(kRefused); ++k) {
-    auto* opt = app.add_option(kRefused[k].names, sink[k], fmt::format("nccl-tests' {}: not supported", kRefused[k].what))
+    const std::string help = kRefused[k].accepted
+                                 ? fmt::format("nccl-tests' {}: only {} (the default) is supported", kRefused[k].what,
+                                               kRefused[k].accepted)
+                                 : fmt::format("nccl-tests' {}: not supported", kRefused[k].what);
+    auto* opt = app.add_option(kRefused[k].names, sink[k], help)
                     ->expected(0, 1)
                     ->group("nccl-tests flags refused");
     refused.emplace_back(opt, &kRefused[k]);
@@ -182,8 +190,9 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   app.footer(
       "nccl-tests' -b -e -f -i -n -w -c -o -d -a -z keep their meanings (bench/README.md); its other flags are "
       "refused by name. --baseline mpi: under gradcomm-run the MPI singletons are joined through ompi-server (Open "
-      "MPI's TCP transport between them); under `mpirun -n N -x GRADCOMM_STORE=tcp://127.0.0.1:PORT gradcomm-bench "
-      "...` MPI_COMM_WORLD is used (shared memory within a host).");
+      "MPI's TCP transport between them); under `mpirun -n N gradcomm-bench ...` MPI_COMM_WORLD is used (shared "
+      "memory within a host), and the ranks meet through MPI itself (across hosts: -x "
+      "GRADCOMM_STORE=tcp://HOST:PORT).");
   check_opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   check_long->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   try {
@@ -195,10 +204,17 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
     std::printf("gradcomm-bench (gradcomm) %s\n", GRADCOMM_VERSION_STRING);
     return 0;
   }
-  for (const auto& [opt, flag] : refused) {
+  for (size_t k = 0; k < refused.size(); ++k) {
+    const auto& [opt, flag] = refused[k];
     if (opt->count() == 0) continue;
-    std::fprintf(stderr, "gradcomm-bench: %s (%s) is not supported by gradcomm-bench: %s\n", flag_name(opt).c_str(),
-                 flag->what, flag->instead);
+    if (flag->accepted != nullptr && sink[k] == flag->accepted) continue;
+    if (flag->accepted != nullptr) {
+      std::fprintf(stderr, "gradcomm-bench: %s %s (%s) is not supported by gradcomm-bench: only %s; %s\n",
+                   flag_name(opt).c_str(), sink[k].c_str(), flag->what, flag->accepted, flag->instead);
+    } else {
+      std::fprintf(stderr, "gradcomm-bench: %s (%s) is not supported by gradcomm-bench: %s\n", flag_name(opt).c_str(),
+                   flag->what, flag->instead);
+    }
     return 2;
   }
   o.factor_given = factor->count() > 0;

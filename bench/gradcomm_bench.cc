@@ -32,7 +32,9 @@
 // singletons that the bench joins through ompi-server (Open MPI then talks TCP
 // between them: no shared memory across jobs); under mpirun
 //   mpirun -n N -x GRADCOMM_STORE=tcp://127.0.0.1:PORT gradcomm-bench ...
-// it uses MPI_COMM_WORLD, shared memory included. See baselines/mpi_baseline.h.
+// it uses MPI_COMM_WORLD, shared memory included. See baselines/mpi_baseline.h. Under a
+// bare `mpirun -n N gradcomm-bench ...` (no GRADCOMM_STORE) the ranks meet through MPI
+// itself, as nccl-tests does (baselines/baseline.h, rendezvous_through_mpi).
 
 #include <fmt/format.h>
 
@@ -367,7 +369,11 @@ std::string type_list(const std::vector<DType>& dtypes) {
 
 int run(const Options& options) {
   Plan plan = validate(options);
-  const InitOptions init = init_options();
+  InitOptions init = init_options();
+  if (auto mpi = rendezvous_through_mpi()) {  // bare mpirun: the store's address came through MPI
+    init.store = mpi->store;
+    init.job_token = mpi->job_token;
+  }
   detail::LaunchConfig cfg = detail::resolve_launch_config(init);
   auto comm = Communicator::create(init);
   auto store = open_store_client(cfg);

@@ -221,7 +221,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
       if (options.key.empty() && CompressionEngine::stateful(spec)) {
         throw InvalidArgument(fmt::format(
             "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
-            "draws): set CompressOptions::key to a name unique to this tensor",
+            "draws): name this tensor uniquely (Python: allreduce(..., name=\"...\"); C++: CompressOptions::key)",
             rank(), text));
       }
       if (!options.key.empty()) {

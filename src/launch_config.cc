@@ -63,8 +63,8 @@ LaunchConfig resolve_launch_config(const InitOptions& options) {
   }
   if (config.store.empty() && config.world_size > 1) {
     throw InvalidArgument(fmt::format(
-        "gradcomm init (rank {}): no store: set InitOptions::store, GRADCOMM_STORE=tcp://host:port "
-        "or file:///dir, or MASTER_ADDR and MASTER_PORT",
+        "gradcomm init (rank {}): no store: pass one (Python: gradcomm.init(store=\"tcp://host:port\"); C++: "
+        "InitOptions::store), or set GRADCOMM_STORE=tcp://host:port or file:///dir, or MASTER_ADDR and MASTER_PORT",
         config.rank));
   }
 

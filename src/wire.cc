@@ -88,6 +88,15 @@ std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
   for (char& c : h.compressor) {
     if (c < 0x20 || c > 0x7E) c = '?';
   }
+  // A spec longer than the field arrives cut: show it up to its last whole key (or
+  // name) and say so, never a half-word that reads like another value ("ratio=0.0").
+  // Agreement is decided by compressor_hash, which covers the whole spec; it also
+  // tells a spec of exactly kSpecBytes (whose hash matches) from a longer one.
+  if (h.compressor.size() == kSpecBytes && fnv1a32(h.compressor) != h.compressor_hash) {
+    const size_t cut = h.compressor.find_last_of(",:|");
+    h.compressor.resize(cut == std::string::npos ? 0 : cut + 1);
+    h.compressor += fmt::format("... (cut: longer than the {} bytes the header carries)", kSpecBytes);
+  }
   return h;
 }
 

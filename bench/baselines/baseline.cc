@@ -18,6 +18,14 @@ namespace gradcomm::bench {
 
 const char* bench_op_name(BenchOp op) { return op == BenchOp::kAllreduce ? "allreduce" : "allgather"; }
 
+std::optional<MpiRendezvous> rendezvous_through_mpi() {
+#if GRADCOMM_BENCH_HAVE_MPI
+  return mpi_rendezvous();
+#else
+  return std::nullopt;
+#endif
+}
+
 std::unique_ptr<Baseline> make_baseline(const std::string& name, const BaselineSetup& setup) {
   if (name == "mpi") {
 #if GRADCOMM_BENCH_HAVE_MPI

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gradcomm/types.h"
@@ -14,6 +15,17 @@
 namespace gradcomm::bench {
 
 enum class BenchOp { kAllreduce, kAllgather };
+
+// Under a bare MPI launch (`mpirun -np N gradcomm-bench`, no GRADCOMM_STORE and no
+// MASTER_ADDR/MASTER_PORT), the job meets through MPI itself, as nccl-tests hands out
+// its NCCL id: MPI is initialized, rank 0 picks the store's URL and a job token, and
+// MPI_Bcast gives them to every rank. Collective over MPI_COMM_WORLD. Empty when not
+// under an MPI launcher, when a store is configured already, or without MPI.
+struct MpiRendezvous {
+  std::string store;
+  std::string job_token;
+};
+std::optional<MpiRendezvous> rendezvous_through_mpi();
 const char* bench_op_name(BenchOp op);
 
 // What a baseline needs to join the job's ranks: they come from gradcomm's launch

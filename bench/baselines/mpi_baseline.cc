@@ -8,14 +8,17 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <thread>
 
 #include "env.h"
+#include "free_port.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::bench {
@@ -85,6 +88,49 @@ std::string library_version() {
 }
 
 }  // namespace
+
+std::optional<MpiRendezvous> mpi_rendezvous() {
+  if (!launched_by_mpi() || detail::env_string("GRADCOMM_STORE") ||
+      (detail::env_string("MASTER_ADDR") && detail::env_string("MASTER_PORT"))) {
+    return std::nullopt;
+  }
+  bool initialized = false;
+  init_mpi(initialized);
+  if (initialized) {
+    // The baseline finalizes MPI only when it initialized it; here the bench did.
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::array<char, 256> message{};  // "URL\nTOKEN", or "!" and the reason rank 0 failed
+  if (rank == 0) {
+    std::string text;
+    const auto local = detail::env_string("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const auto world = detail::env_string("OMPI_COMM_WORLD_SIZE");
+    if (local && world && *local != *world) {
+      // The store serves on one address; which of rank 0's the others reach, only the user knows.
+      text = fmt::format("!gradcomm-bench under mpirun across hosts ({} of {} ranks on rank 0's): pass the store, "
+                         "e.g. mpirun -x GRADCOMM_STORE=tcp://<rank 0's host>:<free port> ...",
+                         *local, *world);
+    } else if (const int port = detail::free_loopback_ports(1); port == 0) {
+      text = "!gradcomm-bench under mpirun: no free TCP port on 127.0.0.1 for the store";
+    } else {
+      std::random_device random;
+      text = fmt::format("tcp://127.0.0.1:{}\n{:08x}{:08x}{:08x}{:08x}", port, random(), random(), random(),
+                         random());
+    }
+    text.copy(message.data(), message.size() - 1);
+  }
+  mpi_check(MPI_Bcast(message.data(), static_cast<int>(message.size()), MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  const std::string text(message.data());
+  if (text.starts_with("!")) throw InvalidArgument(text.substr(1));
+  const size_t newline = text.find('\n');
+  return MpiRendezvous{text.substr(0, newline), text.substr(newline + 1)};
+}
 
 MpiBaseline::MpiBaseline(const BaselineSetup& setup) {
   if (launched_by_mpi()) {

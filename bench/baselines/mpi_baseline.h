@@ -27,6 +27,9 @@
 
 namespace gradcomm::bench {
 
+// rendezvous_through_mpi() (baseline.h) when built with MPI.
+std::optional<MpiRendezvous> mpi_rendezvous();
+
 class MpiBaseline : public Baseline {
  public:
   // Collective over all ranks: initializes MPI and builds the communicator.

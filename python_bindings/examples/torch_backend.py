@@ -54,5 +54,5 @@ dist.all_gather(everyone, mine)
 if not all(torch.equal(everyone[0], d) for d in everyone):
     raise SystemExit(f"rank {rank}: parameters differ across ranks")
 print(f"rank {rank}: done, parameters bitwise identical on all {world} ranks "
-      f"(compression {dist.group.WORLD.compression})", flush=True)
+      f"(compression {gradcomm.torch.backend().compression})", flush=True)
 dist.destroy_process_group()

@@ -390,5 +390,13 @@ def stats():
     """Counters of the calls completed since init: bytes_sent/bytes_received on the
     wire, messages_sent, ops (fused_calls of them travelled fused), and seconds:
     total_s = reduce_s + encode_s + decode_s + comm_s (wall time inside collectives);
-    engine_cpu_s, the CPU time of the engine thread that runs them."""
+    engine_cpu_s, the CPU time of the engine thread that runs them. A "gradcomm"
+    torch.distributed process group has its own communicator and counters:
+    gradcomm.torch.stats(group)."""
+    if not is_initialized():
+        torch_module = _sys.modules.get("gradcomm.torch")
+        if torch_module is not None and len(torch_module._live_groups):
+            raise Error("gradcomm.stats: gradcomm.init() was not called, so there are no counters here; a "
+                        "\"gradcomm\" torch.distributed process group keeps its own: "
+                        "gradcomm.torch.stats(group) (None: the default group)")
     return _C.stats()

@@ -9,19 +9,27 @@ torch.distributed backend "gradcomm" (registered when this module is imported):
     ddp = DDP(model)            # no hook needed: DDP's allreduces are compressed
     gradcomm.torch.set_compression(dist.group.WORLD, "none")   # change it later
 
-The process group rendezvous through torch's store (no second port) and owns its
-own communicator (dist.new_group(backend="gradcomm") gets another). Supported:
-all_reduce (SUM, AVG, MIN, MAX), all_gather, all_gather_into_tensor, broadcast,
-reduce_scatter, reduce_scatter_tensor, barrier, and the calls DDP makes; others
-(reduce, gather, scatter, all_to_all, send/recv) raise an error naming the op.
-All are asynchronous (async_op=True gives a Work whose get_future() completes with
-the output tensors). Compression applies to all_reduce of float32 tensors with SUM
-or AVG and at least min_compress_numel elements (default 1024, so metrics and
-counters stay exact); its error-feedback state follows the tensor's storage, so it
-suits tensors reduced again and again (DDP's buckets). The state of a tensor that
-is freed is dropped soon after, so reducing fresh tensors does not grow memory.
-Every rank must use the same compression. Reductions take float32, float16,
-bfloat16, float64, int32, int64 and uint8; broadcast and all_gather any dtype.
+On torch 1.13 the backend is the process group; on torch >= 2 it is a c10d
+Backend registered for "cpu" (and "cuda" when built with CUDA) that torch's
+ProcessGroup dispatches to; backend(group) finds it either way, and
+backend_available() says whether it can be used here and why not. The process
+group rendezvous through torch's store (no second port) and owns its own
+communicator (dist.new_group(backend="gradcomm", pg_options=...) gets another, with
+its own options). Supported: all_reduce (SUM, AVG, MIN, MAX), all_gather,
+all_gather_into_tensor, broadcast, reduce_scatter, reduce_scatter_tensor, barrier,
+on torch 2.x the coalescing manager and the coalesced tensor ops, and the calls DDP
+and FSDP make; others (reduce, gather, scatter, all_to_all, send/recv) raise an
+error naming the op. All are asynchronous (async_op=True gives a Work whose
+get_future() completes with the output tensors). Compression applies to all_reduce
+and reduce_scatter of float32 tensors (float16/bfloat16 ones through a float32 copy)
+with SUM or AVG and at least min_compress_numel elements (default 1024, so metrics
+and counters stay exact); all_gather stays exact (FSDP's parameters). An
+all_reduce's error-feedback state follows the tensor's storage, so it suits tensors
+reduced again and again (DDP's buckets); the state of a tensor that is freed is
+dropped soon after. A reduce-scatter's follows its call site within a training step
+(FSDP's gradients; see next_round()). Every rank must use the same compression.
+Reductions take float32, float16, bfloat16, float64, int32, int64 and uint8;
+broadcast and all_gather any dtype. stats(group) gives a group's counters.
 
 DDP (torch.nn.parallel.DistributedDataParallel, any process group, e.g. gloo):
 
@@ -70,13 +78,37 @@ import gradcomm
 _GradBucket = torch.distributed.GradBucket if torch.distributed.is_available() else object
 
 __all__ = ["CompressionHookState", "compression_hook", "DistributedOptimizer", "broadcast_parameters",
-           "broadcast_optimizer_state", "ProcessGroupOptions", "set_compression"]
+           "broadcast_optimizer_state", "ProcessGroupOptions", "set_compression", "backend_available", "stats",
+           "next_round", "backend"]
+
+_TORCH_MAJOR = int(torch.__version__.split(".")[0])
+_warned_dtypes = set()
 
 
-def _dense_only(tensor, compression, min_compress_numel):
+def _dense_only(tensor, compression, min_compress_numel, who):
     # Compressors take float32; other dtypes and small tensors go dense, which is
-    # exact, never a silently different result.
-    return compression == "none" or tensor.dtype != torch.float32 or tensor.numel() < min_compress_numel
+    # exact, never a silently different result. A float16/bfloat16 gradient that
+    # would otherwise be compressed is said so, once per dtype.
+    if compression == "none" or tensor.numel() < min_compress_numel:
+        return True
+    if tensor.dtype != torch.float32:
+        if tensor.dtype in (torch.float16, torch.bfloat16) and tensor.dtype not in _warned_dtypes:
+            _warned_dtypes.add(tensor.dtype)
+            import warnings
+            warnings.warn(f"gradcomm {who}: {tensor.dtype} gradients are reduced dense (uncompressed): the "
+                          f"compressors take float32. Keep the gradients in float32 to compress them, or use the "
+                          f'"gradcomm" process group, which compresses {tensor.dtype} through float32.',
+                          stacklevel=3)
+        return True
+    return False
+
+
+def _check_spec(spec, who):
+    """Parses a compression spec now, as the engine would at its first compressed call."""
+    try:
+        gradcomm._C.check_compression(spec)
+    except gradcomm.Error as e:
+        raise type(e)(f"{who}: compression={spec!r}: {e}") from None
 
 
 class CompressionHookState:
@@ -96,6 +128,7 @@ class CompressionHookState:
             raise ValueError(f"CompressionHookState: min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
         if not isinstance(start_iter, int) or start_iter < 0:
             raise ValueError(f"CompressionHookState: start_iter must be an int >= 0, got {start_iter!r}")
+        _check_spec(compression, "CompressionHookState")
         self.compression = compression
         self.min_compress_numel = min_compress_numel
         self.start_iter = start_iter
@@ -258,7 +291,8 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
     if not gradcomm.is_initialized():
         gradcomm.init()
     buffer = bucket.buffer()
-    if state.iter < state.start_iter or _dense_only(buffer, state.compression, state.min_compress_numel):
+    if state.iter < state.start_iter or _dense_only(buffer, state.compression, state.min_compress_numel,
+                                                    "compression_hook"):
         work = gradcomm.allreduce_async(buffer, op="avg")
     else:
         key = state.bucket_key(bucket)
@@ -342,7 +376,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer: parameter '{name}' has a sparse gradient; gradcomm reduces dense "
                             "gradients only")
         reduced = grad if grad.is_contiguous() else grad.contiguous()
-        if _dense_only(reduced, self._gradcomm_compression, self._gradcomm_min_compress_numel):
+        if _dense_only(reduced, self._gradcomm_compression, self._gradcomm_min_compress_numel,
+                       "DistributedOptimizer"):
             work = gradcomm.allreduce_async(reduced, op="avg")
         else:
             work = gradcomm.allreduce_async(reduced, op="avg", compression=self._gradcomm_compression, name=name)
@@ -411,6 +446,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", m
         raise TypeError(f"DistributedOptimizer: compression must be a spec string, got {type(compression).__name__}")
     if not isinstance(min_compress_numel, int) or min_compress_numel < 0:
         raise ValueError(f"DistributedOptimizer: min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
+    _check_spec(compression, "DistributedOptimizer")
 
     names = {}
     if named_parameters is None:
@@ -546,12 +582,51 @@ def _unpack_state(data):
 
 # ---- the torch.distributed backend ---------------------------------------------------
 
-try:  # built only when libtorch was found (GRADCOMM_TORCH_BACKEND)
+try:  # built only for a torch it supports (python_bindings/torch_backend/CMakeLists.txt)
     from . import _gradcomm_torch
     _backend_import_error = None
 except ImportError as e:
     _gradcomm_torch = None
     _backend_import_error = e
+
+
+class BackendAvailability:
+    """What backend_available() returns: true when the "gradcomm" torch.distributed
+    backend can be used in this interpreter; `reason` says why not (or what it was
+    built against)."""
+
+    def __init__(self, available, reason):
+        self.available = available
+        self.reason = reason
+
+    def __bool__(self):
+        return self.available
+
+    def __repr__(self):
+        return f"BackendAvailability(available={self.available}, reason={self.reason!r})"
+
+    __str__ = __repr__
+
+
+def backend_available():
+    """Whether init_process_group("gradcomm") can work here, and why not: the build
+    skips the backend when it cannot build against the interpreter's torch (the
+    reason is recorded at build time), and a module built for another torch does not
+    load."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_backend_status.txt")) as f:
+            built = f.read().strip()
+    except OSError:
+        built = "unknown (no build record)"
+    if _gradcomm_torch is not None:
+        return BackendAvailability(True, f"built: {built}; running torch {torch.__version__}")
+    if not torch.distributed.is_available():
+        return BackendAvailability(False, f"this torch ({torch.__version__}) has no torch.distributed")
+    if built.startswith("OFF"):
+        why = built[len("OFF ("):-1] if built.startswith("OFF (") and built.endswith(")") else built
+        return BackendAvailability(False, f"not built: {why}")
+    return BackendAvailability(False, f"built ({built}) but it does not load with torch {torch.__version__}: "
+                                      f"{_backend_import_error}; reinstall gradcomm against this torch")
 
 
 # Below this many elements a gradcomm process group reduces exactly whatever its
@@ -584,21 +659,24 @@ class ProcessGroupOptions:
 
 def _require_backend():
     if _gradcomm_torch is None:
-        raise ImportError("gradcomm: the torch.distributed backend was not built (GRADCOMM_TORCH_BACKEND needs "
-                          f"libtorch-dev matching this torch): {_backend_import_error}")
+        raise ImportError(f"gradcomm: the torch.distributed backend is not available: {backend_available().reason}")
 
 
 def _create_process_group(backend_options, pg_options):
-    # torch 1.13's extended creator API: c10d::DistributedBackendOptions, then pg_options.
+    # The extended creator API (torch 1.13 and 2.x alike): c10d::DistributedBackendOptions,
+    # then what the caller gave as pg_options (2.x calls it backend_options).
     _require_backend()
     if pg_options is None:
         pg_options = ProcessGroupOptions()
     if not isinstance(pg_options, ProcessGroupOptions):
         raise TypeError("gradcomm backend: pg_options must be a gradcomm.torch.ProcessGroupOptions, got "
                         f"{type(pg_options).__name__}")
+    _check_spec(pg_options.compression, "ProcessGroupOptions")
+    # torch 1.13: this is the process group; torch >= 2: the backend that torch's
+    # ProcessGroup dispatches to for the devices registered below.
     pg = _gradcomm_torch.ProcessGroupGradcomm(
         backend_options.store, backend_options.group_rank, backend_options.group_size, backend_options.timeout,
-        backend_options.group_id, pg_options.compression, pg_options.min_compress_numel)
+        str(backend_options.group_id), pg_options.compression, pg_options.min_compress_numel)
     _live_groups.add(pg)
     return pg
 
@@ -615,16 +693,89 @@ def _shutdown_groups():
         pg._shutdown()
 
 
-def set_compression(group, compression, min_compress_numel=PG_MIN_COMPRESS_NUMEL):
-    """Sets the compression of a "gradcomm" process group (dist.group.WORLD or a
-    new_group's) for the collectives issued after it; every rank must set the same."""
+def _backend_of(group, who):
+    """The gradcomm backend object of `group` (None: the default group): the group
+    itself on torch 1.13, the backend its ProcessGroup dispatches CPU tensors to on
+    torch >= 2."""
     _require_backend()
     if group is None:
         group = torch.distributed.group.WORLD
-    if not isinstance(group, _gradcomm_torch.ProcessGroupGradcomm):
-        raise TypeError(f"set_compression: expected a gradcomm process group, got {type(group).__name__}")
-    group.set_compression(compression, min_compress_numel)
+        if group is None:
+            raise RuntimeError(f"{who}: no default process group; call dist.init_process_group(\"gradcomm\") first")
+    if isinstance(group, _gradcomm_torch.ProcessGroupGradcomm):
+        return group
+    if _TORCH_MAJOR >= 2 and isinstance(group, torch.distributed.ProcessGroup):
+        try:
+            backend = group._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            backend = None
+        if isinstance(backend, _gradcomm_torch.ProcessGroupGradcomm):
+            return backend
+        name = torch.distributed.get_backend(group)
+        raise TypeError(f"{who}: expected a process group of the \"gradcomm\" backend, got one of \"{name}\"")
+    raise TypeError(f"{who}: expected a gradcomm process group, got {type(group).__name__}")
 
 
-if torch.distributed.is_available() and "GRADCOMM" not in torch.distributed.Backend._plugins:
-    torch.distributed.Backend.register_backend("gradcomm", _create_process_group, extended_api=True)
+def backend(group=None):
+    """The gradcomm backend object of a "gradcomm" process group (None: the default
+    group): on torch 1.13 the group itself, on torch >= 2 the c10d Backend its
+    ProcessGroup dispatches to. It has .compression and .min_compress_numel."""
+    return _backend_of(group, "gradcomm.torch.backend")
+
+
+def set_compression(group, compression, min_compress_numel=PG_MIN_COMPRESS_NUMEL):
+    """Sets the compression of a "gradcomm" process group (dist.group.WORLD, None for
+    it, or a new_group's) for the collectives issued after it; every rank must set
+    the same."""
+    _backend_of(group, "set_compression").set_compression(compression, min_compress_numel)
+
+
+def stats(group=None):
+    """Counters of a "gradcomm" process group (None: the default group): bytes_sent
+    and bytes_received on the wire (headers included), ops completed, the time
+    split (total_s = reduce_s + encode_s + decode_s + comm_s; engine_cpu_s), and
+    for the reductions issued (all_reduce, reduce_scatter and their coalesced forms):
+    reductions, compressed_reductions, reduced_bytes and dense_ring_bytes, what a
+    dense ring would have sent for them (2(N-1)/N x their bytes); gathered_bytes, the
+    payload the all-gathers send (exact: (N-1) x input bytes each), so that
+    bytes_sent - gathered_bytes is about what the reductions sent. gradcomm.stats()
+    covers gradcomm.init()'s communicator only; each process group has its own."""
+    return _backend_of(group, "gradcomm.torch.stats")._stats()
+
+
+def next_round(group=None):
+    """Ends a round of reduce-scatter calls on a "gradcomm" process group (None: the
+    default group). The error-feedback state of a compressed reduce-scatter (FSDP's
+    gradients) is keyed by its place in the round: the j-th reduce-scatter of its
+    size since the round began. Every torch.optim optimizer's step() ends the round
+    on every live gradcomm group by itself; call this once per training step, at the
+    same point on every rank, only when no torch.optim optimizer steps."""
+    _backend_of(group, "next_round")._next_round()
+
+
+def _end_rounds(*args, **kwargs):
+    for pg in list(_live_groups):
+        pg._next_round()
+
+
+# torch >= 2.0 (1.13's optimizers have no global hooks).
+try:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook as _register_step_hook
+except ImportError:
+    _register_step_hook = None
+if _register_step_hook is not None:
+    _register_step_hook(_end_rounds)
+
+
+def _register_backend():
+    if not torch.distributed.is_available() or "GRADCOMM" in torch.distributed.Backend._plugins:
+        return
+    if _TORCH_MAJOR >= 2:
+        devices = ["cpu"] + (["cuda"] if _gradcomm_torch is not None and _gradcomm_torch.built_with_cuda else [])
+        torch.distributed.Backend.register_backend("gradcomm", _create_process_group, extended_api=True,
+                                                   devices=devices)
+    else:
+        torch.distributed.Backend.register_backend("gradcomm", _create_process_group, extended_api=True)
+
+
+_register_backend()

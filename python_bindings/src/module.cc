@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "communicator_factory.h"
+#include "compressors/spec.h"
 #include "gradcomm/gradcomm.h"
 #include "python_store.h"
 
@@ -325,6 +326,10 @@ PYBIND11_MODULE(_gradcomm, m) {
     communicator("load_state")
         .load_state(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
   });
+  // Parses a spec as the engine will at its first compressed call: InvalidArgument
+  // (gradcomm.InvalidArgument, a ValueError) naming the problem and what is accepted.
+  m.def("check_compression", [](const std::string& spec) { (void)detail::parse_compressor_spec(spec); },
+        py::arg("spec"));
   m.def("stats", [] {
     Stats st;
     {

@@ -1,13 +1,15 @@
 // _gradcomm_torch: the pybind11 module that exposes ProcessGroupGradcomm to
-// Python as a subclass of torch's own ProcessGroup class, so the object the
-// backend creator returns is a torch.distributed ProcessGroup (DDP, dist.* and
-// new_group take it as they take gloo's). gradcomm/torch.py registers the creator
-// with torch.distributed.Backend.register_backend.
+// Python as a subclass of torch's own class for backends: on torch 1.13 its
+// ProcessGroup (the object the creator returns is the process group that DDP, dist.*
+// and new_group take), on torch >= 2 its Backend (torch wraps the object in a
+// ProcessGroup that dispatches to it per device; gradcomm.torch finds it again with
+// group._get_backend). gradcomm/torch.py registers the creator with
+// torch.distributed.Backend.register_backend.
 //
-// Built with the pybind11 torch was built with (Debian's pybind11 2.10 for
-// Debian's torch): torch's ProcessGroup, Store and Work classes are found through
-// the pybind11 internals the two modules share, and the class below derives from
-// torch's registered ProcessGroup. `import torch.distributed` must come first.
+// Built with the pybind11 torch was built with (Debian's pybind11 2.10 for Debian's
+// torch, the copy in torch/include for a wheel; CMakeLists.txt): torch's
+// ProcessGroup, Backend, Store and Work classes are found through the pybind11
+// internals the two modules share. `import torch.distributed` must come first.
 #include <torch/csrc/jit/python/pybind_utils.h>  // PythonFutureWrapper: torch.futures.Future
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/chrono.h>
@@ -58,7 +60,7 @@ PYBIND11_MODULE(_gradcomm_torch, m) {
       },
       py::arg("future"), py::arg("error"));
 
-  py::class_<ProcessGroupGradcomm, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupGradcomm>>(
+  py::class_<ProcessGroupGradcomm, gradcomm::torch_backend::BackendBase, c10::intrusive_ptr<ProcessGroupGradcomm>>(
       m, "ProcessGroupGradcomm",
       "A torch.distributed process group over a gradcomm communicator (see gradcomm.torch).")
       // Creation blocks in the rendezvous: without the GIL, so the store (and other
@@ -83,7 +85,32 @@ PYBIND11_MODULE(_gradcomm_torch, m) {
       .def("_compression_state_bytes", &ProcessGroupGradcomm::compression_state_bytes,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("min_compress_numel",
-                             [](const ProcessGroupGradcomm& pg) { return pg.compression().min_numel; });
+                             [](const ProcessGroupGradcomm& pg) { return pg.compression().min_numel; })
+      .def("_next_round", &ProcessGroupGradcomm::next_round, py::call_guard<py::gil_scoped_release>())
+      .def("_stats", [](ProcessGroupGradcomm& pg) {
+        ProcessGroupGradcomm::GroupStats s;
+        {
+          py::gil_scoped_release release;
+          s = pg.stats();
+        }
+        py::dict d;
+        d["bytes_sent"] = s.comm.bytes_sent;
+        d["bytes_received"] = s.comm.bytes_received;
+        d["ops"] = s.comm.ops;
+        d["total_s"] = s.comm.total_s;
+        d["reduce_s"] = s.comm.reduce_s;
+        d["encode_s"] = s.comm.encode_s;
+        d["decode_s"] = s.comm.decode_s;
+        d["comm_s"] = s.comm.comm_s();
+        d["engine_cpu_s"] = s.comm.engine_cpu_s;
+        d["reductions"] = s.reductions;
+        d["compressed_reductions"] = s.compressed;
+        d["reduced_bytes"] = s.reduced_bytes;
+        d["dense_ring_bytes"] = s.dense_ring_bytes;
+        d["gathered_bytes"] = s.gathered_bytes;
+        return d;
+      });
+  m.attr("torch_major") = TORCH_VERSION_MAJOR;
 #if GRADCOMM_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

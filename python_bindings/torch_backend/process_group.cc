@@ -18,8 +18,12 @@ namespace gradcomm::torch_backend {
 namespace {
 
 constexpr const char* kSupported =
-    "supported: allreduce (sum, avg, min, max), allreduce_coalesced, allgather, all_gather_into_tensor "
-    "(_allgather_base), broadcast, reduce_scatter, reduce_scatter_tensor (_reduce_scatter_base), barrier";
+    "supported: all_reduce (sum, avg, min, max), all_reduce_coalesced, all_gather, all_gather_into_tensor, "
+    "broadcast, reduce_scatter, reduce_scatter_tensor, barrier"
+#if GRADCOMM_TORCH2
+    ", and their coalesced forms (_coalescing_manager)"
+#endif
+    ;
 
 [[noreturn]] void unsupported(const char* op) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, "gradcomm: the gradcomm process group does not support ", op, "; ", kSupported);
@@ -109,6 +113,14 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name) {
 
 at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
+// The buffer a reduction runs on: `t` itself when it is contiguous, else a contiguous
+// copy; a float32 copy when a float16/bfloat16 tensor is to be compressed (the
+// compressors take float32; the result is rounded back into `t` once).
+at::Tensor staged(const at::Tensor& t, bool as_float32) {
+  if (as_float32) return t.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  return contiguous(t);
+}
+
 // One tensor per rank: c10d passes lists for its old one-process-many-GPUs mode.
 const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
   if (tensors.size() != 1) {
@@ -134,7 +146,7 @@ void same_kind(const at::Tensor& t, const at::Tensor& ref, const char* op, const
 ProcessGroupGradcomm::ProcessGroupGradcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                            std::chrono::milliseconds timeout, const std::string& group_name,
                                            CompressionConfig compression)
-    : c10d::ProcessGroup(rank, size) {
+    : BackendBase(rank, size), group_label_(group_name) {
   set_compression(std::move(compression));
   InitOptions options;
   options.rank = rank;
@@ -207,6 +219,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::start(
     }
     rethrow_as_torch_error();
   }
+  if (coalescing_.active) {
+    coalescing_.calls.insert(coalescing_.calls.end(), works.begin(), works.end());
+    coalescing_.outputs.insert(coalescing_.outputs.end(), outputs.begin(), outputs.end());
+  }
   auto work = c10::make_intrusive<GradcommWork>(getRank(), type, op, std::move(works), std::move(outputs),
                                                 std::move(keep), std::move(finish));
   completer_->push(work);
@@ -265,11 +281,87 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
   CompressOptions options;
   if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
+    count_reduction(flat, options);
     return options;  // exact
   }
   options.compressor = compression_.spec;
   options.key = compression_key(t);
+  count_reduction(flat, options);
   return options;
+}
+
+// ---- compressed reduce-scatter ----------------------------------------------------------
+//
+// FSDP reduces each gradient with reduce_scatter_tensor, so compressing it compresses
+// FSDP. The library has no reduce-scatter: the input, staged whole, is allreduced
+// (compressed when the group's spec and the tensor allow it) and this rank's chunk
+// copied out; every rank ends with bitwise the same sum, so the shards agree.
+//
+// Error feedback needs a key naming "this gradient" on every rank and in every step.
+// A storage-based key (as allreduce uses) is wrong here: FSDP reduces from buffers
+// it allocates per call, which its caching allocator hands to another layer's
+// gradient the next time ("bucket reuse"), so a storage would mix residuals of
+// different layers. What does name a gradient is its call site: within a training
+// step FSDP issues the same reduce-scatters in the same order on every rank, so
+// "the j-th reduce-scatter of this size and dtype in this round" is the same
+// gradient (the same flat parameter or layer) on every rank and in every step. A
+// round ends where every rank agrees it does: gradcomm.torch calls next_round()
+// before each optimizer step (a global torch.optim hook). The residual so keyed
+// covers this rank's whole input, i.e. its contribution to every output shard.
+CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type,
+                                                             ReduceOp op) {
+  CompressOptions options;
+  if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
+      flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
+    count_reduction(flat, options);
+    return options;  // exact
+  }
+  const std::string site = fmt::format("{}/{}", flat.numel(), c10::toString(input_type));
+  const uint64_t call = round_calls_[site]++;
+  if (call == kRoundCallsWarning) {
+    TORCH_WARN("gradcomm: ", call, " reduce-scatters of ", flat.numel(), " elements in one round of group '",
+               group_label_, "': no optimizer step has ended the round, so every call gets new error-feedback "
+               "state. Call gradcomm.torch.next_round(group) once per training step if you do not use a "
+               "torch.optim optimizer.");
+  }
+  options.compressor = compression_.spec;
+  options.key = fmt::format("torch/rs/n{}#{}", site, call);
+  count_reduction(flat, options);
+  return options;
+}
+
+void ProcessGroupGradcomm::next_round() {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  round_calls_.clear();
+}
+
+void ProcessGroupGradcomm::count_reduction(const at::Tensor& flat, const CompressOptions& options) {
+  const auto bytes = static_cast<uint64_t>(flat.numel()) * static_cast<uint64_t>(flat.element_size());
+  const auto n = static_cast<uint64_t>(getSize());
+  ++stats_.reductions;
+  if (options.compressor != "none") ++stats_.compressed;
+  stats_.reduced_bytes += bytes;
+  stats_.dense_ring_bytes += n > 1 ? 2 * (n - 1) * bytes / n : 0;
+}
+
+void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  const auto bytes = static_cast<uint64_t>(in.numel()) * static_cast<uint64_t>(in.element_size());
+  stats_.gathered_bytes += static_cast<uint64_t>(getSize() - 1) * bytes;
+}
+
+bool ProcessGroupGradcomm::compress_through_float32(const at::Tensor& t, ReduceOp op) const {
+  if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) return false;
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  return compression_.spec != "none" && t.numel() > 0 && t.numel() >= compression_.min_numel &&
+         (op == ReduceOp::kSum || op == ReduceOp::kAvg);
+}
+
+ProcessGroupGradcomm::GroupStats ProcessGroupGradcomm::stats() {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  GroupStats out = stats_;
+  if (comm_) out.comm = comm_->stats();
+  return out;
 }
 
 // ---- the collectives --------------------------------------------------------------------
@@ -278,7 +370,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce(std::vector<at::T
                                                               const c10d::AllreduceOptions& opts) {
   const at::Tensor t = single(tensors, "allreduce");
   const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
-  const at::Tensor flat = contiguous(t);
+  const at::Tensor flat = staged(t, compress_through_float32(t, op));
   const TensorView view = reduce_view(flat, "allreduce");
   std::function<void()> finish;
   if (!flat.is_same(t)) finish = [t, flat] { t.copy_(flat); };
@@ -295,7 +387,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce_coalesced(std::ve
   std::vector<TensorView> views;
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_tensor(tensors[i], "allreduce_coalesced", fmt::format("tensor {}", i));
-    flats.push_back(contiguous(tensors[i]));
+    flats.push_back(staged(tensors[i], compress_through_float32(tensors[i], op)));
     views.push_back(reduce_view(flats.back(), "allreduce_coalesced"));
   }
   std::function<void()> finish = [tensors, flats] {
@@ -357,6 +449,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather(std::vector<std::
       outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
     }
   };
+  count_gather(in);
   return start(
       c10d::OpType::ALLGATHER, "allgather",
       [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, outs, {in, flat}, std::move(finish));
@@ -376,6 +469,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_allgather_base(at::Tensor&
   const TensorView vin = copy_view(in), vout = copy_view(flat);
   std::function<void()> finish;
   if (!flat.is_same(out)) finish = [out, flat] { out.copy_(flat); };
+  count_gather(in);
   return start(
       c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
       [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, {out}, {in, flat}, std::move(finish));
@@ -400,7 +494,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
     }
   }
   // The inputs end to end, allreduced; this rank's chunk is the result.
-  const at::Tensor flat = at::empty({getSize() * n}, out.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto dtype = compress_through_float32(out, op) ? at::kFloat : out.scalar_type();
+  const at::Tensor flat =
+      at::empty({getSize() * n}, out.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
   for (size_t i = 0; i < inputs[0].size(); ++i) {
     flat.narrow(0, static_cast<int64_t>(i) * n, n).copy_(inputs[0][i].reshape({n}));
   }
@@ -409,7 +505,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(
       c10d::OpType::REDUCE_SCATTER, "reduce_scatter",
-      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op)); }, {out}, {flat}, std::move(finish));
+      [&](auto& works) {
+        works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
+      },
+      {out}, {flat}, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -424,13 +523,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
                              input.numel(), getSize() * n, getSize(), n));
   }
   const at::Tensor out = output;
-  const at::Tensor flat = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);  // the input stays unchanged
+  // A copy (the input stays unchanged), float32 when a float16/bfloat16 input is compressed.
+  const at::Tensor flat = compress_through_float32(input, op)
+                              ? input.reshape({-1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                              : input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
   const TensorView view = reduce_view(flat, "reduce_scatter_tensor");
   const int64_t rank = getRank();
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(
       c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
-      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op)); }, {out}, {flat}, std::move(finish));
+      [&](auto& works) {
+        works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
+      },
+      {out}, {flat}, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::barrier(const c10d::BarrierOptions&) {
@@ -440,6 +545,68 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::barrier(const c10d::Barrier
       c10d::OpType::BARRIER, "barrier",
       [&](auto& works) { works.push_back(comm_->allreduce_async(view, ReduceOp::kSum)); }, {}, {token}, nullptr);
 }
+
+// ---- torch 2.x coalescing -------------------------------------------------------------------
+#if GRADCOMM_TORCH2
+
+void ProcessGroupGradcomm::startCoalescing() {
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  if (coalescing_.active) {
+    bad_argument("startCoalescing: this group is coalescing already (a _coalescing_manager inside another)");
+  }
+  coalescing_ = Coalescing{};
+  coalescing_.active = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::endCoalescing() {
+  Coalescing batch;
+  {
+    std::lock_guard<std::mutex> lock(issue_mutex_);
+    if (!coalescing_.active) bad_argument("endCoalescing: the group is not coalescing (no startCoalescing)");
+    batch = std::move(coalescing_);
+    coalescing_ = Coalescing{};
+  }
+  // No new calls: the batch's own. It is queued after them, so it settles (and its
+  // Future completes) only once each of them has, local steps included.
+  auto calls = std::move(batch.calls);
+  return start(
+      c10d::OpType::COALESCED, "coalesced ops", [&](auto& works) { works = std::move(calls); },
+      std::move(batch.outputs), {}, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size()) {
+    bad_argument(fmt::format("all_gather_into_tensor_coalesced: {} outputs for {} inputs", outputs.size(),
+                             inputs.size()));
+  }
+  startCoalescing();
+  try {
+    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
+  } catch (...) {
+    (void)endCoalescing();  // what was issued completes on its own; the caller gets the error
+    throw;
+  }
+  return endCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size()) {
+    bad_argument(fmt::format("reduce_scatter_tensor_coalesced: {} outputs for {} inputs", outputs.size(),
+                             inputs.size()));
+  }
+  startCoalescing();
+  try {
+    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
+  } catch (...) {
+    (void)endCoalescing();
+    throw;
+  }
+  return endCoalescing();
+}
+
+#endif  // GRADCOMM_TORCH2
 
 // ---- not provided ---------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
-// ProcessGroupGradcomm: a torch.distributed (c10d) process group whose collectives
-// run on a gradcomm Communicator, so `dist.init_process_group("gradcomm")` gives
-// torch code (DDP included) gradcomm's transports and gradient compression.
+// ProcessGroupGradcomm: a torch.distributed (c10d) backend whose collectives run on
+// a gradcomm Communicator, so `dist.init_process_group("gradcomm")` gives torch code
+// (DDP and FSDP included) gradcomm's transports and gradient compression. On torch
+// 1.13 it is the process group itself; on torch >= 2 a c10d::Backend that torch's
+// ProcessGroup dispatches to (BackendBase below).
 //
 // One communicator per process group, created in the constructor through the
 // c10d::Store torch hands the backend's creator (c10d_store.h): the rendezvous
@@ -15,9 +17,12 @@
 //   allgather            allgather_async into one flat buffer, then copied into the
 //                        caller's list; _allgather_base gathers straight into its output
 //   reduce_scatter       the library has none: the inputs laid end to end are
-//                        allreduced (dense, same op) and this rank's chunk copied out.
-//                        Exact for every op; it moves about twice the bytes of a true
-//                        reduce-scatter.
+//                        allreduced (same op; compressed like an allreduce, below) and
+//                        this rank's chunk copied out; _reduce_scatter_base alike.
+//                        Dense, it moves about twice the bytes of a true reduce-scatter.
+//   torch 2.x            startCoalescing/endCoalescing, and the coalesced
+//                        all-gather / reduce-scatter of tensors: the ops above, issued
+//                        one by one, completed as one Work
 //   barrier              a one-element allreduce: no rank completes it before every
 //                        rank has issued it, and it is ordered after earlier calls
 // Anything else (reduce, gather, scatter, alltoall, send/recv, ...) throws an error
@@ -33,8 +38,11 @@
 // float16, bfloat16, float64, int32, int64, uint8); broadcast and allgather move any
 // dtype, as raw bytes when the library has no such type (bool, int8, complex).
 //
-// Compression: allreduce of float32 tensors with SUM or AVG and at least
-// `min_numel` elements uses the group's compressor spec ("none" = exact). Its
+// Compression: allreduce and reduce-scatter of float32 tensors (float16/bfloat16 ones
+// staged through a float32 copy) with SUM or AVG and at least `min_numel` elements
+// use the group's compressor spec ("none" = exact); gathers and broadcasts are exact.
+// A reduce-scatter's error-feedback state is keyed by its call site within a round
+// (process_group.cc, "Compressed reduce-scatter"). An allreduce's
 // state (error feedback) is keyed by the tensor's storage: each storage gets an
 // ordinal the first time it is compressed (the same on every rank, since every
 // rank issues the same calls in the same order), and the key is
@@ -53,8 +61,27 @@
 // on it (work.h).
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>  // TORCH_VERSION_MAJOR
+
+// torch >= 2: a third-party backend is a c10d::Backend that torch's ProcessGroup
+// dispatches to, per device. torch 1.13: it is the c10d::ProcessGroup itself. Both
+// declare the same collective virtuals with the same signatures, so one class serves
+// both; what only 2.x has (coalescing, the *_coalesced tensor ops) is under
+// GRADCOMM_TORCH2 and reuses the same issue path.
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define GRADCOMM_TORCH2 1
+namespace gradcomm::torch_backend {
+using BackendBase = c10d::Backend;
+}
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#define GRADCOMM_TORCH2 0
+namespace gradcomm::torch_backend {
+using BackendBase = c10d::ProcessGroup;
+}
+#endif
 
 #include <functional>
 #include <memory>
@@ -79,7 +106,7 @@ struct CompressionConfig {
 // future callbacks may need the GIL.
 void without_gil(const std::function<void()>& f);
 
-class ProcessGroupGradcomm : public c10d::ProcessGroup {
+class ProcessGroupGradcomm : public BackendBase {
  public:
   // Blocks until every rank of the group has joined (or `timeout`, TimeoutError).
   // `group_name` only labels errors. Throws PythonError (gradcomm.<Kind> in Python; work.h).
@@ -126,6 +153,40 @@ class ProcessGroupGradcomm : public c10d::ProcessGroup {
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
+#if GRADCOMM_TORCH2
+  // torch 2.x coalescing: `with dist._coalescing_manager(group, device)` brackets ops
+  // with startCoalescing()/endCoalescing(); each op is issued at once as usual, and
+  // endCoalescing() returns one Work that completes once all of them have (their
+  // local steps included: the Completer settles in issue order). The *_coalesced
+  // tensor ops are the same over all_gather_into_tensor / reduce_scatter_tensor.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+#endif
+
+  // Reduce-scatter keys (see "Compressed reduce-scatter" in process_group.cc) are
+  // numbered per round; this starts the next round. gradcomm.torch calls it before
+  // every optimizer step, which every rank reaches at the same point of its calls.
+  void next_round();
+
+  // Per-group counters (gradcomm.torch.stats(group)): the communicator's (wire bytes,
+  // time split) and what the reductions issued on this group would have sent dense.
+  struct GroupStats {
+    Stats comm;
+    uint64_t reductions = 0;             // allreduce-type calls issued (reduce-scatter included)
+    uint64_t compressed = 0;             // of those: with a compressor
+    uint64_t reduced_bytes = 0;          // their tensors' bytes
+    uint64_t dense_ring_bytes = 0;       // what a dense ring sends for them: 2(N-1)/N x bytes each
+    uint64_t gathered_bytes = 0;         // payload the all-gathers issued send: (N-1) x input bytes each
+  };
+  GroupStats stats();
+
   // Not provided: each throws an error naming the op and the supported ones.
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>&, const c10d::ReduceOptions&) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
@@ -153,7 +214,29 @@ class ProcessGroupGradcomm : public c10d::ProcessGroup {
   CompressOptions compress_options(const at::Tensor& t, const at::Tensor& flat, ReduceOp op);
   std::string compression_key(const at::Tensor& t);  // caller holds issue_mutex_
 
+  // The options for a reduce-scatter of `flat` (the whole input, staged; its dtype was
+  // `input_type`), keyed per round and call site; caller holds issue_mutex_.
+  CompressOptions reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type, ReduceOp op);
+  // Counts a reduction of `flat` in stats_; caller holds issue_mutex_.
+  void count_reduction(const at::Tensor& flat, const CompressOptions& options);
+  // Counts an all-gather of `in` in stats_ (takes issue_mutex_).
+  void count_gather(const at::Tensor& in);
+  // Whether `t` (float16/bfloat16) would be compressed if it were float32: then it is
+  // staged through a float32 copy.
+  bool compress_through_float32(const at::Tensor& t, ReduceOp op) const;
+
   mutable std::mutex issue_mutex_;
+  GroupStats stats_;  // the issue-side counters (comm is filled in by stats())
+  // Reduce-scatter call sites in the current round: "<numel>/<dtype>" -> calls so far.
+  std::unordered_map<std::string, uint64_t> round_calls_;
+  // A round longer than this has most likely no end (see next_round()): warned once.
+  static constexpr uint64_t kRoundCallsWarning = 4096;
+  std::string group_label_;
+  struct Coalescing {
+    bool active = false;
+    std::vector<std::shared_ptr<gradcomm::Work>> calls;
+    std::vector<at::Tensor> outputs;
+  } coalescing_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Completer> completer_;
   CompressionConfig compression_;

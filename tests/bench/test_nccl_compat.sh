@@ -81,15 +81,34 @@ check_table "$tmp/run2.out" 2 float sum 8 1048576 2
   { cat "$tmp/all.out" "$tmp/all.err"; fail "-d all -o all failed"; }
 check_table "$tmp/all.out" 4 uint8,int32,int64,half,float,double,bfloat16 sum,max,min,avg 8 512 4
 
+# 3b. Under bare mpirun (no GRADCOMM_STORE): the ranks meet through MPI, as nccl-tests' do.
+if command -v mpirun >/dev/null && ldd "$bench" | grep -q libmpi; then
+  env -u GRADCOMM_STORE -u MASTER_ADDR -u MASTER_PORT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    timeout 120 mpirun -np 2 --oversubscribe "$bench" -c 1 -d float -o sum -b 8 -e 64 -f 2 \
+    >"$tmp/mpirun.out" 2>"$tmp/mpirun.err" || { cat "$tmp/mpirun.out" "$tmp/mpirun.err"; fail "bare mpirun failed"; }
+  grep -q "gradcomm: 2 ranks" "$tmp/mpirun.out" || { cat "$tmp/mpirun.out"; fail "bare mpirun: not a 2-rank table"; }
+  check_table "$tmp/mpirun.out" 2 float sum 8 64 2
+else
+  echo "skipped: bare mpirun (no mpirun, or gradcomm-bench built without MPI)"
+fi
+
 # 4. nccl-tests' flags gradcomm-bench does not implement: refused by name, non-zero exit.
-refused=(-t:1 -g:1 -m:2 -N:2 -p:1 -r:0 -y:1 -T:10 -G:1 -C:1 -S:1 -J:out.json -R:1 -x:1 -D:1 -V:16 -M:1 -u:1 -I:1
-         -K:1 --cudagraph:1 --nthreads:2)
+refused=(-t:2 -g:2 --ngpus:8 -m:2 -N:2 -p:1 -r:0 -y:1 -T:10 -G:1 -C:1 -S:1 -J:out.json -R:1 -x:1 -D:1 -V:16 -M:1
+         -u:1 -I:1 -K:1 --cudagraph:1 --nthreads:2)
 for fv in "${refused[@]}"; do
   flag=${fv%%:*} value=${fv#*:}
   if env -i "$bench" -b 8 -e 8 "$flag" "$value" >"$tmp/refused.out" 2>&1; then fail "$flag $value accepted"; fi
   grep -q -- "$flag.*is not supported by gradcomm-bench" "$tmp/refused.out" ||
     { cat "$tmp/refused.out"; fail "$flag: no message naming it"; }
 done
+# ... except -g 1 and -t 1, what every nccl-tests command line says and gradcomm does anyway:
+# the same table as without them.
+"$run" -n 2 --timeout 120 -- "$bench" -g 1 -t 1 -c 1 -d float -o sum -b 8 -e 64 -f 2 >"$tmp/g1.out" 2>"$tmp/g1.err" ||
+  { cat "$tmp/g1.out" "$tmp/g1.err"; fail "-g 1 -t 1 refused"; }
+check_table "$tmp/g1.out" 2 float sum 8 64 2
+if env -i "$bench" -b 8 -e 8 -g 2 >"$tmp/refused.out" 2>&1; then fail "-g 2 accepted"; fi
+grep -q -- "-g/--ngpus 2 (GPUs per thread) is not supported by gradcomm-bench: only 1" "$tmp/refused.out" ||
+  { cat "$tmp/refused.out"; fail "-g 2: no message naming the value"; }
 # Values gradcomm lacks: the message names the flag, the value and what is supported.
 bad=("-o prod:-o prod.*sum, avg, min or max" "-d int8:-d int8.*float" "-z 0:-z 0.*-z 3" "-a 5:-a 5"
      "-d nosuch:-d 'nosuch'" "-f 1 -i 0:-i 0")

@@ -29,8 +29,10 @@ def torchrun_command():
     if exe:
         with open(exe, "rb") as f:
             first = f.readline()
-        # Debian's torchrun runs /usr/bin/python3; only use it when that is us.
-        if first.startswith(b"#!") and os.path.realpath(first[2:].strip().split()[0].decode()) == os.path.realpath(PYTHON):
+        # Debian's torchrun runs /usr/bin/python3; only use it when that is us. A venv's
+        # python resolves to the same file but imports the venv's torch: not us.
+        if (first.startswith(b"#!") and sys.prefix == sys.base_prefix
+                and os.path.realpath(first[2:].strip().split()[0].decode()) == os.path.realpath(PYTHON)):
             return [exe]
     return [PYTHON, "-m", "torch.distributed.run"]
 

@@ -85,3 +85,31 @@ def test_hook_state_and_optimizer_reject_bad_arguments():
 
 def test_torchrun_command_is_available():
     assert run(torchrun_command() + ["--help"], timeout=60).returncode == 0
+
+
+def test_bad_specs_are_refused_at_construction():
+    # Not at the first compressed step: a typo fails where it is written, naming it.
+    import gradcomm
+    from gradcomm.torch import CompressionHookState, DistributedOptimizer
+    with pytest.raises(gradcomm.InvalidArgument, match=r"CompressionHookState: compression='tpk'.*tpk"):
+        CompressionHookState("tpk")
+    with pytest.raises(ValueError, match=r"ratio"):
+        CompressionHookState("topk:ratio=banana")
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(gradcomm.InvalidArgument, match=r"DistributedOptimizer: compression='qsgd:levels=x'"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="qsgd:levels=x")
+    CompressionHookState("topk:ratio=0.01")  # a good one still passes
+
+
+def test_half_precision_gradients_warn_once_that_they_go_dense():
+    import warnings
+    from gradcomm import torch as gtorch
+    gtorch._warned_dtypes.clear()
+    g = torch.zeros(4096, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"compression_hook: torch.bfloat16 gradients are reduced dense"):
+        assert gtorch._dense_only(g, "topk:ratio=0.01", 0, "compression_hook")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per dtype: no second warning
+        assert gtorch._dense_only(g, "topk:ratio=0.01", 0, "compression_hook")
+        assert not gtorch._dense_only(torch.zeros(4096), "topk:ratio=0.01", 0, "compression_hook")
+        assert gtorch._dense_only(torch.zeros(4096, dtype=torch.float64), "topk:ratio=0.01", 0, "x")  # no warning

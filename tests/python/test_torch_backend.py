@@ -119,3 +119,56 @@ except gradcomm.TimeoutError as e:
     assert 2.5 <= float(m[1]) <= 20, result.stdout
     assert "waiting for rank 1" in m[2], m[2]
     assert "ranks that have not joined generation 1: 1" in m[2], m[2]
+
+
+def test_backend_available_says_what_it_was_built_against():
+    available = gtorch.backend_available()
+    assert available and available.available, available
+    assert torch.__version__ in available.reason and available.reason.startswith("built: ON"), available.reason
+
+
+def test_backend_not_built_is_said_by_backend_available_and_init(tmp_path):
+    # A copy of the package as a build that skipped the backend leaves it: no module,
+    # the configure step's reason recorded. Both the check and init_process_group say it.
+    import shutil
+    package = os.path.dirname(gtorch.__file__)
+    shutil.copytree(package, tmp_path / "gradcomm", ignore=shutil.ignore_patterns("_gradcomm_torch*", "__pycache__"))
+    (tmp_path / "gradcomm" / "_torch_backend_status.txt").write_text(
+        "OFF (torch 9.9 was built with the pre-C++11 libstdc++ ABI (_GLIBCXX_USE_CXX11_ABI=0))\n")
+    code = f"""
+import sys; sys.path.insert(0, {str(tmp_path)!r})
+import torch.distributed as dist, gradcomm.torch as gt
+a = gt.backend_available()
+assert not a and a.reason == "not built: torch 9.9 was built with the pre-C++11 libstdc++ ABI (_GLIBCXX_USE_CXX11_ABI=0)", a
+store = dist.FileStore({str(tmp_path / 'store')!r}, 1)
+try:
+    dist.init_process_group("gradcomm", store=store, rank=0, world_size=1)
+except ImportError as e:
+    assert "pre-C++11" in str(e), e
+    print("OK not built")
+"""
+    result = run([PYTHON, "-c", code], timeout=60)
+    assert result.returncode == 0 and "OK not built" in result.stdout, result.stdout
+
+
+def test_group_stats_and_gradcomm_stats_points_to_them(tmp_path):
+    code = f"""
+import datetime, torch, torch.distributed as dist, gradcomm, gradcomm.torch as gt
+store = dist.FileStore({str(tmp_path / 'store')!r}, 1)
+dist.init_process_group("gradcomm", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+before = gt.stats()
+dist.all_reduce(torch.ones(2048))
+dist.all_gather_into_tensor(torch.empty(10), torch.ones(10))
+after = gt.stats(dist.group.WORLD)
+assert after["reductions"] == before["reductions"] + 1 and after["reduced_bytes"] == before["reduced_bytes"] + 8192
+assert after["ops"] == before["ops"] + 2, after
+for k in ("bytes_sent", "dense_ring_bytes", "gathered_bytes", "compressed_reductions", "encode_s", "comm_s"):
+    assert k in after, k
+try:
+    gradcomm.stats()
+except gradcomm.Error as e:
+    assert "gradcomm.torch.stats(group)" in str(e), e
+    print("OK stats")
+"""
+    result = run([PYTHON, "-c", code], timeout=60)
+    assert result.returncode == 0 and "OK stats" in result.stdout, result.stdout

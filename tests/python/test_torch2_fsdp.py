@@ -1,0 +1,53 @@
+"""Compressed FSDP (issue 31, torch >= 2 only; skips otherwise, saying so): the FSDP
+example (python_bindings/examples/fsdp.py, fully_shard) on 2 ranks trains an MLP
+784-256-10 on Fashion-MNIST for 2 epochs, dense over gloo and on the "gradcomm"
+backend with quant:bits=8 and with top-k. Each compressed run must end with the
+all-gathered parameters bitwise identical on both ranks, reach a test accuracy within
+1 percentage point of dense FSDP's on the same data, seeds and steps, and send fewer
+reduce-scatter bytes than a dense ring (the group's counters); fsdp1
+(FullyShardedDataParallel) once as well. The runs are deterministic (same seeds, same
+arithmetic), so the margins are those of bench/results/fsdp-2026-11-27.md."""
+import json
+import os
+
+import pytest
+
+from conftest import EXAMPLES, launch
+
+torch = pytest.importorskip("torch")
+if int(torch.__version__.split(".")[0]) < 2:
+    pytest.skip(f"needs torch >= 2 (this interpreter has torch {torch.__version__}); scripts/test-torch2.sh runs "
+                "these in the torch 2.x venv", allow_module_level=True)
+DATA = "/usr/share/datasets/fashion-mnist"
+if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
+    pytest.skip(f"no Fashion-MNIST in {DATA} (Debian: dataset-fashion-mnist)", allow_module_level=True)
+
+ARGS = ["--epochs", "2", "--hidden", "256", "--data", DATA]
+
+
+def train(tmp_path, *extra, fsdp="fully_shard"):
+    out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}.jsonl"
+    result = launch(2, os.path.join(EXAMPLES, "fsdp.py"), *ARGS, "--fsdp", fsdp, "--json", out, *extra, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("fsdp: parameters identical on all 2 ranks") == 2, result.stdout
+    return [json.loads(line) for line in out.read_text().splitlines()][-1]
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("dense"), "--backend", "gloo")
+
+
+@pytest.mark.parametrize("spec", ["quant:bits=8", "topk:ratio=0.05"])
+def test_compressed_fsdp_within_1pp_of_dense(tmp_path, dense, spec):
+    last = train(tmp_path, "--compression", spec)
+    assert last["compressed_reductions"] == last["reductions"] > 0, last  # every reduce-scatter compressed
+    # Fewer bytes than even a true dense reduce-scatter ((N-1)/N x bytes = half the dense ring).
+    assert last["reduce_bytes_sent"] < last["dense_ring_bytes"] / 2 / 1.5, last
+    assert abs(last["test_accuracy"] - dense["test_accuracy"]) <= 0.01, (last, dense)
+    assert dense["test_accuracy"] > 0.8, dense  # the task is learnt at all
+
+
+def test_fsdp1_compressed_consistent(tmp_path):
+    last = train(tmp_path, "--compression", "quant:bits=8", "--epochs", "1", "--max-steps", "100", fsdp="fsdp1")
+    assert last["compressed_reductions"] > 0, last
