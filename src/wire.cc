@@ -88,21 +88,24 @@ std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
   for (char& c : h.compressor) {
     if (c < 0x20 || c > 0x7E) c = '?';
   }
-  // A spec longer than the field arrives cut: show it up to its last whole key (or
-  // name) and say so, never a half-word that reads like another value ("ratio=0.0").
-  // Agreement is decided by compressor_hash, which covers the whole spec; it also
-  // tells a spec of exactly kSpecBytes (whose hash matches) from a longer one.
-  if (h.compressor.size() == kSpecBytes && fnv1a32(h.compressor) != h.compressor_hash) {
-    const size_t cut = h.compressor.find_last_of(",:|");
-    h.compressor.resize(cut == std::string::npos ? 0 : cut + 1);
-    h.compressor += fmt::format("... (cut: longer than the {} bytes the header carries)", kSpecBytes);
-  }
   return h;
+}
+
+// A spec longer than the field arrives cut: shown up to its last whole key (or name),
+// saying so, never a half-word that reads like another value ("ratio=0.0"). Agreement
+// is decided by compressor_hash, which covers the whole spec; it also tells a spec of
+// exactly kSpecBytes (whose hash matches) from a longer one. `compressor` itself stays
+// the field's bytes, so a header re-serializes to the same bytes.
+std::string WireHeader::shown_compressor() const {
+  if (compressor.size() != kSpecBytes || fnv1a32(compressor) == compressor_hash) return compressor;
+  const size_t cut = compressor.find_last_of(",:|");
+  return compressor.substr(0, cut == std::string::npos ? 0 : cut + 1) +
+         fmt::format("... (cut: longer than the {} bytes the header carries)", kSpecBytes);
 }
 
 std::string WireHeader::describe() const {
   if (fused > 1) {
-    const std::string spec = compressor != "none" ? fmt::format(", {}, step={}", compressor, step) : ", none";
+    const std::string spec = compressor != "none" ? fmt::format(", {}, step={}", shown_compressor(), step) : ", none";
     return fmt::format("fused allreduce of {} calls (numel={}, {}, {}{}, members {:08x}) #{}-#{}", fused, numel,
                        dtype_name(dtype), reduce_op_name(reduce_op), spec, fused_digest, seq, seq + fused - 1);
   }
@@ -112,7 +115,7 @@ std::string WireHeader::describe() const {
         // A plain call's digest is its shapes' (powersgd); a planned group of one carries its member's.
         const std::string shapes = fused == 0 && fused_digest != 0 ? fmt::format(", shapes {:08x}", fused_digest) : "";
         return fmt::format("allreduce(numel={}, {}, {}, {}, step={}{}) #{}", numel, dtype_name(dtype),
-                           reduce_op_name(reduce_op), compressor, step, shapes, seq);
+                           reduce_op_name(reduce_op), shown_compressor(), step, shapes, seq);
       }
       return fmt::format("allreduce(numel={}, {}, {}, {}) #{}", numel, dtype_name(dtype), reduce_op_name(reduce_op),
                          compressor, seq);

@@ -53,6 +53,10 @@ struct WireHeader {
 
   // "allreduce(numel=1000, float32, sum, none) #17"
   std::string describe() const;
+  // The spec as messages show it: `compressor`, or, where the field holds the first
+  // kSpecBytes of a longer spec (its hash says so), that cut at its last whole key with
+  // a note.
+  std::string shown_compressor() const;
   // True when both describe the same call (every field that must agree across ranks).
   bool agrees_with(const WireHeader& other) const;
 };

@@ -31,6 +31,7 @@ TEST(WireHeader, SpecThatFillsTheFieldIsNotCut) {
     h.compressor = "topk:ratio=0.5," + std::string(n - 15, 'a');
     h.compressor_hash = fnv1a32(h.compressor);  // as the engine sets it
     EXPECT_EQ(round_trip(h).compressor, h.compressor) << n;
+    EXPECT_EQ(round_trip(h).shown_compressor(), h.compressor) << n;
   }
 }
 
@@ -38,7 +39,10 @@ TEST(WireHeader, LongSpecIsCutAtAKeyBoundaryAndSaysSo) {
   WireHeader h;
   h.compressor = "topk:ratio=0.01,algo=allgather,values=fp16,select=exact";  // 55 bytes
   h.compressor_hash = fnv1a32(h.compressor);
-  const std::string shown = round_trip(h).compressor;
+  const WireHeader back = round_trip(h);
+  const std::string shown = back.shown_compressor();
+  EXPECT_EQ(back.compressor, h.compressor.substr(0, WireHeader::kSpecBytes));  // the field as it is
+  EXPECT_NE(back.describe().find(shown), std::string::npos) << back.describe();
   // The first 32 bytes are "topk:ratio=0.01,algo=allgather,v": shown up to "...allgather,".
   EXPECT_EQ(shown.rfind("topk:ratio=0.01,algo=allgather,...", 0), 0u) << shown;
   EXPECT_NE(shown.find("longer than the 32 bytes"), std::string::npos) << shown;
@@ -49,7 +53,7 @@ TEST(WireHeader, LongSpecWithoutSeparatorShowsNoFragment) {
   WireHeader h;
   h.compressor = std::string(40, 'x');
   h.compressor_hash = fnv1a32(h.compressor);
-  const std::string shown = round_trip(h).compressor;
+  const std::string shown = round_trip(h).shown_compressor();
   EXPECT_EQ(shown.rfind("... (cut", 0), 0u) << shown;
 }
 
