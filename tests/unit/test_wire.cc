@@ -37,6 +37,7 @@ TEST(WireHeader, SpecThatFillsTheFieldIsNotCut) {
 
 TEST(WireHeader, LongSpecIsCutAtAKeyBoundaryAndSaysSo) {
   WireHeader h;
+  h.op = OpKind::kAllreduce;
   h.compressor = "topk:ratio=0.01,algo=allgather,values=fp16,select=exact";  // 55 bytes
   h.compressor_hash = fnv1a32(h.compressor);
   const WireHeader back = round_trip(h);
