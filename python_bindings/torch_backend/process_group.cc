@@ -574,36 +574,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::endCoalescing() {
       std::move(batch.outputs), {}, nullptr);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+// The *_coalesced tensor ops: each pair issued as its plain op inside one coalescing
+// bracket. On an error, what was issued completes on its own; the caller gets the error.
+template <class IssueOne>
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::coalesced(const char* name, std::vector<at::Tensor>& outputs,
+                                                              std::vector<at::Tensor>& inputs, IssueOne issue_one) {
   if (outputs.size() != inputs.size()) {
-    bad_argument(fmt::format("all_gather_into_tensor_coalesced: {} outputs for {} inputs", outputs.size(),
-                             inputs.size()));
+    bad_argument(fmt::format("{}: {} outputs for {} inputs", name, outputs.size(), inputs.size()));
   }
   startCoalescing();
   try {
-    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
-  } catch (...) {
-    (void)endCoalescing();  // what was issued completes on its own; the caller gets the error
-    throw;
-  }
-  return endCoalescing();
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  if (outputs.size() != inputs.size()) {
-    bad_argument(fmt::format("reduce_scatter_tensor_coalesced: {} outputs for {} inputs", outputs.size(),
-                             inputs.size()));
-  }
-  startCoalescing();
-  try {
-    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
+    for (size_t i = 0; i < inputs.size(); ++i) issue_one(outputs[i], inputs[i]);
   } catch (...) {
     (void)endCoalescing();
     throw;
   }
   return endCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  return coalesced("all_gather_into_tensor_coalesced", outputs, inputs,
+                   [&](at::Tensor& out, at::Tensor& in) { _allgather_base(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  return coalesced("reduce_scatter_tensor_coalesced", outputs, inputs,
+                   [&](at::Tensor& out, at::Tensor& in) { _reduce_scatter_base(out, in, opts); });
 }
 
 #endif  // GRADCOMM_TORCH2

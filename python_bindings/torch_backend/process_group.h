@@ -168,6 +168,13 @@ class ProcessGroupGradcomm : public BackendBase {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+
+ private:
+  template <class IssueOne>
+  c10::intrusive_ptr<c10d::Work> coalesced(const char* name, std::vector<at::Tensor>& outputs,
+                                           std::vector<at::Tensor>& inputs, IssueOne issue_one);
+
+ public:
 #endif
 
   // Reduce-scatter keys (see "Compressed reduce-scatter" in process_group.cc) are
