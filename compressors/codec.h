@@ -116,6 +116,12 @@ SparseVector topk_select_accumulate(const float* grad, float* residual, int64_t 
 SparseVector topk_select_fold(float* grad, float* residual, int64_t n, int64_t k, TopkSelect select,
                               const PhiloxStream& rng);
 
+// Error feedback after a selection was sent: residual[indices[j]] keeps what the value
+// type's rounding dropped from values[j] (sparse_code.h: sparse_rounding_residual; 0 for
+// fp32), so only the rounding, not the value, is carried to the next step. The writes
+// are scattered; each line is asked for some entries ahead, so their misses overlap.
+void keep_sparse_rounding(float* residual, std::span<const uint64_t> indices, const float* values, ValueType type);
+
 // k distinct indices of [0, n), increasing, the same for every caller with the same
 // stream (random-k draws one stream per (seed, key, step), shared by all ranks).
 std::vector<uint64_t> randomk_indices(int64_t n, int64_t k, const PhiloxStream& rng);

@@ -158,15 +158,8 @@ class HostPrimitives {
   }
 
  private:
-  // Error feedback after a selection was sent: the residual at a sent index keeps what
-  // the value type's rounding dropped (x - x', 0 for fp32; sparse_code.h's rule), so
-  // only the rounding, not the value, is carried to the next step.
   void keep_rounding(const float* values) {
-    if (residual_ == nullptr) return;
-    const std::vector<uint64_t>& indices = selected_.indices;
-    for (size_t j = 0; j < indices.size(); ++j) {
-      residual_[indices[j]] = sparse_rounding_residual(values[j], sparse_round(values[j], spec_.values));
-    }
+    if (residual_ != nullptr) keep_sparse_rounding(residual_, selected_.indices, values, spec_.values);
   }
 
   // Sums a selection's values across ranks, as fp32 or (values=fp16|bf16) as 16-bit

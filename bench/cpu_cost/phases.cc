@@ -186,17 +186,8 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
       {label, "select", "4n + 12k", 4.0 * n + 12.0 * kk, "topk_select(grad): select_topk without EF; allocates",
        nullptr, [s, g, n, k, select] { s->sel_plain = detail::topk_select(g, n, k, select, s->rng); }},
       {label, "keep_rounding", "16k (read index, value; write residual[index]), scattered", 16.0 * kk,
-       "HostPrimitives::keep_rounding is private (src/compression.cc); the same loop over the "
-       "public sparse_round / sparse_rounding_residual (sparse_code.h)",
-       nullptr,
-       [s, values] {
-         const auto& idx = s->sel.indices;
-         const float* v = s->sel.values.data();
-         float* r = s->residual.data();
-         for (size_t j = 0; j < idx.size(); ++j) {
-           r[idx[j]] = detail::sparse_rounding_residual(v[j], detail::sparse_round(v[j], values));
-         }
-       }},
+       "keep_sparse_rounding (HostPrimitives::keep_rounding's step)", nullptr,
+       [s, values] { detail::keep_sparse_rounding(s->residual.data(), s->sel.indices, s->sel.values.data(), values); }},
       {label, "encode_raw", "12k + P", 12.0 * kk + p_raw,
        fmt::format("encode_sparse, u32 indices, P = {:.0f} B; validates, allocates the payload", p_raw), nullptr,
        [s, n, raw] { s->raw = detail::encode_sparse(CompressorId::kTopk, n, s->sel, raw); }},

@@ -84,11 +84,13 @@ def summarize(records):
 def markdown(records, table, title):
     first = records[0]
     loads = [r["loadavg_1m"] for r in records if r.get("loadavg_1m") is not None]
+    torches = sorted({r["torch"] for r in records if r.get("torch")})
     lines = [f"# {title}", "",
              f"{len(records)} runs ({sum(1 for r in records if r.get('ok'))} ok), {first.get('ranks', '?')} ranks "
              f"(one network namespace each), batch {first.get('batch_size', 64)} per rank, "
              f"{first.get('steps', '?')} timed steps per run, rounds interleaved; build {first.get('commit', '?')} "
-             f"({first.get('build', '?')}); {first.get('cores', '?')} cores shared by all ranks; "
+             f"({first.get('build', '?')}); torch {', '.join(torches) or '?'}; "
+             f"{first.get('cores', '?')} cores shared by all ranks; "
              f"1-min load average at run starts {min(loads):.1f}–{max(loads):.1f}." if loads else "",
              "", "Step time: per step the max over ranks, the run's median of that; the table gives the median "
              "over rounds and the range (min–max) of the per-run medians. ×gloo, ×PowerSGD: t(reference) / "

@@ -16,7 +16,8 @@
 # Every run has a deadline (--timeout); the first rank to fail ends its run, its log is shown,
 # the run is recorded as failed and the next one starts. Output: OUT/records.jsonl (one JSON
 # record per run), OUT/logs/, and the report (bench/e2e/report.py): OUT.md and OUT.png.
-# Needs root, ip, tc; /usr/bin/python3 with torch; a build with trainer/ and the Python package.
+# Needs root, ip, tc; a Python with torch (/usr/bin/python3, Debian's torch 1.13, or --python, e.g.
+# the torch 2.x venv of scripts/install-torch2-venv.sh); a build with trainer/ and the Python package.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -33,6 +34,11 @@ Options:
   --warmup W         untimed steps first (default 5; the trainer runs one untimed epoch instead)
   --variants LIST    (default: $default_variants)
   --build DIR        build directory: trainer/, python/ (default build)
+  --python PY        the interpreter the DDP variants run under (default /usr/bin/python3). With
+                     torch >= 2 it imports BUILD/python-torch2 (GRADCOMM_TORCH2_PYTHON=PY at
+                     configure time) where that exists, else BUILD/python. Debian's torch 1.13
+                     runs its matrix products on OpenBLAS, about 3x slower per step here than
+                     the PyPI wheel's MKL: the compute share of a step depends on this choice.
   --out DIR          records and logs; the report goes to DIR.md, DIR.png
                      (default bench/results/e2e-<date>)
   --timeout S        deadline of one run, every rank (default 300)
@@ -43,7 +49,7 @@ EOF
 }
 
 ranks=4 rates=1gbit,10gbit rounds=3 steps=30 warmup=5 variants=$default_variants build=build
-out="" timeout_s=300 profile="" ddp_args=""
+out="" timeout_s=300 profile="" ddp_args="" py=/usr/bin/python3
 while [[ $# -gt 0 ]]; do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
@@ -53,6 +59,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup=$2; shift 2 ;;
     --variants) variants=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
+    --python) py=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --profile) profile=--profile; shift ;;
@@ -66,14 +73,17 @@ die() { echo "e2e/run.sh: $*" >&2; exit 1; }
 # A rank stuck where its peers are not prints its Python stacks before theirs time out
 # (GRADCOMM_TIMEOUT_S=120 below) and the run is torn down: at 100 s, or at 90 % of a
 # shorter --timeout.
-py=/usr/bin/python3
 [[ $ranks =~ ^[0-9]+$ && $ranks -ge 2 && $ranks -le 64 ]] || die "--ranks must be 2..64, got '$ranks'"
 for n in rounds steps timeout_s; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${n%_s} must be a positive integer"; done
 [[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be an integer >= 0"
 build=$(realpath "$build") || die "no build directory '$build'"
 hang_dump_s=$((timeout_s * 9 / 10 < 100 ? timeout_s * 9 / 10 : 100))
 out=$(realpath -m "${out:-$here/../results/e2e-$(date +%F)}")
-"$py" -c 'import torch, numpy' 2>/dev/null || die "$py cannot import torch and numpy (Debian: python3-torch)"
+torch_version=$("$py" -c 'import torch, numpy; print(torch.__version__)' 2>/dev/null) ||
+  die "$py cannot import torch and numpy (Debian: python3-torch; or --python a venv's interpreter)"
+# The package the DDP variants import: the torch 2.x build of the backend for a torch 2.x.
+pkg_dir=$build/python
+[[ ${torch_version%%.*} -ge 2 && -f $build/python-torch2/gradcomm/__init__.py ]] && pkg_dir=$build/python-torch2
 
 # ';' always separates variants. Without one, ',' does, unless a piece is a bare key=value
 # (then the ',' belonged to a spec: "gradcomm:quant:bits=4,bucket=512").
@@ -89,10 +99,10 @@ trainer=$build/trainer/gradcomm-train
 for v in "${variant_list[@]}"; do
   case $v in
     gloo|fp16|powersgd|powersgd:buckets=*|compute) ;;
-    gradcomm:?*) [[ -f $build/python/gradcomm/__init__.py ]] ||
-                   die "variant $v needs the Python package: no $build/python/gradcomm (GRADCOMM_PYTHON)" ;;
-    backend:?*) compgen -G "$build/python/gradcomm/_gradcomm_torch*.so" >/dev/null ||
-                   die "variant $v needs the torch backend: no $build/python/gradcomm/_gradcomm_torch*.so (GRADCOMM_TORCH_BACKEND)" ;;
+    gradcomm:?*) [[ -f $pkg_dir/gradcomm/__init__.py ]] ||
+                   die "variant $v needs the Python package: no $pkg_dir/gradcomm (GRADCOMM_PYTHON)" ;;
+    backend:?*) compgen -G "$pkg_dir/gradcomm/_gradcomm_torch*.so" >/dev/null ||
+                   die "variant $v needs the torch backend: no $pkg_dir/gradcomm/_gradcomm_torch*.so (GRADCOMM_TORCH_BACKEND; torch 2.x: GRADCOMM_TORCH2_PYTHON)" ;;
     train:overlap|train:no-overlap) [[ -x $trainer ]] || die "variant $v needs $trainer" ;;
     *) die "unknown variant '$v' (gloo, fp16, powersgd, gradcomm:SPEC, backend:SPEC, train:overlap, train:no-overlap, compute)" ;;
   esac
@@ -111,7 +121,7 @@ records=$out/records.jsonl
 touch "$records"
 echo "$command_line" >>"$out/commands.txt"
 echo "# e2e: $ranks ranks, rates $rates, $rounds round(s) x ${#variant_list[@]} variant(s), $steps timed steps," \
-     "build $build ($commit), out $out" >&2
+     "build $build ($commit), torch $torch_version ($py, package $pkg_dir), out $out" >&2
 
 # ---- one run ------------------------------------------------------------------------------
 # run_variant VARIANT ROUND: starts every rank in its namespace, waits (first failure ends
@@ -136,7 +146,7 @@ run_variant() {
           --limit-train $((steps * ranks * 64)) --limit-test 1000 --threads 1 --seed 1 \
           --log "$logs.rank{rank}.jsonl" "${extra[@]}" >"$logs.rank$r.log" 2>&1 &
     else
-      netns_exec "$r" MASTER_PORT="$port" PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 \
+      netns_exec "$r" MASTER_PORT="$port" PYTHONPATH="$pkg_dir" PYTHONDONTWRITEBYTECODE=1 \
         GRADCOMM_TIMEOUT_S=120 GRADCOMM_E2E_HANG_DUMP_S=$hang_dump_s timeout --signal=KILL "$timeout_s" \
           "$py" "$here/ddp_step.py" "$v" --warmup "$warmup" --steps "$steps" --out "$rec" $profile $ddp_args \
           >"$logs.rank$r.log" 2>&1 &
@@ -184,5 +194,5 @@ for rate in "${rate_list[@]}"; do
   netns_down
 done
 
-"$py" "$here/report.py" "$out" || status=1
+/usr/bin/python3 "$here/report.py" "$out" || status=1
 exit $status

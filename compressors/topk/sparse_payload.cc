@@ -252,6 +252,15 @@ SparseView validate_sparse(CompressorId id, std::span<const uint8_t> payload, in
 
 }  // namespace
 
+void keep_sparse_rounding(float* residual, std::span<const uint64_t> indices, const float* values, ValueType type) {
+  constexpr size_t kAhead = 24;  // as decode_sum_sparse's kPrefetchAhead
+  const size_t ahead = indices.size() > kAhead ? indices.size() - kAhead : 0;
+  for (size_t j = 0; j < indices.size(); ++j) {
+    if (j < ahead) __builtin_prefetch(residual + indices[j + kAhead], 1);
+    residual[indices[j]] = sparse_rounding_residual(values[j], sparse_round(values[j], type));
+  }
+}
+
 SparseVector decode_sparse(CompressorId id, std::span<const uint8_t> payload, int64_t n) {
   SparseView v = validate_sparse(id, payload, n, "decode_sparse");
   SparseVector out;
@@ -281,6 +290,10 @@ void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>
   // touched, each once (`divided` marks them): every other element is +0.0, and
   // +0.0 / d is +0.0, so the result is bit for bit the whole tile's division.
   constexpr int64_t kTile = 16384;  // 64 KiB of fp32
+  // The entries' lines of `out` are scattered (about one line an entry at k = 1 %) and,
+  // with kZeroed, out of cache since the selection's pass: each add waits on a miss
+  // unless its line was asked for this many entries earlier.
+  constexpr uint64_t kPrefetchAhead = 24;
   const bool zeroed = output == SparseOutput::kZeroed;
   const auto d = static_cast<float>(divisor);
   std::vector<uint64_t> next(views.size(), 0);  // each payload's first entry not yet added
@@ -294,7 +307,12 @@ void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>
     for (size_t p = 0; p < views.size(); ++p) {
       const SparseView& v = views[p];
       uint64_t j = first[p] = next[p];
-      for (uint64_t i; j < v.count() && (i = v.indices[j]) < tile_end; ++j) out[i] += v.value(j);
+      const uint64_t* idx = v.indices.data();
+      const uint64_t ahead = v.count() > kPrefetchAhead ? v.count() - kPrefetchAhead : 0;
+      for (uint64_t i; j < v.count() && (i = idx[j]) < tile_end; ++j) {
+        if (j < ahead) __builtin_prefetch(out + idx[j + kPrefetchAhead], 1);
+        out[i] += v.value(j);
+      }
       touched |= j != first[p];
       next[p] = j;
     }

@@ -60,6 +60,12 @@ struct Digit {
 };
 constexpr std::array<Digit, 3> kDigits = {{{21, 0x7FFu}, {10, 0x7FFu}, {0, 0x3FFu}}};
 constexpr int kBuckets = 2048;
+// A histogram of one digit, plus a sink slot (kBuckets) that the branch-free passes count
+// elements outside the prefix into: whether an element matches is data-dependent (about
+// the chosen bucket's share of a crowded range), and a mispredicted branch per element
+// cost more than the one extra increment.
+using Histogram = std::array<int64_t, kBuckets + 1>;
+constexpr uint32_t kSink = kBuckets;
 
 // Where the k-th largest key lies: every element with key > key is selected, plus
 // the first `take_equal` elements (by index) with key == key.
@@ -76,7 +82,7 @@ struct Threshold {
 // Within a histogram of the current digit, finds the bucket holding the `need`-th
 // largest element (need >= 1 and <= the histogram's total) and returns it; `need`
 // becomes the rank inside that bucket.
-uint32_t pick_bucket(const std::array<int64_t, kBuckets>& hist, uint32_t top, int64_t& need) {
+uint32_t pick_bucket(const Histogram& hist, uint32_t top, int64_t& need) {
   for (uint32_t d = top + 1; d-- > 0;) {
     if (hist[d] >= need) return d;
     need -= hist[d];
@@ -88,7 +94,7 @@ uint32_t pick_bucket(const std::array<int64_t, kBuckets>& hist, uint32_t top, in
 // record Threshold::above/candidates when pass 2 can (select_exact uses them).
 template <class KeyAt>
 Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at, bool collect_indices) {
-  std::array<int64_t, kBuckets> hist;
+  Histogram hist;
   int64_t need = k;  // rank of the target among elements matching the prefix so far
 
   // Pass 1: top digit over everything. Gradients crowd into a few top-digit
@@ -150,7 +156,7 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at, bool collect_indic
   } else {
     for (int64_t i = 0; i < n; ++i) {
       const uint32_t key = key_at(i);
-      if ((key & prefix_mask) == prefix) ++hist[(key >> kDigits[1].shift) & kDigits[1].mask];
+      ++hist[(key & prefix_mask) == prefix ? (key >> kDigits[1].shift) & kDigits[1].mask : kSink];
     }
   }
   prefix |= pick_bucket(hist, kDigits[1].mask, need) << kDigits[1].shift;
@@ -159,7 +165,7 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at, bool collect_indic
   // Pass 3: low digit, over the candidates or the whole input.
   hist.fill(0);
   auto count_low = [&](uint32_t key) {
-    if ((key & prefix_mask) == prefix) ++hist[key & kDigits[2].mask];
+    ++hist[(key & prefix_mask) == prefix ? key & kDigits[2].mask : kSink];
   };
   if (collect) {
     for (int64_t i : candidates) count_low(key_at(i));
@@ -176,9 +182,10 @@ Threshold radix_threshold(int64_t n, int64_t k, KeyAt key_at, bool collect_indic
 // every key > t.key and the first t.take_equal keys == t.key, offered in index order.
 class Selection {
  public:
+  // One slot more than `count`: offer() writes every candidate before it knows.
   Selection(const float* acc, const Threshold& t, int64_t count) : acc_(acc), key_(t.key), equal_left_(t.take_equal) {
-    out_.indices.resize(static_cast<size_t>(count));
-    out_.values.resize(static_cast<size_t>(count));
+    out_.indices.resize(static_cast<size_t>(count) + 1);
+    out_.values.resize(static_cast<size_t>(count) + 1);
   }
   // Whether an element with this key is selected (consumes one tie when it equals T).
   bool passes(uint32_t key) {
@@ -193,7 +200,23 @@ class Selection {
     out_.values[static_cast<size_t>(taken_)] = value;
     ++taken_;
   }
-  SparseVector release() { return std::move(out_); }
+  // passes(key) and take(i, value) without a branch on the (unpredictable) outcome: the
+  // entry is written to the next slot, which only advances when it passes. Ties (key ==
+  // T, rare) take the branch.
+  void offer(int64_t i, float value, uint32_t key) {
+    if (key == key_) [[unlikely]] {
+      if (passes(key)) take(i, value);
+      return;
+    }
+    out_.indices[static_cast<size_t>(taken_)] = static_cast<uint64_t>(i);
+    out_.values[static_cast<size_t>(taken_)] = value;
+    taken_ += key > key_ ? 1 : 0;
+  }
+  SparseVector release() {
+    out_.indices.resize(static_cast<size_t>(taken_));
+    out_.values.resize(static_cast<size_t>(taken_));
+    return std::move(out_);
+  }
 
  private:
   const float* acc_;
@@ -448,9 +471,7 @@ SparseVector select_exact_filtered(const float* grad, float* residual, float* cl
   const Threshold t = radix_threshold(
       c.count, k, [&keys](int64_t j) { return keys[static_cast<size_t>(j)]; }, /*collect_indices=*/false);
   Selection sel(acc, t, k);
-  for (int64_t j = 0; j < c.count; ++j) {
-    if (sel.passes(keys[static_cast<size_t>(j)])) sel.take(c.indices[j], c.values[j]);
-  }
+  for (int64_t j = 0; j < c.count; ++j) sel.offer(c.indices[j], c.values[j], keys[static_cast<size_t>(j)]);
   return sel.release();
 }
 
