@@ -287,12 +287,14 @@ SparseVector select_exact(const float* acc, int64_t n, int64_t k) {
 // count and the same selection as over the whole input. Otherwise (a bound above T,
 // or heavy ties at B) the radix passes run over the whole input.
 
-// The keys of acc at the m sample positions of `rng`: position j is
+// The keys of acc = grad (+ residual) at the m sample positions of `rng`: position j is
 // topk::sample_position(rng, j, n), computed here two at a time from their shared
-// Philox block.
-template <class AccAt>
-std::vector<uint32_t> sample_keys(int64_t n, int64_t m, const PhiloxStream& rng, AccAt acc_at) {
-  std::vector<uint32_t> keys(static_cast<size_t>(m));
+// Philox block. All positions first, then the reads: they land on lines no pass has
+// touched yet, so each is asked for kAhead samples early and the misses overlap
+// instead of each read waiting for its own.
+std::vector<uint32_t> sample_keys(int64_t n, int64_t m, const PhiloxStream& rng, const float* grad,
+                                  const float* residual) {
+  std::vector<int64_t> pos(static_cast<size_t>(m));
   const auto un = static_cast<uint64_t>(n);
   for (int64_t j = 0; j < m; j += 2) {
     const auto block = static_cast<uint64_t>(j) >> 1;
@@ -301,8 +303,20 @@ std::vector<uint32_t> sample_keys(int64_t n, int64_t m, const PhiloxStream& rng,
                                     static_cast<uint32_t>(rng.seed), static_cast<uint32_t>(rng.seed >> 32));
     for (int64_t h = 0; h < 2 && j + h < m; ++h) {
       const uint64_t u = static_cast<uint64_t>(r.v[2 * h]) | (static_cast<uint64_t>(r.v[2 * h + 1]) << 32);
-      keys[static_cast<size_t>(j + h)] = magnitude_key(acc_at(static_cast<int64_t>(topk::mulhi64(u, un))));
+      pos[static_cast<size_t>(j + h)] = static_cast<int64_t>(topk::mulhi64(u, un));
     }
+  }
+  constexpr int64_t kAhead = 16;
+  std::vector<uint32_t> keys(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) {
+    if (j + kAhead < m) {
+      const int64_t next = pos[static_cast<size_t>(j + kAhead)];
+      __builtin_prefetch(grad + next);
+      if (residual != nullptr) __builtin_prefetch(residual + next);
+    }
+    const int64_t i = pos[static_cast<size_t>(j)];
+    // The same fp32 sum the pass will store there.
+    keys[static_cast<size_t>(j)] = magnitude_key(residual != nullptr ? residual[i] + grad[i] : grad[i]);
   }
   return keys;
 }
@@ -435,10 +449,6 @@ Collected accumulate_and_collect(const float* grad, float* residual, float* clea
 // The selection's acc after the whole input went through accumulate_and_collect.
 const float* acc_of(const float* grad, const float* residual) { return residual != nullptr ? residual : grad; }
 
-// acc at pos without the pass: the same fp32 sum the pass will store there.
-auto acc_reader(const float* grad, const float* residual) {
-  return [grad, residual](int64_t pos) { return residual != nullptr ? residual[pos] + grad[pos] : grad[pos]; };
-}
 
 SparseVector select_exact_all(const float* grad, float* residual, float* clear, int64_t n, int64_t k) {
   if (residual != nullptr) add_into(residual, grad, n);
@@ -459,7 +469,7 @@ SparseVector select_exact_filtered(const float* grad, float* residual, float* cl
   const double want = std::ceil(kFilterHitsPerK * static_cast<double>(n) / static_cast<double>(k));
   const int64_t m = std::max<int64_t>(topk::kMinSample, want >= static_cast<double>(n) ? n : static_cast<int64_t>(want));
   if (m > n / 16) return select_exact_all(grad, residual, clear, n, k);
-  const std::vector<uint32_t> sample = sample_keys(n, m, rng, acc_reader(grad, residual));
+  const std::vector<uint32_t> sample = sample_keys(n, m, rng, grad, residual);
   const double rank_real = std::round(2.0 * static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n));
   const uint32_t bound = kth_largest_key(sample, std::clamp<int64_t>(static_cast<int64_t>(rank_real), 1, m));
   const Collected c = accumulate_and_collect(grad, residual, clear, n, bound, std::min(n, 4 * k));
@@ -481,7 +491,7 @@ SparseVector select_sample(const float* grad, float* residual, float* clear, int
   if (plan.exact) return select_exact_all(grad, residual, clear, n, k);
   // Threshold: the key of the rank-ks largest sample, ks = round(k * m / n) >= 1,
   // so about k elements of the whole input are expected at or above it.
-  const std::vector<uint32_t> sample = sample_keys(n, plan.m, rng, acc_reader(grad, residual));
+  const std::vector<uint32_t> sample = sample_keys(n, plan.m, rng, grad, residual);
   const uint32_t threshold = kth_largest_key(sample, plan.ks);
   const Collected c = accumulate_and_collect(grad, residual, clear, n, threshold, plan.upper);
   const float* acc = acc_of(grad, residual);
