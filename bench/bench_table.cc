@@ -26,14 +26,11 @@ std::string fit(double v, int width) {
   return fmt::format(fmt::runtime(width >= 7 ? "{:>{}.1e}" : "{:>{}.0e}"), v, width);
 }
 
-// One placement's four cells; nullptr: a placement gradcomm does not run (N/A).
-std::string placement_cells(const ImplResult* r, int64_t size_bytes, double busbw_factor) {
-  if (r == nullptr) {
-    return fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "N/A", kTimeW, "N/A", kBwW, "N/A", kBwW, "N/A", kWrongW);
-  }
-  const double algbw = BenchTable::algbw_gbps(size_bytes, r->time_us);
-  const std::string wrong = r->wrong ? fmt::format("{:g}", static_cast<double>(*r->wrong)) : "N/A";
-  return fmt::format("  {}  {}  {}  {:>{}}", fit(r->time_us, kTimeW), fit(algbw, kBwW), fit(algbw * busbw_factor, kBwW),
+// The four cells of the placement gradcomm runs.
+std::string placement_cells(const ImplResult& r, int64_t size_bytes, double busbw_factor) {
+  const double algbw = BenchTable::algbw_gbps(size_bytes, r.time_us);
+  const std::string wrong = r.wrong ? fmt::format("{:g}", static_cast<double>(*r.wrong)) : "N/A";
+  return fmt::format("  {}  {}  {}  {:>{}}", fit(r.time_us, kTimeW), fit(algbw, kBwW), fit(algbw * busbw_factor, kBwW),
                      wrong, kWrongW);
 }
 
@@ -65,8 +62,12 @@ void BenchTable::print_header() {
   fmt::print(out_, "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier\n");
   fmt::print(out_, "#\n");
   // What gradcomm adds.
-  fmt::print(out_, "# gradcomm: {} ranks on {}, types {}, compressor '{}', {}\n", c.ranks, c.device, c.types,
-             c.compressor, c.op == BenchOp::kAllreduce ? "in place (out-of-place: N/A)" : "out of place (in-place: N/A)");
+  // nccl-tests prints an out-of-place and an in-place group of columns. gradcomm's
+  // allreduce works in place and its allgather out of place, so the table has the one
+  // group that ran, named in the line above the column names.
+  fmt::print(out_, "# gradcomm: {} ranks on {}, types {}, compressor '{}', {} only (gradcomm has no {} {})\n",
+             c.ranks, c.device, c.types, c.compressor, in_place() ? "in place" : "out of place",
+             in_place() ? "out-of-place" : "in-place", bench_op_name(c.op));
   if (!c.baseline.empty()) {
     fmt::print(out_, "# baseline {}: {}\n", c.baseline, c.baseline_description);
     fmt::print(out_,
@@ -87,11 +88,9 @@ void BenchTable::print_header() {
   // nccl-tests' three header lines, gradcomm's columns appended.
   std::string names = fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}", "size", "count", "type", "redop", "root");
   std::string units = fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}", "(B)", "(elements)", "", "", "");
-  for (int k = 0; k < 2; ++k) {
-    names += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "time", kTimeW, "algbw", kBwW, "busbw", kBwW, "#wrong",
-                         kWrongW);
-    units += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "(us)", kTimeW, "(GB/s)", kBwW, "(GB/s)", kBwW, "", kWrongW);
-  }
+  names += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "time", kTimeW, "algbw", kBwW, "busbw", kBwW, "#wrong",
+                       kWrongW);
+  units += fmt::format("  {:>{}}  {:>{}}  {:>{}}  {:>{}}", "(us)", kTimeW, "(GB/s)", kBwW, "(GB/s)", kBwW, "", kWrongW);
   names += fmt::format("  {:>{}}  {:>{}}", "wire", kWireW, "compr", kComprW);
   units += fmt::format("  {:>{}}  {:>{}}", "(B)", kWireW, "", kComprW);
   if (c.phases) {
@@ -110,8 +109,8 @@ void BenchTable::print_header() {
     units += fmt::format("  {:>{}}", "", kRatioW);
   }
   fmt::print(out_, "#\n");
-  fmt::print(out_, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place\n", "",
-             "", "", "", "");
+  fmt::print(out_, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           {}\n", "", "", "", "", "",
+             in_place() ? "in-place" : "out-of-place");
   fmt::print(out_, "{}\n{}\n", names, units);
   std::fflush(out_);
 }
@@ -121,8 +120,7 @@ void BenchTable::print_row(const Row& row) {
   std::string line = fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}  {:>{}}", row.size_bytes, kSizeW, row.count, kCountW,
                                  nccl_type_name(row.dtype), kTypeW, reduces ? reduce_op_name(row.redop) : "none",
                                  kRedopW, -1, kRootW);
-  line += placement_cells(in_place() ? nullptr : &row.gradcomm, row.size_bytes, busbw_factor());
-  line += placement_cells(in_place() ? &row.gradcomm : nullptr, row.size_bytes, busbw_factor());
+  line += placement_cells(row.gradcomm, row.size_bytes, busbw_factor());
 
   const ImplResult& g = row.gradcomm;
   std::string wire = "N/A", compr = "N/A";

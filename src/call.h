@@ -64,11 +64,11 @@ struct WorkState {
 };
 
 struct Call {
-  enum class Kind : uint8_t { kAllreduce, kAllgather, kBroadcast, kBarrier, kLocal };
+  enum class Kind : uint8_t { kAllreduce, kAllgather, kBroadcast, kBarrier, kLocal, kReduceScatter };
   Kind kind = Kind::kBarrier;
-  TensorView tensor{};  // allreduce, broadcast; allgather's input
-  TensorView out{};     // allgather's output
-  ReduceOp reduce_op = ReduceOp::kSum;
+  TensorView tensor{};  // allreduce, broadcast; allgather's and reduce_scatter's input
+  TensorView out{};     // allgather's and reduce_scatter's output
+  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce, reduce_scatter
   int root = 0;
   const CompressorSpec* spec = nullptr;  // allreduce: parsed once, owned by the communicator
   KeyState* key = nullptr;               // allreduce with a key

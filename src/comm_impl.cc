@@ -152,6 +152,15 @@ void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const c
   }
 }
 
+void CommunicatorImpl::check_one_device(const TensorView& in, const TensorView& out, const char* op) const {
+  if (in.device.type != out.device.type || (in.device.type == DeviceType::kCuda && in.device.index != out.device.index)) {
+    throw InvalidArgument(fmt::format("rank {}: {}: input and output must be on one device (input {}:{}, "
+                                      "output {}:{})",
+                                      rank(), op, in.device.type == DeviceType::kCuda ? "cuda" : "cpu", in.device.index,
+                                      out.device.type == DeviceType::kCuda ? "cuda" : "cpu", out.device.index));
+  }
+}
+
 // ---- issuing side --------------------------------------------------------------------
 
 std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call, const char* op) {
@@ -260,17 +269,51 @@ std::shared_ptr<WorkState> CommunicatorImpl::allgather_async(TensorView in, Tens
     throw InvalidArgument(fmt::format("rank {}: allgather: output has {} elements, expected size() * input = {} * {}",
                                       rank(), out.numel, size(), in.numel));
   }
-  if (in.device.type != out.device.type || (in.device.type == DeviceType::kCuda && in.device.index != out.device.index)) {
-    throw InvalidArgument(fmt::format("rank {}: allgather: input and output must be on one device (input {}:{}, "
-                                      "output {}:{})",
-                                      rank(), in.device.type == DeviceType::kCuda ? "cuda" : "cpu", in.device.index,
-                                      out.device.type == DeviceType::kCuda ? "cuda" : "cpu", out.device.index));
-  }
+  check_one_device(in, out, "allgather");
   Call call;
   call.kind = Call::Kind::kAllgather;
   call.tensor = in;
   call.out = out;
   return submit(std::move(call), "allgather");
+}
+
+std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in, TensorView out, ReduceOp reduce_op) {
+  check_usable();
+  check_tensor(in, "reduce_scatter", "input");
+  check_tensor(out, "reduce_scatter", "output");
+  if (static_cast<uint8_t>(reduce_op) > static_cast<uint8_t>(ReduceOp::kMax)) {
+    throw InvalidArgument(fmt::format("rank {}: reduce_scatter: unknown reduce op value {}", rank(),
+                                      static_cast<int>(reduce_op)));
+  }
+  if (in.dtype != out.dtype) {
+    throw InvalidArgument(fmt::format("rank {}: reduce_scatter: input is {} but output is {}", rank(),
+                                      dtype_name(in.dtype), dtype_name(out.dtype)));
+  }
+  if (in.numel != static_cast<int64_t>(size()) * out.numel) {
+    throw InvalidArgument(fmt::format("rank {}: reduce_scatter: input has {} elements, expected size() * output = "
+                                      "{} * {}",
+                                      rank(), in.numel, size(), out.numel));
+  }
+  check_one_device(in, out, "reduce_scatter");
+  // The output is a buffer of its own or exactly this rank's segment of the input (the
+  // in-place form NCCL allows); any other overlap would be read after it is written.
+  if (out.numel > 0) {
+    const size_t bytes = out.nbytes();
+    const auto* in_begin = static_cast<const uint8_t*>(in.data);
+    const auto* out_begin = static_cast<const uint8_t*>(out.data);
+    const bool overlap = out_begin < in_begin + bytes * static_cast<size_t>(size()) && in_begin < out_begin + bytes;
+    if (overlap && out_begin != in_begin + bytes * static_cast<size_t>(rank())) {
+      throw InvalidArgument(fmt::format("rank {}: reduce_scatter: the output overlaps the input other than as this "
+                                        "rank's segment of it (input + {} elements)",
+                                        rank(), static_cast<int64_t>(rank()) * out.numel));
+    }
+  }
+  Call call;
+  call.kind = Call::Kind::kReduceScatter;
+  call.tensor = in;
+  call.out = out;
+  call.reduce_op = reduce_op;
+  return submit(std::move(call), "reduce_scatter");
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int root) {
@@ -411,6 +454,10 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
     case Call::Kind::kAllgather:
       header.op = OpKind::kAllgather;
       break;
+    case Call::Kind::kReduceScatter:
+      header.op = OpKind::kReduceScatter;
+      header.reduce_op = call.reduce_op;
+      break;
     case Call::Kind::kBroadcast:
       header.op = OpKind::kBroadcast;
       header.root = call.root;
@@ -469,6 +516,13 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
       }
       break;
     }
+    case Call::Kind::kReduceScatter:
+      if (cuda) {
+        device_->reduce_scatter(op, t, call.out, call.reduce_op);
+        break;
+      }
+      dense_reduce_scatter(op, t.data, call.out.data, call.out.numel, t.dtype, call.reduce_op);
+      break;
     case Call::Kind::kBroadcast:
       if (cuda) {
         device_->broadcast(op, t, call.root);

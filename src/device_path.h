@@ -45,6 +45,7 @@ class DevicePath {
   // default stream). `compressed` null: a dense allreduce.
   virtual void allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream, const Compressed* compressed) = 0;
   virtual void allgather(Op& op, TensorView in, TensorView out) = 0;
+  virtual void reduce_scatter(Op& op, TensorView in, TensorView out, ReduceOp reduce_op) = 0;
   virtual void broadcast(Op& op, TensorView t, int root) = 0;
   // Waits (with the deadline) for every call enqueued so far and raises its error.
   virtual void synchronize() = 0;

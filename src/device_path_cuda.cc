@@ -27,6 +27,26 @@ class GpuPathBase : public DevicePath {
   void synchronize() override { gpu_->synchronize("synchronize"); }
   void abort() noexcept override { gpu_->abort(); }
 
+  // Both paths stage reduce_scatter through pinned host memory and the host ring
+  // (NCCL's own ncclReduceScatter is not wired in): the whole input down, the ring's
+  // reduce-scatter in the host copy (the device input stays unchanged), this rank's
+  // segment up. On the legacy default stream, as allgather.
+  void reduce_scatter(Op& op, TensorView in, TensorView out, ReduceOp reduce_op) override {
+    call(op, nullptr, "reduce_scatter", [&] {
+      const int64_t segment = out.nbytes();
+      StagedCopy copy;
+      copy.down_src = in.data;
+      copy.down_bytes = in.nbytes();
+      copy.up_dst = out.data;
+      copy.up_bytes = segment;
+      copy.up_offset = segment * op.rank();
+      copy.host_bytes = in.nbytes();
+      staged_call(op, *gpu_, copy, nullptr, [&](uint8_t* host) {
+        if (op.size() > 1 && out.numel > 0) ring_reduce_scatter(op, host, in.numel, in.dtype, reduce_op);
+      });
+    });
+  }
+
  protected:
   // Runs `body` as one call on `stream`: every rank agrees on the call before
   // anything is enqueued for it, and the call is ordered after the previous one.

@@ -89,6 +89,7 @@ std::optional<std::string> Engine::concurrent_issue_locked(const Call& call) con
   const char* what = call.kind == Call::Kind::kAllreduce   ? "allreduce"
                      : call.kind == Call::Kind::kAllgather ? "allgather"
                      : call.kind == Call::Kind::kBroadcast ? "broadcast"
+                     : call.kind == Call::Kind::kReduceScatter ? "reduce_scatter"
                                                            : "barrier";
   return fmt::format("{} issued on thread {} while {} call(s) that thread {} issued are outstanding: ranks pair calls "
                      "by issue order, and threads issuing concurrently make that order differ between ranks (calls "

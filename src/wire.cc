@@ -17,6 +17,7 @@ const char* op_kind_name(OpKind op) {
     case OpKind::kAllgatherv: return "allgatherv";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kReduceScatter: return "reduce_scatter";
   }
   return "unknown";
 }
@@ -69,7 +70,7 @@ std::optional<WireHeader> WireHeader::parse(const uint8_t* p, size_t size) {
   const auto op = get<uint8_t>(p, 6);
   const auto dtype = get<uint8_t>(p, 7);
   const auto reduce_op = get<uint8_t>(p, 8);
-  if (op < static_cast<uint8_t>(OpKind::kAllreduce) || op > static_cast<uint8_t>(OpKind::kBarrier)) return std::nullopt;
+  if (op < static_cast<uint8_t>(OpKind::kAllreduce) || op > static_cast<uint8_t>(kLastOpKind)) return std::nullopt;
   if (!dtype_valid(dtype) || reduce_op > static_cast<uint8_t>(ReduceOp::kMax)) return std::nullopt;
   h.op = static_cast<OpKind>(op);
   h.dtype = static_cast<DType>(dtype);
@@ -127,6 +128,9 @@ std::string WireHeader::describe() const {
       return fmt::format("broadcast(numel={}, {}, root={}) #{}", numel, dtype_name(dtype), root, seq);
     case OpKind::kBarrier:
       return fmt::format("barrier() #{}", seq);
+    case OpKind::kReduceScatter:
+      return fmt::format("reduce_scatter(numel={}, {}, {}) #{}", numel, dtype_name(dtype), reduce_op_name(reduce_op),
+                         seq);
   }
   return fmt::format("unknown op #{}", seq);
 }

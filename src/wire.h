@@ -25,7 +25,9 @@
 
 namespace gradcomm::detail {
 
-enum class OpKind : uint8_t { kAllreduce = 1, kAllgather, kAllgatherv, kBroadcast, kBarrier };
+// Values travel in the header: new kinds go at the end (kLastOpKind follows them).
+enum class OpKind : uint8_t { kAllreduce = 1, kAllgather, kAllgatherv, kBroadcast, kBarrier, kReduceScatter };
+constexpr OpKind kLastOpKind = OpKind::kReduceScatter;
 const char* op_kind_name(OpKind op);
 
 struct WireHeader {
@@ -38,7 +40,7 @@ struct WireHeader {
   DType dtype = DType::kUInt8;
   ReduceOp reduce_op = ReduceOp::kSum;
   uint64_t seq = 0;
-  int64_t numel = 0;          // allgatherv: -1 (counts differ by rank)
+  int64_t numel = 0;          // allgatherv: -1 (counts differ by rank); reduce_scatter: the input's
   int32_t root = -1;          // broadcast only
   uint32_t compressor_hash = 0;
   uint64_t step = 0;          // compression step of the key (0 for dense)

@@ -24,18 +24,22 @@ for v in variants:
     steps = sum(r["steps"] for r in rs[:1]) * 2
     if "bytes_sent" in rs[0]:
         sent = rs[0]["reduce_bytes_sent"] / steps
-        dense = rs[0]["dense_ring_bytes"] / steps
         gathered = rs[0]["gathered_bytes"] / steps
-        true_rs = dense / 2  # (N-1)/N x bytes, where the dense ring sends 2(N-1)/N x bytes
+        if "dense_reduce_scatter_bytes" in rs[0]:  # counted per reduce-scatter: (N-1)/N x bytes
+            true_rs = rs[0]["dense_reduce_scatter_bytes"] / steps
+            dense = 2 * true_rs
+        else:  # records before the library's reduce-scatter counted a dense allreduce ring
+            dense = rs[0]["dense_ring_bytes"] / steps
+            true_rs = dense / 2  # (N-1)/N x bytes, where the dense ring sends 2(N-1)/N x bytes
         cols = (f"{sent / 1e6:.2f} MB | {dense / 1e6:.2f} MB | {true_rs / 1e6:.2f} MB | "
                 f"{true_rs / sent:.1f}x | {gathered / 1e6:.2f} MB*")
     else:
         cols = "(dense) | | | | "
     rel = f" ({step_ms / base:.2f}x gloo)" if base and v != "gloo" else ""
     print(f"| {v} | {step_ms:.1f}{rel} | {len(rs)} | {cols} | {statistics.median(r['test_accuracy'] for r in rs):.4f} |")
-print("\nThe backend's reduce-scatter is an allreduce of the whole input (the library has no "
-      "reduce-scatter): dense, it sends what the dense allreduce ring column says, twice a true "
-      "reduce-scatter's bytes; compressed, it sends the compressed allreduce's bytes, compared here with a true "
-      "dense reduce-scatter (gloo's), the fair baseline.")
+print("\nA compressed reduce-scatter of the backend is an allreduce of the whole input (the library's "
+      "reduce-scatter is dense only): it sends the compressed allreduce's bytes, compared here with a true "
+      "dense reduce-scatter (gloo's), the fair baseline. An exact one is the library's reduce-scatter "
+      "(since 2026-11-27's evening; before, an allreduce too, twice a true reduce-scatter's bytes).")
 print("\n*The all-gathers include those of the two evaluations (10,000 test images each), so per training "
       "step they read high; they are exact and the same for every variant.")

@@ -115,6 +115,11 @@ class Communicator {
   void allreduce(TensorView t, ReduceOp op = ReduceOp::kSum, const CompressOptions& options = {});
   // out.numel == size() * in.numel; rank r's input lands at out[r * in.numel].
   void allgather(TensorView in, TensorView out);
+  // in.numel == size() * out.numel: the inputs reduced over the ranks, rank r's segment
+  // (elements [r * out.numel, (r + 1) * out.numel)) into out; the input is left unchanged.
+  // out is a buffer of its own or exactly that segment of in. Dense (no compressor);
+  // every rank must call with the same numel, dtype and op.
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum);
   void broadcast(TensorView t, int root);
   void barrier();
 
@@ -127,6 +132,7 @@ class Communicator {
   std::shared_ptr<Work> allreduce_async(TensorView t, ReduceOp op = ReduceOp::kSum,
                                         const CompressOptions& options = {});
   std::shared_ptr<Work> allgather_async(TensorView in, TensorView out);
+  std::shared_ptr<Work> reduce_scatter_async(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum);
   std::shared_ptr<Work> broadcast_async(TensorView t, int root);
   // Waits for stream-ordered work (CUDA tensors) to finish and surfaces its errors.
   void synchronize();

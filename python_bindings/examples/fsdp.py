@@ -141,8 +141,10 @@ for epoch in range(1, args.epochs + 1):
         st = gtorch.stats()
         record.update({k: st[k] for k in ("bytes_sent", "gathered_bytes", "dense_ring_bytes", "reductions",
                                           "compressed_reductions", "encode_s", "decode_s", "comm_s")})
-        # What the reduce-scatters put on the wire, against a dense ring's payload.
+        # What the reduce-scatters put on the wire, against a dense ring's payload (since
+        # the library's reduce-scatter, dense_ring_bytes counts (N-1)/N per reduce-scatter).
         record["reduce_bytes_sent"] = st["bytes_sent"] - st["gathered_bytes"]
+        record["dense_reduce_scatter_bytes"] = st["dense_ring_bytes"]
     if rank == 0:
         print(json.dumps(record), flush=True)
         if args.json:

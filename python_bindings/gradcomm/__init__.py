@@ -3,7 +3,7 @@
     import gradcomm
     gradcomm.init()                                   # rank/size/store from the environment
     gradcomm.allreduce(x, op="avg", compression="topk:ratio=0.01", name="fc1.weight")  # in place
-    gradcomm.allgather(x); gradcomm.broadcast(x, root=0); gradcomm.barrier()
+    gradcomm.allgather(x); gradcomm.reduce_scatter(x); gradcomm.broadcast(x, root=0); gradcomm.barrier()
     h = gradcomm.allreduce_async(x, op="avg"); ...; h.wait()   # overlaps the caller's work
 
 `x` is a numpy array or a torch tensor (CPU; CUDA tensors are passed through with
@@ -46,8 +46,8 @@ built_with_cuda = _C.built_with_cuda
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
-    "allreduce", "allgather", "broadcast", "barrier",
-    "allreduce_async", "allgather_async", "broadcast_async", "Work",
+    "allreduce", "allgather", "reduce_scatter", "broadcast", "barrier",
+    "allreduce_async", "allgather_async", "reduce_scatter_async", "broadcast_async", "Work",
     "state_dict", "load_state_dict", "stats",
     "Error", "InvalidArgument", "Unsupported", "TimeoutError", "PeerFailure",
     "MismatchError", "CorruptPayload", "TransportError", "CudaError",
@@ -340,6 +340,43 @@ def allgather_async(x, out=None):
     """allgather() without waiting: returns a Work whose wait() returns `out`."""
     out, args = _allgather_args(x, out, "allgather_async")
     return Work(_C.allgather_async(*args), out, (x, out))
+
+
+def _reduce_scatter_args(x, out, op, call):
+    b = _tensors.describe(x, call, "input", writable=False)
+    n = _C.size()
+    if out is None:
+        shape = tuple(x.shape)
+        if len(shape) >= 2 and shape[0] == n:
+            out = _tensors.empty_like_shape(x, shape[1:])
+        elif b.numel % n == 0:
+            out = _tensors.empty_like_shape(x, (b.numel // n,))
+        else:
+            raise ValueError(f"gradcomm.{call}: input has {b.numel} elements, not a multiple of size() = {n}")
+    o = _tensors.describe(out, call, "out", writable=True)
+    if (o.device, o.device_index) != (b.device, b.device_index):
+        raise ValueError(f"gradcomm.{call}: input is on {b.device}:{b.device_index} but out on "
+                         f"{o.device}:{o.device_index}")
+    if o.dtype != b.dtype:
+        raise TypeError(f"gradcomm.{call}: input is {b.dtype} but out is {o.dtype}")
+    return out, (b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index, op)
+
+
+def reduce_scatter(x, out=None, op="sum"):
+    """Reduces `x` over the ranks (op: sum, avg, min, max) and returns this rank's
+    share: rank r gets elements [r * m, (r + 1) * m) of the reduced x, m = x.numel /
+    size(). `out` defaults to x.shape[1:] when x is (size(), ...), else a flat array of
+    m elements; a given `out` must be contiguous, of x's dtype and device, with m
+    elements. `x` is left unchanged. Dense: no compression."""
+    out, args = _reduce_scatter_args(x, out, op, "reduce_scatter")
+    _C.reduce_scatter_async(*args).wait()
+    return out
+
+
+def reduce_scatter_async(x, out=None, op="sum"):
+    """reduce_scatter() without waiting: returns a Work whose wait() returns `out`."""
+    out, args = _reduce_scatter_args(x, out, op, "reduce_scatter_async")
+    return Work(_C.reduce_scatter_async(*args), out, (x, out))
 
 
 def _broadcast_args(x, root, call):

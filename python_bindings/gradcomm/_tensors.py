@@ -100,6 +100,15 @@ def _describe_torch(x, where: str) -> Buffer:
     raise TypeError(f"{where} is on device '{device}'; gradcomm takes CPU and CUDA tensors")
 
 
+def empty_like_shape(x, shape):
+    """A new array/tensor of `shape`, x's dtype and device."""
+    if is_numpy(x):
+        np = sys.modules["numpy"]
+        return np.empty(tuple(shape), dtype=x.dtype)
+    torch = _torch_module()
+    return torch.empty(tuple(shape), dtype=x.dtype, device=x.device)
+
+
 def empty_like_gathered(x, world_size: int):
     """A new array/tensor of shape (world_size, *x.shape), x's dtype and device."""
     if is_numpy(x):

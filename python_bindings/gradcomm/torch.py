@@ -736,7 +736,8 @@ def stats(group=None):
     split (total_s = reduce_s + encode_s + decode_s + comm_s; engine_cpu_s), and
     for the reductions issued (all_reduce, reduce_scatter and their coalesced forms):
     reductions, compressed_reductions, reduced_bytes and dense_ring_bytes, what a
-    dense ring would have sent for them (2(N-1)/N x their bytes); gathered_bytes, the
+    dense ring would have sent for them (2(N-1)/N x their bytes for an all_reduce,
+    (N-1)/N for a reduce_scatter); gathered_bytes, the
     payload the all-gathers send (exact: (N-1) x input bytes each), so that
     bytes_sent - gathered_bytes is about what the reductions sent. gradcomm.stats()
     covers gradcomm.init()'s communicator only; each process group has its own."""

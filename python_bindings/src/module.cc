@@ -231,6 +231,17 @@ std::shared_ptr<Work> allgather_async(uintptr_t in, uintptr_t out, int64_t numel
   return communicator("allgather").allgather_async(tin, tout);
 }
 
+std::shared_ptr<Work> reduce_scatter_async(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel,
+                                           const std::string& dtype, const std::string& device, int index,
+                                           const std::string& op) {
+  const TensorView tin = view(in, numel, dtype, device, index);
+  const TensorView tout = view(out, out_numel, dtype, device, index);
+  const ReduceOp reduce_op = parse_op(op);
+  py::gil_scoped_release release;
+  std::lock_guard lock(session().mutex);
+  return communicator("reduce_scatter").reduce_scatter_async(tin, tout, reduce_op);
+}
+
 std::shared_ptr<Work> broadcast_async(uintptr_t data, int64_t numel, const std::string& dtype,
                                       const std::string& device, int index, int root) {
   const TensorView t = view(data, numel, dtype, device, index);
@@ -307,6 +318,8 @@ PYBIND11_MODULE(_gradcomm, m) {
         py::arg("shape") = std::vector<int64_t>{}, py::arg("parts") = std::vector<std::vector<int64_t>>{});
   m.def("allgather_async", &allgather_async, py::arg("input"), py::arg("output"), py::arg("numel"),
         py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"));
+  m.def("reduce_scatter_async", &reduce_scatter_async, py::arg("input"), py::arg("output"), py::arg("numel"),
+        py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"), py::arg("op"));
   m.def("broadcast_async", &broadcast_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
         py::arg("device_index"), py::arg("root"));
   m.def("barrier", &barrier);

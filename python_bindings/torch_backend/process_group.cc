@@ -293,9 +293,12 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
 // ---- compressed reduce-scatter ----------------------------------------------------------
 //
 // FSDP reduces each gradient with reduce_scatter_tensor, so compressing it compresses
-// FSDP. The library has no reduce-scatter: the input, staged whole, is allreduced
-// (compressed when the group's spec and the tensor allow it) and this rank's chunk
-// copied out; every rank ends with bitwise the same sum, so the shards agree.
+// FSDP. Exact reductions (no spec, a tensor too small or of another dtype, min/max) take
+// the library's dense reduce-scatter, which sends (N-1)/N of the input. The library's
+// reduce-scatter does not compress yet, so a compressed one is an allreduce of the
+// input, staged whole, and this rank's chunk copied out: every rank ends with bitwise
+// the same sum, so the shards agree, and the compressed bytes are those of an
+// allreduce (twice a compressed reduce-scatter's).
 //
 // Error feedback needs a key naming "this gradient" on every rank and in every step.
 // A storage-based key (as allreduce uses) is wrong here: FSDP reduces from buffers
@@ -313,7 +316,7 @@ CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& f
   CompressOptions options;
   if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
-    count_reduction(flat, options);
+    count_reduction(flat, options, /*reduce_scatter=*/true);
     return options;  // exact
   }
   const std::string site = fmt::format("{}/{}", flat.numel(), c10::toString(input_type));
@@ -326,7 +329,7 @@ CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& f
   }
   options.compressor = compression_.spec;
   options.key = fmt::format("torch/rs/n{}#{}", site, call);
-  count_reduction(flat, options);
+  count_reduction(flat, options, /*reduce_scatter=*/true);
   return options;
 }
 
@@ -335,13 +338,41 @@ void ProcessGroupGradcomm::next_round() {
   round_calls_.clear();
 }
 
-void ProcessGroupGradcomm::count_reduction(const at::Tensor& flat, const CompressOptions& options) {
+void ProcessGroupGradcomm::count_reduction(const at::Tensor& flat, const CompressOptions& options,
+                                           bool reduce_scatter) {
   const auto bytes = static_cast<uint64_t>(flat.numel()) * static_cast<uint64_t>(flat.element_size());
   const auto n = static_cast<uint64_t>(getSize());
   ++stats_.reductions;
   if (options.compressor != "none") ++stats_.compressed;
   stats_.reduced_bytes += bytes;
-  stats_.dense_ring_bytes += n > 1 ? 2 * (n - 1) * bytes / n : 0;
+  stats_.dense_ring_bytes += n > 1 ? (reduce_scatter ? 1 : 2) * (n - 1) * bytes / n : 0;
+}
+
+bool ProcessGroupGradcomm::compresses(const at::Tensor& t, ReduceOp op) const {
+  const auto type = t.scalar_type();
+  std::lock_guard<std::mutex> lock(issue_mutex_);
+  return compression_.spec != "none" && (type == at::kFloat || type == at::kHalf || type == at::kBFloat16) &&
+         t.numel() > 0 && t.numel() >= compression_.min_numel && (op == ReduceOp::kSum || op == ReduceOp::kAvg);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::dense_reduce_scatter(c10d::OpType type, const char* op,
+                                                                          const at::Tensor& in, const at::Tensor& out,
+                                                                          ReduceOp reduce_op) {
+  // The library leaves its input unchanged and writes its own buffer of the output:
+  // no copies unless a tensor is not contiguous.
+  const at::Tensor flat_in = contiguous(in).reshape({-1});
+  const at::Tensor flat_out = contiguous(out);
+  const TensorView vin = reduce_view(flat_in, op);
+  const TensorView vout = reduce_view(flat_out, op);
+  std::function<void()> finish;
+  if (!flat_out.is_same(out)) finish = [out, flat_out] { out.copy_(flat_out); };
+  return start(
+      type, op,
+      [&](auto& works) {
+        count_reduction(flat_in, CompressOptions{}, /*reduce_scatter=*/true);
+        works.push_back(comm_->reduce_scatter_async(vin, vout, reduce_op));
+      },
+      {out}, {flat_in, flat_out}, std::move(finish));
 }
 
 void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
@@ -493,7 +524,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
       bad_argument(fmt::format("reduce_scatter: {} has {} elements, the output {}", what, inputs[0][i].numel(), n));
     }
   }
-  // The inputs end to end, allreduced; this rank's chunk is the result.
+  if (!compresses(out, op)) {  // exact: the inputs end to end, the library's reduce-scatter
+    const at::Tensor flat = at::empty({getSize() * n}, out.options().memory_format(at::MemoryFormat::Contiguous));
+    for (size_t i = 0; i < inputs[0].size(); ++i) {
+      flat.narrow(0, static_cast<int64_t>(i) * n, n).copy_(inputs[0][i].reshape({n}));
+    }
+    return dense_reduce_scatter(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", flat, out, op);
+  }
+  // Compressed: the inputs end to end, allreduced; this rank's chunk is the result.
   const auto dtype = compress_through_float32(out, op) ? at::kFloat : out.scalar_type();
   const at::Tensor flat =
       at::empty({getSize() * n}, out.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
@@ -523,7 +561,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
                              input.numel(), getSize() * n, getSize(), n));
   }
   const at::Tensor out = output;
-  // A copy (the input stays unchanged), float32 when a float16/bfloat16 input is compressed.
+  if (!compresses(input, op)) {
+    return dense_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", input, out, op);
+  }
+  // Compressed: a copy (the input stays unchanged), float32 when a float16/bfloat16
+  // input is compressed, allreduced; this rank's chunk is the result.
   const at::Tensor flat = compress_through_float32(input, op)
                               ? input.reshape({-1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
                               : input.reshape({-1}).clone(at::MemoryFormat::Contiguous);

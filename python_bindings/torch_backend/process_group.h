@@ -189,7 +189,8 @@ class ProcessGroupGradcomm : public BackendBase {
     uint64_t reductions = 0;             // allreduce-type calls issued (reduce-scatter included)
     uint64_t compressed = 0;             // of those: with a compressor
     uint64_t reduced_bytes = 0;          // their tensors' bytes
-    uint64_t dense_ring_bytes = 0;       // what a dense ring sends for them: 2(N-1)/N x bytes each
+    // What dense rings send for them: 2(N-1)/N x bytes (allreduce), (N-1)/N (reduce-scatter).
+    uint64_t dense_ring_bytes = 0;
     uint64_t gathered_bytes = 0;         // payload the all-gathers issued send: (N-1) x input bytes each
   };
   GroupStats stats();
@@ -224,8 +225,16 @@ class ProcessGroupGradcomm : public BackendBase {
   // The options for a reduce-scatter of `flat` (the whole input, staged; its dtype was
   // `input_type`), keyed per round and call site; caller holds issue_mutex_.
   CompressOptions reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type, ReduceOp op);
-  // Counts a reduction of `flat` in stats_; caller holds issue_mutex_.
-  void count_reduction(const at::Tensor& flat, const CompressOptions& options);
+  // Counts a reduction of `flat` in stats_, against the bytes a dense allreduce (or, for
+  // `reduce_scatter`, a dense reduce-scatter) of it sends; caller holds issue_mutex_.
+  void count_reduction(const at::Tensor& flat, const CompressOptions& options, bool reduce_scatter = false);
+  // Whether a reduction of `t` (op) compresses with the group's spec: float32, or a
+  // float16/bfloat16 staged through float32, of enough elements, summed or averaged
+  // (takes issue_mutex_). Otherwise it is exact: the library's dense reduce-scatter.
+  bool compresses(const at::Tensor& t, ReduceOp op) const;
+  // The dense reduce-scatter of `in` (group size x out.numel() elements) into `out`.
+  c10::intrusive_ptr<c10d::Work> dense_reduce_scatter(c10d::OpType type, const char* op, const at::Tensor& in,
+                                                      const at::Tensor& out, ReduceOp reduce_op);
   // Counts an all-gather of `in` in stats_ (takes issue_mutex_).
   void count_gather(const at::Tensor& in);
   // Whether `t` (float16/bfloat16) would be compressed if it were float32: then it is

@@ -19,6 +19,14 @@ constexpr uint32_t kSecondPhaseUnits = 0x80000000u;
 // Ring allreduce, in place: reduce-scatter then allgather, pipelined in chunks.
 void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
 
+// The ring's reduce-scatter phase alone, in place, on numel = N x count elements: rank r
+// ends holding segment r (elements [r count, (r + 1) count)) reduced, the average divided
+// by N; the other segments hold partial sums.
+void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
+// reduce_scatter of a call: `in` (N x count elements, left unchanged) reduced over the
+// ranks, this rank's segment into `out` (count elements; it may be that segment of in).
+void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DType dtype, ReduceOp reduce_op);
+
 // Recursive doubling, in place: ceil(log2 N) exchanges of the whole buffer; for
 // small tensors, where the ring's 2(N-1) message latencies dominate.
 void recursive_doubling_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,

@@ -26,9 +26,15 @@
 // Determinism. For kAvg the owner of a segment divides by N in its last reduce,
 // before the segment travels the allgather; every rank then stores the same bytes,
 // so the results are bitwise identical on all ranks.
+//
+// Reduce-scatter alone (ring_reduce_scatter) is the first phase of the same loop, with
+// the schedule's ranks shifted by one: schedule rank r-1 ends holding segment r, the
+// segment that reduce_scatter's rank r must return. Ranks keep their real neighbours
+// (the shift is the same on every rank, so schedule rank v+1 is still the right one).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -68,7 +74,12 @@ int pipeline_depth() {
   return static_cast<int>(env_int("GRADCOMM_PIPELINE_DEPTH", 8, 1, 1024));
 }
 
-void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
+namespace {
+
+enum class RingPhases : uint8_t { kAllreduce, kReduceScatter };
+
+void run_ring(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base,
+              RingPhases phases) {
   const int n = op.size();
   const int right = (op.rank() + 1) % n;
   const int left = (op.rank() + n - 1) % n;
@@ -79,10 +90,12 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   const int64_t chunk_elems = std::max<int64_t>(1, dense_ring_chunk_bytes(n) / static_cast<int64_t>(elem));
   const int depth = pipeline_depth();
   // Units must fit the 31 bits below the second-phase tag range.
-  const RingSchedule plan(n, op.rank(), numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
+  const bool allgather = phases == RingPhases::kAllreduce;
+  const int schedule_rank = allgather ? op.rank() : (op.rank() + n - 1) % n;
+  const RingSchedule plan(n, schedule_rank, numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
   const int64_t C = plan.chunks();
   const int64_t rs_units = plan.rs_units();
-  const int64_t total_units = plan.units();
+  const int64_t total_units = allgather ? plan.units() : rs_units;
   const int64_t divisor = reduce_op == ReduceOp::kAvg ? n : 1;
 
   const size_t slot_bytes = static_cast<size_t>(plan.max_chunk_elems()) * elem;
@@ -147,6 +160,33 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   for (auto& send : sends) {
     if (send) op.wait(*send, "final send");
   }
+}
+
+}  // namespace
+
+void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
+  run_ring(op, data, numel, dtype, reduce_op, unit_base, RingPhases::kAllreduce);
+}
+
+void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
+  run_ring(op, data, numel, dtype, reduce_op, unit_base, RingPhases::kReduceScatter);
+}
+
+void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DType dtype, ReduceOp reduce_op) {
+  const int n = op.size();
+  const size_t segment = static_cast<size_t>(count) * dtype_size(dtype);
+  const auto* input = static_cast<const uint8_t*>(in);
+  if (n == 1 || count == 0) {  // one rank: its input is the result (an average over one divides by one)
+    if (count > 0 && out != input) std::memmove(out, input, segment);
+    return;
+  }
+  // The ring folds partial sums into its buffer; the caller's input stays as given, so
+  // the ring runs on a copy (the price of an unchanged input, as NCCL's sendbuff).
+  const size_t total = segment * static_cast<size_t>(n);
+  const auto work = std::make_unique_for_overwrite<uint8_t[]>(total);
+  std::memcpy(work.get(), input, total);
+  ring_reduce_scatter(op, work.get(), count * n, dtype, reduce_op);
+  std::memcpy(out, work.get() + segment * static_cast<size_t>(op.rank()), segment);
 }
 
 }  // namespace gradcomm::detail

@@ -17,7 +17,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 py() { PYTHONPATH=$here /usr/bin/python3 "$@"; }
 
 # check_table FILE RANKS TYPES REDOPS MIN MAX: sizes MIN, 2*MIN, ... MAX (factor 4 when
-# more than one type), #wrong 0 in the placement that ran, N/A in the other, closing lines.
+# more than one type), one placement's columns (the one that ran: in place for the
+# allreduce), #wrong 0, closing lines.
 check_table() {
   py - "$@" <<'PY' || fail "$1: table wrong"
 import sys
@@ -28,11 +29,14 @@ t = parse(text)
 for line in text.splitlines():
     assert not line.startswith("["), f"prefixed line in the table: {line!r}"
 cols = t["columns"]
-for name in ("size", "count", "type", "redop", "root", "out_of_place.time", "out_of_place.algbw",
-             "out_of_place.busbw", "out_of_place.#wrong", "in_place.time", "in_place.algbw", "in_place.busbw",
-             "in_place.#wrong"):
+for name in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"):
     assert name in cols, (name, cols)
-assert cols.index("in_place.#wrong") < cols.index("wire"), "gradcomm's columns must follow nccl-tests' ones"
+# No placement gradcomm does not run: no repeated names, no N/A cells.
+assert not any(c.startswith(("out_of_place.", "in_place.")) for c in cols), cols
+assert cols.index("#wrong") < cols.index("wire"), "gradcomm's columns must follow nccl-tests' ones"
+placement = [l for l in text.splitlines() if l.startswith("#") and l.rstrip().endswith("-place")]
+assert len(placement) == 1 and placement[0].split()[-1] == "in-place", placement
+assert "in place only (gradcomm has no out-of-place allreduce)" in text, "the gradcomm line must name the placement"
 elt = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8, "uint8": 1}
 want_sizes = []
 s = int(lo)
@@ -50,13 +54,11 @@ for (ty, op), rows in cases.items():
     for r in rows:
         assert int(r["count"]) == int(r["size"]) // elt[ty], r
         assert r["root"] == "-1", r
-        # gradcomm's allreduce is in place: the out-of-place cells say N/A.
-        assert all(r["out_of_place." + c] == "N/A" for c in ("time", "algbw", "busbw", "#wrong")), r
-        assert float(r["in_place.time"]) > 0, r
-        assert float(r["in_place.#wrong"]) == 0, r
-        float(r["in_place.algbw"]); float(r["in_place.busbw"])
+        assert float(r["time"]) > 0, r
+        assert float(r["#wrong"]) == 0, r
+        float(r["algbw"]); float(r["busbw"])
         if int(ranks) == 1:
-            assert float(r["in_place.busbw"]) == 0, r   # 2(N-1)/N = 0
+            assert float(r["busbw"]) == 0, r   # 2(N-1)/N = 0
 assert t["out_of_bounds"] == 0 and t["out_of_bounds_status"] == "OK", t["out_of_bounds"]
 assert t["avg_busbw"] >= 0
 if int(ranks) > 1:

@@ -100,10 +100,10 @@ void fuzz_header(uint8_t flags, std::vector<uint8_t> bytes) {
     std::memcpy(bytes.data() + 4, &version, 2);
   }
   const auto parsed = WireHeader::parse(bytes.data(), bytes.size());
-  // Reference: which bytes a version-1 header may hold.
+  // Reference: which bytes a version-1 header may hold (op 1-6: allreduce .. reduce_scatter).
   const uint8_t* p = bytes.data();
   const bool valid = bytes.size() == WireHeader::kBytes && load<uint32_t>(p) == WireHeader::kMagic &&
-                     load<uint16_t>(p + 4) == WireHeader::kVersion && p[6] >= 1 && p[6] <= 5 && p[7] <= 6 &&
+                     load<uint16_t>(p + 4) == WireHeader::kVersion && p[6] >= 1 && p[6] <= 6 && p[7] <= 6 &&
                      p[8] <= 3;
   GRADCOMM_FUZZ_CHECK(parsed.has_value() == valid, "parse %s a header the reference %s",
                       parsed ? "accepted" : "refused", valid ? "accepts" : "refuses");

@@ -1,7 +1,8 @@
-// allgather, allgatherv, broadcast and barrier over the in-process transport,
+// allgather, allgatherv, reduce_scatter, broadcast and barrier over the in-process transport,
 // against closed-form expectations.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -53,6 +54,88 @@ TEST(RingAllgather, InPlaceInputInsideOutput) {
   for (int r = 0; r < n; ++r) {
     for (int s = 0; s < n; ++s) {
       for (int64_t i = 0; i < numel; ++i) ASSERT_EQ(out[r][s * numel + i], s + i * 0.5);
+    }
+  }
+}
+
+// reduce_scatter: rank r gets segment r of the sum over ranks, exact in int32; the
+// input is untouched and nothing is written outside the output. Counts up to 4 MB a
+// segment cut into several pipeline chunks.
+TEST(RingReduceScatter, EveryRankHoldsItsSegmentOfTheSum) {
+  for (int n = 1; n <= 8; ++n) {
+    for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000003}}) {
+      SCOPED_TRACE(fmt::format("N={} count={}", n, count));
+      const int64_t numel = n * count;
+      std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(numel));
+      std::vector<testing::GuardedBuffer> out;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < numel; ++i) in[r][i] = value(r, i);
+        out.emplace_back(count * sizeof(int32_t));
+      }
+      const std::vector<std::vector<int32_t>> before = in;
+      testing::run_ranks(n, [&](Communicator& comm) {
+        const int r = comm.rank();
+        comm.reduce_scatter(TensorView::of(in[r].data(), numel), TensorView{out[r].data(), count, DType::kInt32, {}});
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(out[r].guards_intact());
+        ASSERT_EQ(in[r], before[r]) << "rank " << r << "'s input changed";
+        const auto* got = reinterpret_cast<const int32_t*>(out[r].bytes());
+        for (int64_t i = 0; i < count; ++i) {
+          int32_t want = 0;
+          for (int s = 0; s < n; ++s) want += value(s, r * count + i);
+          ASSERT_EQ(got[i], want) << "rank " << r << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+// avg, min and max on doubles whose sums are exact: avg is sum / N rounded once.
+TEST(RingReduceScatter, AverageMinAndMax) {
+  const int n = 3;
+  const int64_t count = 50001;
+  auto x = [](int r, int64_t i) { return static_cast<double>((r * 7919 + i * 31) % 1013) - 500.0; };
+  for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+    SCOPED_TRACE(reduce_op_name(op));
+    std::vector<std::vector<double>> in(n, std::vector<double>(n * count)), out(n, std::vector<double>(count));
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < n * count; ++i) in[r][i] = x(r, i);
+    }
+    testing::run_ranks(n, [&](Communicator& comm) {
+      const int r = comm.rank();
+      comm.reduce_scatter(TensorView::of(in[r].data(), n * count), TensorView::of(out[r].data(), count), op);
+    });
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t j = r * count + i;
+        double want = x(0, j);
+        for (int s = 1; s < n; ++s) {
+          want = op == ReduceOp::kMin ? std::min(want, x(s, j)) : op == ReduceOp::kMax ? std::max(want, x(s, j))
+                                                                                     : want + x(s, j);
+        }
+        if (op == ReduceOp::kAvg) want /= n;
+        ASSERT_EQ(out[r][i], want) << "rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
+// The output may be this rank's own segment of the input (NCCL's in-place form).
+TEST(RingReduceScatter, InPlaceOutputIsTheRanksSegmentOfTheInput) {
+  const int n = 4;
+  const int64_t count = 1001;
+  std::vector<std::vector<int64_t>> buf(n, std::vector<int64_t>(n * count));
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < n * count; ++i) buf[r][i] = r * 100000 + i;
+  }
+  testing::run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    comm.reduce_scatter(TensorView::of(buf[r].data(), n * count), TensorView::of(buf[r].data() + r * count, count));
+  });
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(buf[r][r * count + i], (0 + 1 + 2 + 3) * 100000 + n * (r * count + i)) << "rank " << r;
     }
   }
 }

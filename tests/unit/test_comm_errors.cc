@@ -82,6 +82,23 @@ TEST(Mismatch, AllreduceVersusAllgather) {
   expect_all(outcomes, ErrorCode::kMismatch, {"allgather(numel=30, float32) #1", "allreduce(numel=30"});
 }
 
+TEST(Mismatch, ReduceScatterVersusAllreduceAndDifferentOps) {
+  auto outcomes = run_outcomes(3, [](Communicator& comm) {
+    std::vector<float> x(90), out(30);
+    if (comm.rank() == 2) {
+      comm.reduce_scatter(TensorView::of(x.data(), 90), TensorView::of(out.data(), 30));
+    } else {
+      comm.allreduce(TensorView::of(x.data(), 90));
+    }
+  });
+  expect_all(outcomes, ErrorCode::kMismatch, {"reduce_scatter(numel=90, float32, sum) #1", "allreduce(numel=90"});
+  auto ops = run_outcomes(2, [](Communicator& comm) {
+    float x[8] = {}, out[4];
+    comm.reduce_scatter(TensorView::of(x, 8), TensorView::of(out, 4), comm.rank() == 0 ? ReduceOp::kMax : ReduceOp::kSum);
+  });
+  expect_all(ops, ErrorCode::kMismatch, {"reduce_scatter(numel=8, float32, max)", "reduce_scatter(numel=8, float32, sum)"});
+}
+
 TEST(Mismatch, DifferentReduceOpAndBroadcastRoot) {
   auto ops = run_outcomes(2, [](Communicator& comm) {
     float x[4] = {};
@@ -181,6 +198,12 @@ TEST(InvalidArguments, AreRejectedLocallyAndLeaveTheCommunicatorUsable) {
     EXPECT_THROW(comm.allreduce(TensorView{x, 4, static_cast<DType>(42), {}}), InvalidArgument);
     EXPECT_THROW(comm.allreduce(TensorView::of(x, 4), static_cast<ReduceOp>(9)), InvalidArgument);
     EXPECT_THROW(comm.allgather(TensorView::of(x, 4), TensorView::of(out, 7)), InvalidArgument);
+    EXPECT_THROW(comm.reduce_scatter(TensorView::of(out, 7), TensorView::of(x, 4)), InvalidArgument);  // 7 != 2 x 4
+    EXPECT_THROW(comm.reduce_scatter(TensorView::of(x, 4), TensorView{out, 2, DType::kInt32, {}}), InvalidArgument);
+    EXPECT_THROW(comm.reduce_scatter(TensorView::of(x, 4), TensorView::of(x, 2), static_cast<ReduceOp>(9)),
+                 InvalidArgument);
+    // The output overlapping the input other than as this rank's segment of it.
+    EXPECT_THROW(comm.reduce_scatter(TensorView::of(x, 4), TensorView::of(x + 1 - comm.rank(), 2)), InvalidArgument);
     EXPECT_THROW(comm.broadcast(TensorView::of(x, 4), 2), InvalidArgument);
     EXPECT_THROW(comm.broadcast(TensorView::of(x, 4), -1), InvalidArgument);
     // Unsupported without a GPU; InvalidArgument (host memory labelled CUDA) with one.

@@ -38,12 +38,28 @@ x = (np.arange(64) - r).astype(np.float32)
 gradcomm.allreduce(x, op="min")
 np.testing.assert_array_equal(x, np.arange(64) - (n - 1))
 
-# ---- allgather, broadcast, barrier ----------------------------------------------------
+# ---- allgather, reduce_scatter, broadcast, barrier ---------------------------------------
 x = np.full((2, 3), r, np.int32)
 out = gradcomm.allgather(x)
 assert out.shape == (n, 2, 3)
 for k in range(n):
     np.testing.assert_array_equal(out[k], np.full((2, 3), k, np.int32))
+# reduce_scatter: (size(), ...) inputs give x.shape[1:]; flat inputs a flat share;
+# the input stays unchanged; a wrong size is refused before anything is sent.
+x = (np.arange(n * 12, dtype=np.int64).reshape(n, 3, 4) + 100 * r)
+before = x.copy()
+out = gradcomm.reduce_scatter(x)
+assert out.shape == (3, 4) and out.dtype == np.int64, (out.shape, out.dtype)
+np.testing.assert_array_equal(out, n * np.arange(r * 12, (r + 1) * 12).reshape(3, 4) + 100 * rank_sum)
+np.testing.assert_array_equal(x, before)
+x = (np.arange(n * 1001) % 97 + r).astype(np.float32)
+out = gradcomm.reduce_scatter_async(x, op="max").wait()
+np.testing.assert_array_equal(out, (np.arange(r * 1001, (r + 1) * 1001) % 97 + n - 1).astype(np.float32))
+try:
+    gradcomm.reduce_scatter(np.zeros(n * 4 + 1, np.float32))
+    raise AssertionError("an input of size() * m + 1 elements was accepted")
+except ValueError as e:
+    assert "not a multiple of size()" in str(e), e
 x = np.arange(10, dtype=np.float64) * (r + 1)
 root = n - 1
 gradcomm.broadcast(x, root=root)

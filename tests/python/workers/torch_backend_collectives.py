@@ -171,6 +171,17 @@ for dtype in [torch.float32, torch.int32, torch.float64]:
             check(out2, want, dtype, f"reduce_scatter_tensor {name} {dtype} m={m}")
             assert torch.equal(flat_in, before), "reduce_scatter_tensor changed its input"
 
+# The exact reduce-scatter is the library's: it sends (N-1)/N of its input (the ring's
+# reduce-scatter phase), half of what an allreduce of the input would.
+m = 262144
+big = torch.full((n * m,), float(r + 1))
+sent0 = gtorch.stats()["bytes_sent"]
+out_big = torch.empty(m)
+dist.reduce_scatter_tensor(out_big, big)
+sent = gtorch.stats()["bytes_sent"] - sent0
+assert torch.equal(out_big, torch.full((m,), float(n * (n + 1) // 2)))
+assert (n - 1) * m * 4 <= sent <= (n - 1) * m * 4 * 1.02 + 16384, f"reduce_scatter_tensor sent {sent} bytes"
+
 # ---- barrier, and a subgroup on the same backend -------------------------------------------
 dist.barrier()
 sub = dist.new_group(ranks=list(range(n)), backend="gradcomm",
