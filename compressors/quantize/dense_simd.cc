@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstring>
 
+#include "compressors/cpu_kernels.h"
 #include "cpu_features.h"
 
 #if GRADCOMM_X86_DISPATCH
@@ -117,10 +118,32 @@ __attribute__((target("avx2"))) void quant_codes_nearest_avx2(const float* x, si
   for (; k < m; ++k) codes[k] = round_half_up(quant_position(x[k], lo, inv, levels));
 }
 
+namespace {
+// quant_codes_stochastic_avx2's loop sixteen at a time, over the whole groups of
+// sixteen; returns how many it did. maxps/minps, cvttps2dq and the ordered compare
+// behave lane for lane as their 256-bit forms, so the codes are the AVX2 loop's bits.
+__attribute__((target("avx512f"))) size_t quant_codes_stochastic_avx512(const float* x, const float* u, size_t m,
+                                                                        float lo, float inv, float levels,
+                                                                        uint32_t* codes) {
+  const __m512 neg_lo = _mm512_set1_ps(-lo), inv16 = _mm512_set1_ps(inv), levels16 = _mm512_set1_ps(levels);
+  const __m512i one = _mm512_set1_epi32(1);
+  size_t k = 0;
+  for (; k + 16 <= m; k += 16) {
+    __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(x + k), neg_lo), inv16);
+    s = _mm512_min_ps(_mm512_max_ps(s, _mm512_setzero_ps()), levels16);
+    const __m512i whole = _mm512_cvttps_epi32(s);
+    const __m512 frac = _mm512_sub_ps(s, _mm512_cvtepi32_ps(whole));
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_loadu_ps(u + k), frac, _CMP_LT_OQ);
+    _mm512_storeu_si512(codes + k, _mm512_mask_add_epi32(whole, up, whole, one));
+  }
+  return k;
+}
+}  // namespace
+
 __attribute__((target("avx2"))) void quant_codes_stochastic_avx2(const float* x, const float* u, size_t m, float lo,
                                                                   float inv, float levels, uint32_t* codes) {
   const __m256 neg_lo = _mm256_set1_ps(-lo), inv8 = _mm256_set1_ps(inv), levels8 = _mm256_set1_ps(levels);
-  size_t k = 0;
+  size_t k = use_avx512_kernels() ? quant_codes_stochastic_avx512(x, u, m, lo, inv, levels, codes) : 0;
   for (; k + 8 <= m; k += 8) {
     const __m256 s = quant_position8(_mm256_loadu_ps(x + k), neg_lo, inv8, levels8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k), round_stochastic8(s, _mm256_loadu_ps(u + k)));

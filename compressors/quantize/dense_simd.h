@@ -33,7 +33,8 @@ float sum_squares_avx2(const float* x, size_t m);
 
 // codes[k] = round_half_up(quant_position(x[k], lo, inv, levels)) (quant_codec.cc).
 void quant_codes_nearest_avx2(const float* x, size_t m, float lo, float inv, float levels, uint32_t* codes);
-// codes[k] = round_stochastic(quant_position(x[k], lo, inv, levels), u[k]).
+// codes[k] = round_stochastic(quant_position(x[k], lo, inv, levels), u[k]); sixteen
+// lanes at a time where use_avx512_kernels() (the same bits).
 void quant_codes_stochastic_avx2(const float* x, const float* u, size_t m, float lo, float inv, float levels,
                                  uint32_t* codes);
 // codes[k] = qsgd_code(x[k], round_stochastic(qsgd_position(x[k], scale, levels), u[k]), bits).
