@@ -182,6 +182,65 @@ void CommunicatorImpl::run_local(std::function<void()> fn) {
   if (work->error) std::rethrow_exception(work->error);
 }
 
+// The compressor of an allreduce or reduce_scatter (`what`) of call.tensor: parsed once,
+// checked against the tensor and the op, and its key's state bound to the call. Caller
+// holds issue_mutex_.
+void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& options, const char* what) {
+  const TensorView& t = call.tensor;
+  const ReduceOp reduce_op = call.reduce_op;
+  const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
+  call.key_name = options.key;
+  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+  try {
+    call.spec = &compression_.spec(text);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("rank {}: {}: {}", rank(), what, e.what()));
+  }
+  const CompressorSpec& spec = *call.spec;
+  if (spec.id != CompressorId::kNone) {
+    // Compressed: float32 gradients, summed or averaged, state under the caller's key.
+    if (t.dtype != DType::kFloat32) {
+      throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}' takes float32 tensors, got {}", rank(),
+                                        what, text, dtype_name(t.dtype)));
+    }
+    if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
+      throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}' supports sum and avg, not {}", rank(),
+                                        what, text, reduce_op_name(reduce_op)));
+    }
+    if (spec.algo == SparseAlgo::kReduceScatter && t.device.type == DeviceType::kCuda) {
+      throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}': algo=reduce_scatter is not available "
+                                        "for CUDA tensors (the NCCL path runs the sparse allgather); use "
+                                        "algo=allgather or auto",
+                                        rank(), what, text));
+    }
+    if (options.key.empty() && CompressionEngine::stateful(spec)) {
+      throw InvalidArgument(fmt::format(
+          "rank {}: {}: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
+          "draws): name this tensor uniquely (Python: {}(..., name=\"...\"); C++: CompressOptions::key)",
+          rank(), what, text, what));
+    }
+    if (!options.key.empty()) {
+      KeyState& key = state_.keys[options.key];  // map nodes never move: the engine may hold &key
+      if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
+        throw InvalidArgument(fmt::format("rank {}: {}: key '{}' holds state for {} {} elements, called with {}",
+                                          rank(), what, options.key, key.numel, dtype_name(key.dtype), t.numel));
+      }
+      if (family_of(spec.id).collective == Collective::kLowRank) {  // its Q is sized by the shapes
+        call.parts_digest = parts_digest(call.parts);  // only the low-rank family reads the shapes
+        if (key.parts_digest != 0 && key.parts_digest != call.parts_digest) {
+          throw InvalidArgument(fmt::format("rank {}: {}: key '{}' was used with other shapes before (now "
+                                            "{}); a key's shapes must not change",
+                                            rank(), what, options.key, describe_parts(call.parts)));
+        }
+        key.parts_digest = call.parts_digest;
+      }
+      key.numel = t.numel;
+      key.dtype = t.dtype;
+      call.key = &key;
+    }
+  }
+}
+
 std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, ReduceOp reduce_op,
                                                              const CompressOptions& options) {
   check_usable();
@@ -190,14 +249,11 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
     throw InvalidArgument(fmt::format("rank {}: allreduce: unknown reduce op value {}", rank(),
                                       static_cast<int>(reduce_op)));
   }
-  const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
   Call call;
   call.kind = Call::Kind::kAllreduce;
   call.tensor = t;
   call.reduce_op = reduce_op;
   call.stream = options.stream;
-  call.key_name = options.key;
-  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
   try {
     call.parts = tensor_parts(options.shape, options.parts, t.numel);  // checked whatever the compressor
   } catch (const InvalidArgument& e) {
@@ -205,54 +261,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
   }
   {
     std::lock_guard lock(issue_mutex_);
-    try {
-      call.spec = &compression_.spec(text);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
-    }
-    const CompressorSpec& spec = *call.spec;
-    if (spec.id != CompressorId::kNone) {
-      // Compressed: float32 gradients, summed or averaged, state under the caller's key.
-      if (t.dtype != DType::kFloat32) {
-        throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' takes float32 tensors, got {}", rank(),
-                                          text, dtype_name(t.dtype)));
-      }
-      if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
-        throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}' supports sum and avg, not {}", rank(),
-                                          text, reduce_op_name(reduce_op)));
-      }
-      if (spec.algo == SparseAlgo::kReduceScatter && t.device.type == DeviceType::kCuda) {
-        throw InvalidArgument(fmt::format("rank {}: allreduce: compressor '{}': algo=reduce_scatter is not available "
-                                          "for CUDA tensors (the NCCL path runs the sparse allgather); use "
-                                          "algo=allgather or auto",
-                                          rank(), text));
-      }
-      if (options.key.empty() && CompressionEngine::stateful(spec)) {
-        throw InvalidArgument(fmt::format(
-            "rank {}: allreduce: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
-            "draws): name this tensor uniquely (Python: allreduce(..., name=\"...\"); C++: CompressOptions::key)",
-            rank(), text));
-      }
-      if (!options.key.empty()) {
-        KeyState& key = state_.keys[options.key];  // map nodes never move: the engine may hold &key
-        if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
-          throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' holds state for {} {} elements, called with {}",
-                                            rank(), options.key, key.numel, dtype_name(key.dtype), t.numel));
-        }
-        if (family_of(spec.id).collective == Collective::kLowRank) {  // its Q is sized by the shapes
-          call.parts_digest = parts_digest(call.parts);  // only the low-rank family reads the shapes
-          if (key.parts_digest != 0 && key.parts_digest != call.parts_digest) {
-            throw InvalidArgument(fmt::format("rank {}: allreduce: key '{}' was used with other shapes before (now "
-                                              "{}); a key's shapes must not change",
-                                              rank(), options.key, describe_parts(call.parts)));
-          }
-          key.parts_digest = call.parts_digest;
-        }
-        key.numel = t.numel;
-        key.dtype = t.dtype;
-        call.key = &key;
-      }
-    }
+    resolve_compression(call, options, "allreduce");
   }
   return submit(std::move(call), "allreduce");
 }
@@ -277,7 +286,8 @@ std::shared_ptr<WorkState> CommunicatorImpl::allgather_async(TensorView in, Tens
   return submit(std::move(call), "allgather");
 }
 
-std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in, TensorView out, ReduceOp reduce_op) {
+std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in, TensorView out, ReduceOp reduce_op,
+                                                                  const CompressOptions& options) {
   check_usable();
   check_tensor(in, "reduce_scatter", "input");
   check_tensor(out, "reduce_scatter", "output");
@@ -313,6 +323,30 @@ std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in,
   call.tensor = in;
   call.out = out;
   call.reduce_op = reduce_op;
+  {
+    std::lock_guard lock(issue_mutex_);
+    // Checked before resolve_compression binds a key: a refused call leaves no state.
+    const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
+    const CompressorSpec* spec = nullptr;
+    try {
+      spec = &compression_.spec(text);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("rank {}: reduce_scatter: {}", rank(), e.what()));
+    }
+    const Collective collective = family_of(spec->id).collective;
+    if (collective != Collective::kDense && collective != Collective::kCodecRing) {
+      throw InvalidArgument(fmt::format("rank {}: reduce_scatter: compressor '{}' is not available for "
+                                        "reduce_scatter, which compresses with the codecs of the compressed ring "
+                                        "(fp16, bf16, quant, qsgd, sign); allreduce takes '{}'",
+                                        rank(), text, text));
+    }
+    if (collective == Collective::kCodecRing && in.device.type == DeviceType::kCuda) {
+      throw Unsupported(fmt::format("rank {}: reduce_scatter: compressor '{}' on CUDA tensors is not available "
+                                    "(the dense reduce_scatter and the compressed allreduce are)",
+                                    rank(), text));
+    }
+    resolve_compression(call, options, "reduce_scatter");
+  }
   return submit(std::move(call), "reduce_scatter");
 }
 
@@ -457,6 +491,9 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
     case Call::Kind::kReduceScatter:
       header.op = OpKind::kReduceScatter;
       header.reduce_op = call.reduce_op;
+      header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
+      header.compressor_hash = fnv1a32(header.compressor);
+      if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
       break;
     case Call::Kind::kBroadcast:
       header.op = OpKind::kBroadcast;
@@ -516,13 +553,25 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
       }
       break;
     }
-    case Call::Kind::kReduceScatter:
-      if (cuda) {
-        device_->reduce_scatter(op, t, call.out, call.reduce_op);
+    case Call::Kind::kReduceScatter: {
+      const CompressorSpec& spec = *call.spec;
+      if (spec.id == CompressorId::kNone) {
+        if (cuda) {
+          device_->reduce_scatter(op, t, call.out, call.reduce_op);
+          break;
+        }
+        dense_reduce_scatter(op, t.data, call.out.data, call.out.numel, t.dtype, call.reduce_op);
         break;
       }
-      dense_reduce_scatter(op, t.data, call.out.data, call.out.numel, t.dtype, call.reduce_op);
+      // Compressed (host tensors, float32): on a copy, so the caller's input stays as given.
+      if (t.numel > 0) {
+        std::vector<float> work(static_cast<const float*>(t.data), static_cast<const float*>(t.data) + t.numel);
+        compression_.reduce_scatter(op, work.data(), t.numel, call.reduce_op, spec, call.key, call.key_hash);
+        std::memcpy(call.out.data, work.data() + static_cast<size_t>(rank()) * call.out.numel, call.out.nbytes());
+      }
+      if (call.key != nullptr) call.key->step += 1;
       break;
+    }
     case Call::Kind::kBroadcast:
       if (cuda) {
         device_->broadcast(op, t, call.root);

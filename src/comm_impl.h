@@ -55,7 +55,8 @@ class CommunicatorImpl {
   // ---- issuing side: any thread -------------------------------------------------
   std::shared_ptr<WorkState> allreduce_async(TensorView t, ReduceOp op, const CompressOptions& options);
   std::shared_ptr<WorkState> allgather_async(TensorView in, TensorView out);
-  std::shared_ptr<WorkState> reduce_scatter_async(TensorView in, TensorView out, ReduceOp op);
+  std::shared_ptr<WorkState> reduce_scatter_async(TensorView in, TensorView out, ReduceOp op,
+                                                  const CompressOptions& options);
   std::shared_ptr<WorkState> broadcast_async(TensorView t, int root);
   std::shared_ptr<WorkState> barrier_async();
   // Variable-size allgather: rank r contributes `in` (counts[r] elements, agreed
@@ -132,6 +133,9 @@ class CommunicatorImpl {
   void check_tensor(const TensorView& t, const char* op, const char* name) const;
   // InvalidArgument unless `in` and `out` are on the same device.
   void check_one_device(const TensorView& in, const TensorView& out, const char* op) const;
+  // Parses and checks the compressor of an allreduce or reduce_scatter (`what`) of
+  // call.tensor, binding its key; caller holds issue_mutex_.
+  void resolve_compression(Call& call, const CompressOptions& options, const char* what);
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
   std::shared_ptr<WorkState> submit(Call call, const char* op);

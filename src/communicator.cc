@@ -151,8 +151,9 @@ std::exception_ptr Work::error() const {
 std::shared_ptr<Work> Communicator::allreduce_async(TensorView t, ReduceOp op, const CompressOptions& options) {
   return std::make_shared<Work>(impl_->allreduce_async(t, op, options));
 }
-std::shared_ptr<Work> Communicator::reduce_scatter_async(TensorView in, TensorView out, ReduceOp op) {
-  return std::make_shared<Work>(impl_->reduce_scatter_async(in, out, op));
+std::shared_ptr<Work> Communicator::reduce_scatter_async(TensorView in, TensorView out, ReduceOp op,
+                                                       const CompressOptions& options) {
+  return std::make_shared<Work>(impl_->reduce_scatter_async(in, out, op, options));
 }
 
 std::shared_ptr<Work> Communicator::allgather_async(TensorView in, TensorView out) {
@@ -166,8 +167,8 @@ void Communicator::allreduce(TensorView t, ReduceOp op, const CompressOptions& o
   Work(impl_->allreduce_async(t, op, options)).wait();
 }
 void Communicator::allgather(TensorView in, TensorView out) { Work(impl_->allgather_async(in, out)).wait(); }
-void Communicator::reduce_scatter(TensorView in, TensorView out, ReduceOp op) {
-  Work(impl_->reduce_scatter_async(in, out, op)).wait();
+void Communicator::reduce_scatter(TensorView in, TensorView out, ReduceOp op, const CompressOptions& options) {
+  Work(impl_->reduce_scatter_async(in, out, op, options)).wait();
 }
 void Communicator::broadcast(TensorView t, int root) { Work(impl_->broadcast_async(t, root)).wait(); }
 void Communicator::barrier() { Work(impl_->barrier_async()).wait(); }

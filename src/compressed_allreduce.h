@@ -132,4 +132,31 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
   if (reduce_op == ReduceOp::kAvg) p.divide(data, numel, ranks);
 }
 
+// The compressed reduce-scatter: data holds numel = N x count elements, in place; rank r
+// ends with its segment r (elements [r count, (r + 1) count)) reduced, divided for kAvg.
+// The codec-ring families only (the issuing side refuses the others): the compressed
+// ring's reduce-scatter phase, whose encodes refill the residual as the allreduce's do;
+// the owner's segment is exact (its own values plus the decoded partial sums).
+// Host primitives only, with two more:
+//   dense_reduce_scatter(data, n, op)     the dense ring's reduce-scatter, in place
+//   codec_ring(data, n, rng, divisor, RingPhases::kReduceScatter)
+template <class P>
+void compressed_reduce_scatter(P& p, const CompressedCall& call, float* data, int64_t numel, ReduceOp reduce_op) {
+  const CompressorSpec& spec = call.spec;
+  const uint64_t step = call.step();
+  if (runs_dense(spec, step, numel)) {
+    p.fold_and_clear(data, numel);
+    p.dense_reduce_scatter(data, numel, reduce_op);
+    return;
+  }
+  const PhiloxStream mine{spec.seed, philox_stream_id(call.key_hash, step, call.rank)};
+  if (call.ranks == 1) {  // the output is still what compression keeps; an average over one is itself
+    p.codec_round_trip(data, numel, mine);
+    return;
+  }
+  p.fold_and_clear(data, numel);
+  p.codec_ring(data, numel, mine, reduce_op == ReduceOp::kAvg ? call.ranks : 1, RingPhases::kReduceScatter);
+  p.check_payloads(numel);
+}
+
 }  // namespace gradcomm::detail

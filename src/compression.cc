@@ -72,8 +72,13 @@ class HostPrimitives {
     }
   }
 
-  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor) {
-    compressed_ring_allreduce(op_, data, numel, engine_.codec(spec_), rng, residual_, divisor);
+  void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor,
+                  RingPhases phases = RingPhases::kAllreduce) {
+    compressed_ring_allreduce(op_, data, numel, engine_.codec(spec_), rng, residual_, divisor, phases);
+  }
+
+  void dense_reduce_scatter(float* data, int64_t numel, ReduceOp reduce_op) {
+    if (op_.size() > 1 && numel > 0) ring_reduce_scatter(op_, data, numel, DType::kFloat32, reduce_op);
   }
 
   SparseAlgo sparse_algo(int64_t numel) const { return choose_sparse_algo(spec_, op_.size(), numel); }
@@ -214,6 +219,13 @@ void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp r
   const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);
   compressed_allreduce(host, call, data, numel, reduce_op);
+}
+
+void CompressionEngine::reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                                       const CompressorSpec& spec, KeyState* key, uint64_t key_hash) {
+  const CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
+  HostPrimitives host(*this, op, call, numel);
+  compressed_reduce_scatter(host, call, data, numel, reduce_op);
 }
 
 }  // namespace gradcomm::detail

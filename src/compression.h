@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "collectives/ring_schedule.h"  // RingPhases
 #include "compressors/codec.h"
 #include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
@@ -47,6 +48,10 @@ class CompressionEngine {
   // `parts` (may be null) the tensor's shapes, for powersgd.
   void allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                  KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts = nullptr);
+  // The reduce-scatter of data[0, numel) (fp32, numel = N x count, in place: rank r's
+  // segment r becomes its share) with a codec-ring spec (compressed_allreduce.h).
+  void reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
+                      KeyState* key, uint64_t key_hash);
 
   // The spec's CPU codec (kCodecRing families), made once per canonical spec.
   const DenseCodec& codec(const CompressorSpec& spec);
@@ -58,8 +63,13 @@ class CompressionEngine {
 
 // The collectives the engine runs (in src/collectives/).
 // divisor > 1: the average, each chunk divided once it holds its final (decoded) sum.
+// RingPhases::kReduceScatter: the reduce-scatter alone; rank r ends holding segment r of
+// numel = N x count elements (segments of exactly `count`, chunks cut without regard to
+// the codec's buckets), the exact sum of its own values and the decoded partial sums,
+// divided; the other segments hold partial sums.
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
-                               const PhiloxStream& rng, float* residual, int divisor = 1);
+                               const PhiloxStream& rng, float* residual, int divisor = 1,
+                               RingPhases phases = RingPhases::kAllreduce);
 // `residual` (null without error feedback) still holds last step's; data becomes the result.
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                         const std::vector<powersgd::Part>& parts, KeyState* key, uint64_t key_hash, float* residual);

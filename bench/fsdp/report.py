@@ -37,9 +37,10 @@ for v in variants:
         cols = "(dense) | | | | "
     rel = f" ({step_ms / base:.2f}x gloo)" if base and v != "gloo" else ""
     print(f"| {v} | {step_ms:.1f}{rel} | {len(rs)} | {cols} | {statistics.median(r['test_accuracy'] for r in rs):.4f} |")
-print("\nA compressed reduce-scatter of the backend is an allreduce of the whole input (the library's "
-      "reduce-scatter is dense only): it sends the compressed allreduce's bytes, compared here with a true "
-      "dense reduce-scatter (gloo's), the fair baseline. An exact one is the library's reduce-scatter "
-      "(since 2026-11-27's evening; before, an allreduce too, twice a true reduce-scatter's bytes).")
+print("\nThe backend's reduce-scatters, compared here with a true dense reduce-scatter (gloo's), the fair "
+      "baseline: exact ones and those compressed with the compressed ring's codecs (fp16, bf16, quant, qsgd, "
+      "sign) are the library's reduce-scatter ((N-1)/N of the input, compressed); the others (top-k and the "
+      "rest) are a compressed allreduce of the whole input. Records made before 2026-11-27's evening ran every "
+      "reduce-scatter as an allreduce.")
 print("\n*The all-gathers include those of the two evaluations (10,000 test images each), so per training "
       "step they read high; they are exact and the same for every variant.")

@@ -117,9 +117,13 @@ class Communicator {
   void allgather(TensorView in, TensorView out);
   // in.numel == size() * out.numel: the inputs reduced over the ranks, rank r's segment
   // (elements [r * out.numel, (r + 1) * out.numel)) into out; the input is left unchanged.
-  // out is a buffer of its own or exactly that segment of in. Dense (no compressor);
-  // every rank must call with the same numel, dtype and op.
-  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum);
+  // out is a buffer of its own or exactly that segment of in. Every rank must call with
+  // the same numel, dtype, op and compressor. Compressed (options.compressor): the codecs
+  // of the compressed ring (fp16, bf16, quant, qsgd, sign), float32 host tensors, sum or
+  // avg; every hop sends a payload, rank r's share is exact in what it received, and
+  // error feedback (key) keeps what this rank's encodes dropped, over its whole input.
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum,
+                      const CompressOptions& options = {});
   void broadcast(TensorView t, int root);
   void barrier();
 
@@ -132,7 +136,8 @@ class Communicator {
   std::shared_ptr<Work> allreduce_async(TensorView t, ReduceOp op = ReduceOp::kSum,
                                         const CompressOptions& options = {});
   std::shared_ptr<Work> allgather_async(TensorView in, TensorView out);
-  std::shared_ptr<Work> reduce_scatter_async(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum);
+  std::shared_ptr<Work> reduce_scatter_async(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum,
+                                             const CompressOptions& options = {});
   std::shared_ptr<Work> broadcast_async(TensorView t, int root);
   // Waits for stream-ordered work (CUDA tensors) to finish and surfaces its errors.
   void synchronize();

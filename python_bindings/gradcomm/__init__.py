@@ -342,7 +342,7 @@ def allgather_async(x, out=None):
     return Work(_C.allgather_async(*args), out, (x, out))
 
 
-def _reduce_scatter_args(x, out, op, call):
+def _reduce_scatter_args(x, out, op, compression, name, call):
     b = _tensors.describe(x, call, "input", writable=False)
     n = _C.size()
     if out is None:
@@ -359,23 +359,26 @@ def _reduce_scatter_args(x, out, op, call):
                          f"{o.device}:{o.device_index}")
     if o.dtype != b.dtype:
         raise TypeError(f"gradcomm.{call}: input is {b.dtype} but out is {o.dtype}")
-    return out, (b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index, op)
+    return out, (b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index, op, compression or "none",
+                 name or "")
 
 
-def reduce_scatter(x, out=None, op="sum"):
+def reduce_scatter(x, out=None, op="sum", compression="none", name=None):
     """Reduces `x` over the ranks (op: sum, avg, min, max) and returns this rank's
     share: rank r gets elements [r * m, (r + 1) * m) of the reduced x, m = x.numel /
     size(). `out` defaults to x.shape[1:] when x is (size(), ...), else a flat array of
     m elements; a given `out` must be contiguous, of x's dtype and device, with m
-    elements. `x` is left unchanged. Dense: no compression."""
-    out, args = _reduce_scatter_args(x, out, op, "reduce_scatter")
+    elements. `x` is left unchanged. compression: a spec of the compressed ring's
+    codecs (fp16, bf16, quant, qsgd, sign; float32 CPU arrays, sum or avg): a payload
+    per hop; `name` keys its state (error feedback) as allreduce's does."""
+    out, args = _reduce_scatter_args(x, out, op, compression, name, "reduce_scatter")
     _C.reduce_scatter_async(*args).wait()
     return out
 
 
-def reduce_scatter_async(x, out=None, op="sum"):
+def reduce_scatter_async(x, out=None, op="sum", compression="none", name=None):
     """reduce_scatter() without waiting: returns a Work whose wait() returns `out`."""
-    out, args = _reduce_scatter_args(x, out, op, "reduce_scatter_async")
+    out, args = _reduce_scatter_args(x, out, op, compression, name, "reduce_scatter_async")
     return Work(_C.reduce_scatter_async(*args), out, (x, out))
 
 

@@ -233,13 +233,17 @@ std::shared_ptr<Work> allgather_async(uintptr_t in, uintptr_t out, int64_t numel
 
 std::shared_ptr<Work> reduce_scatter_async(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel,
                                            const std::string& dtype, const std::string& device, int index,
-                                           const std::string& op) {
+                                           const std::string& op, const std::string& compression,
+                                           const std::string& key) {
   const TensorView tin = view(in, numel, dtype, device, index);
   const TensorView tout = view(out, out_numel, dtype, device, index);
   const ReduceOp reduce_op = parse_op(op);
+  CompressOptions options;
+  options.compressor = compression;
+  options.key = key;
   py::gil_scoped_release release;
   std::lock_guard lock(session().mutex);
-  return communicator("reduce_scatter").reduce_scatter_async(tin, tout, reduce_op);
+  return communicator("reduce_scatter").reduce_scatter_async(tin, tout, reduce_op, options);
 }
 
 std::shared_ptr<Work> broadcast_async(uintptr_t data, int64_t numel, const std::string& dtype,
@@ -319,7 +323,8 @@ PYBIND11_MODULE(_gradcomm, m) {
   m.def("allgather_async", &allgather_async, py::arg("input"), py::arg("output"), py::arg("numel"),
         py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"));
   m.def("reduce_scatter_async", &reduce_scatter_async, py::arg("input"), py::arg("output"), py::arg("numel"),
-        py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"), py::arg("op"));
+        py::arg("out_numel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"), py::arg("op"),
+        py::arg("compression") = "none", py::arg("key") = "");
   m.def("broadcast_async", &broadcast_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
         py::arg("device_index"), py::arg("root"));
   m.def("barrier", &barrier);

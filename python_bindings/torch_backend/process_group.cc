@@ -10,6 +10,7 @@
 
 #include "c10d_store.h"
 #include "communicator_factory.h"
+#include "compressors/family.h"
 #include "compressors/spec.h"
 #include "gradcomm/errors.h"
 #include "introspect.h"  // forget_keys
@@ -187,8 +188,17 @@ void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   if (compression.min_numel < 0) {
     bad_argument(fmt::format("set_compression: min_compress_numel must be >= 0, got {}", compression.min_numel));
   }
+  // Whether the library's reduce-scatter compresses with this spec (the codec-ring families).
+  bool codec_ring = false;
+  try {
+    codec_ring = detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective ==
+                 detail::Collective::kCodecRing;
+  } catch (...) {
+    rethrow_as_torch_error();
+  }
   std::lock_guard<std::mutex> lock(issue_mutex_);
   compression_ = std::move(compression);
+  codec_ring_ = codec_ring;
 }
 
 CompressionConfig ProcessGroupGradcomm::compression() const {
@@ -294,11 +304,12 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
 //
 // FSDP reduces each gradient with reduce_scatter_tensor, so compressing it compresses
 // FSDP. Exact reductions (no spec, a tensor too small or of another dtype, min/max) take
-// the library's dense reduce-scatter, which sends (N-1)/N of the input. The library's
-// reduce-scatter does not compress yet, so a compressed one is an allreduce of the
-// input, staged whole, and this rank's chunk copied out: every rank ends with bitwise
-// the same sum, so the shards agree, and the compressed bytes are those of an
-// allreduce (twice a compressed reduce-scatter's).
+// the library's dense reduce-scatter, which sends (N-1)/N of the input. Compressed ones
+// with a codec-ring spec (fp16, bf16, quant, qsgd, sign) on CPU tensors take the
+// library's compressed reduce-scatter: a payload per hop, (N-1)/N of the input's
+// compressed size. The others (top-k and the rest, and CUDA tensors) are an allreduce of
+// the input, staged whole, and this rank's chunk copied out: every rank ends with
+// bitwise the same sum, so the shards agree, and the bytes are an allreduce's.
 //
 // Error feedback needs a key naming "this gradient" on every rank and in every step.
 // A storage-based key (as allreduce uses) is wrong here: FSDP reduces from buffers
@@ -531,18 +542,48 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
     }
     return dense_reduce_scatter(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", flat, out, op);
   }
-  // Compressed: the inputs end to end, allreduced; this rank's chunk is the result.
+  // Compressed: the inputs end to end (float32 when a float16/bfloat16 input is compressed).
   const auto dtype = compress_through_float32(out, op) ? at::kFloat : out.scalar_type();
   const at::Tensor flat =
       at::empty({getSize() * n}, out.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
   for (size_t i = 0; i < inputs[0].size(); ++i) {
     flat.narrow(0, static_cast<int64_t>(i) * n, n).copy_(inputs[0][i].reshape({n}));
   }
-  const TensorView view = reduce_view(flat, "reduce_scatter");
+  return compressed_reduce_scatter(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", flat, out, op);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::compressed_reduce_scatter(c10d::OpType type, const char* name,
+                                                                               const at::Tensor& flat,
+                                                                               const at::Tensor& out, ReduceOp op) {
+  const int64_t n = out.numel();
+  const TensorView view = reduce_view(flat, name);
+  bool codec_ring = false;
+  {
+    std::lock_guard<std::mutex> lock(issue_mutex_);
+    codec_ring = codec_ring_;
+  }
+  if (codec_ring && flat.is_cpu()) {
+    // The library's compressed reduce-scatter: a payload per hop, this rank's share exact
+    // in what it received. Written into `out` when it is float32 and contiguous.
+    const bool direct = out.scalar_type() == flat.scalar_type() && out.is_contiguous();
+    const at::Tensor share = direct ? out : at::empty({n}, flat.options());
+    const TensorView vshare = reduce_view(share, name);
+    std::function<void()> finish;
+    if (!direct) finish = [out, share] { out.copy_(share.view(out.sizes())); };
+    return start(
+        type, name,
+        [&](auto& works) {
+          works.push_back(
+              comm_->reduce_scatter_async(view, vshare, op, reduce_scatter_options(flat, out.scalar_type(), op)));
+        },
+        {out}, {flat, share}, std::move(finish));
+  }
+  // Other compressors (top-k and the rest: no library reduce-scatter) and CUDA tensors: a
+  // compressed allreduce of the whole input; this rank's chunk is the result.
   const int64_t rank = getRank();
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(
-      c10d::OpType::REDUCE_SCATTER, "reduce_scatter",
+      type, name,
       [&](auto& works) {
         works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
       },
@@ -564,20 +605,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
   if (!compresses(input, op)) {
     return dense_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", input, out, op);
   }
-  // Compressed: a copy (the input stays unchanged), float32 when a float16/bfloat16
-  // input is compressed, allreduced; this rank's chunk is the result.
+  // Compressed: a copy (the input stays unchanged; the allreduce form works in place),
+  // float32 when a float16/bfloat16 input is compressed.
   const at::Tensor flat = compress_through_float32(input, op)
                               ? input.reshape({-1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
                               : input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
-  const TensorView view = reduce_view(flat, "reduce_scatter_tensor");
-  const int64_t rank = getRank();
-  auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
-  return start(
-      c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
-      [&](auto& works) {
-        works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
-      },
-      {out}, {flat}, std::move(finish));
+  return compressed_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", flat, out, op);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::barrier(const c10d::BarrierOptions&) {

@@ -232,6 +232,10 @@ class ProcessGroupGradcomm : public BackendBase {
   // float16/bfloat16 staged through float32, of enough elements, summed or averaged
   // (takes issue_mutex_). Otherwise it is exact: the library's dense reduce-scatter.
   bool compresses(const at::Tensor& t, ReduceOp op) const;
+  // A compressed reduce-scatter of `flat` (this call's float32 or same-dtype copy of the
+  // input) into `out`: the library's where it compresses the spec, else an allreduce.
+  c10::intrusive_ptr<c10d::Work> compressed_reduce_scatter(c10d::OpType type, const char* name, const at::Tensor& flat,
+                                                           const at::Tensor& out, ReduceOp op);
   // The dense reduce-scatter of `in` (group size x out.numel() elements) into `out`.
   c10::intrusive_ptr<c10d::Work> dense_reduce_scatter(c10d::OpType type, const char* op, const at::Tensor& in,
                                                       const at::Tensor& out, ReduceOp reduce_op);
@@ -242,6 +246,7 @@ class ProcessGroupGradcomm : public BackendBase {
   bool compress_through_float32(const at::Tensor& t, ReduceOp op) const;
 
   mutable std::mutex issue_mutex_;
+  bool codec_ring_ = false;  // compression_.spec is a codec-ring family's (set_compression)
   GroupStats stats_;  // the issue-side counters (comm is filled in by stats())
   // Reduce-scatter call sites in the current round: "<numel>/<dtype>" -> calls so far.
   std::unordered_map<std::string, uint64_t> round_calls_;

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "collectives/ring_schedule.h"  // RingPhases
 #include "comm_impl.h"
 #include "compressors/codec.h"
 #include "gradcomm/types.h"

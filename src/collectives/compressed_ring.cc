@@ -17,6 +17,11 @@
 // with a residual buffer, that loss is added to it at the same positions, so the
 // sum of all ranks' outputs plus all residuals equals the sum of their inputs.
 //
+// Reduce-scatter alone (RingPhases::kReduceScatter, reduce_scatter's compressed form):
+// the loop's first phase with the schedule's ranks shifted by one (ring_allreduce.cc),
+// segments of exactly numel / N (alignment 1); the owner's last fold is its result,
+// exact in what it received, and nothing is encoded after it.
+//
 // The average (divisor > 1) divides each chunk as it becomes final: the owner's
 // decoded copy, and each allgather chunk, in the decoder's own stores where it can
 // (DenseCodec::decode_average: a power-of-two divisor) or right after, in cache.
@@ -33,19 +38,23 @@
 namespace gradcomm::detail {
 
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
-                               const PhiloxStream& rng, float* residual, int divisor) {
+                               const PhiloxStream& rng, float* residual, int divisor, RingPhases phases) {
   const int n = op.size();
   const int right = (op.rank() + 1) % n;
   const int left = (op.rank() + n - 1) % n;
-  const int64_t align = codec.alignment();
   const int depth = pipeline_depth();
   // Segments and units shared with the NCCL ring (compressed_ring_plan.h); chunks
-  // of chunk_bytes(), as the dense ring.
-  const CompressedRingPlan plan(n, op.rank(), numel, align, chunk_bytes() / 4, (1 << 30) / (n - 1),
+  // of chunk_bytes(), as the dense ring. The reduce-scatter alone: segments of exactly
+  // numel / N (alignment 1: no bucket alignment to keep, as no payload of it is compared
+  // with a whole-tensor encode) and the schedule's ranks shifted (ring_allreduce.cc).
+  const bool allgather = phases == RingPhases::kAllreduce;
+  const int64_t align = allgather ? codec.alignment() : 1;
+  const int schedule_rank = allgather ? op.rank() : (op.rank() + n - 1) % n;
+  const CompressedRingPlan plan(n, schedule_rank, numel, align, chunk_bytes() / 4, (1 << 30) / (n - 1),
                                 [&](int64_t count) { return codec.encoded_bytes(count); });
   const int64_t C = plan.chunks();
   const int64_t rs_units = plan.rs_units();
-  const int64_t total_units = plan.units();
+  const int64_t total_units = allgather ? plan.units() : rs_units;
 
   // Every unit has its own payload buffer: sends stay valid until they complete, and
   // allgather payloads are forwarded as received.
@@ -56,12 +65,17 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
   // Encodes data[b, e) into out[u] and sends it; the loss goes to the residual.
   auto encode_and_send = [&](int64_t u, bool final_owner) {
     const auto [b, e] = plan.send_range(u);
+    // The element index the codec's draws count from. An encode must start on its
+    // alignment; the reduce-scatter's chunks need not, so theirs is b x alignment: still
+    // distinct for every element of every chunk (a later chunk starts at least a chunk's
+    // length of alignments further on).
+    const int64_t first = allgather ? b : b * codec.alignment();
     out[u].resize(plan.send_bytes(u));
     {
       Op::PhaseTimer timer(op, &Stats::encode_s);
       if (residual != nullptr) {
         // What the peers will decode, from the encoder itself (encode_with_values).
-        codec.encode_with_values(data + b, e - b, out[u].data(), rng, b, scratch.data(), 1);
+        codec.encode_with_values(data + b, e - b, out[u].data(), rng, first, scratch.data(), 1);
         accumulate_loss(residual + b, data + b, scratch.data(), e - b);
         if (final_owner) {  // the owner keeps what everyone decodes
           std::copy_n(scratch.data(), e - b, data + b);
@@ -69,9 +83,9 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
         }
       } else if (final_owner) {
         // Nothing needs the sum any more: the decoded average replaces it in place.
-        codec.encode_with_values(data + b, e - b, out[u].data(), rng, b, data + b, divisor);
+        codec.encode_with_values(data + b, e - b, out[u].data(), rng, first, data + b, divisor);
       } else {
-        codec.encode(data + b, e - b, out[u].data(), rng, b);
+        codec.encode(data + b, e - b, out[u].data(), rng, first);
       }
     }
     sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
@@ -98,7 +112,12 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
         Op::PhaseTimer timer(op, &Stats::decode_s);
         codec.decode_add(in[u], e - b, data + b);
       }
-      encode_and_send(u + C, /*final_owner=*/u / C == n - 2);
+      if (!allgather && u / C == n - 2) {  // the reduce-scatter's result: exact, then the average
+        Op::PhaseTimer timer(op, &Stats::reduce_s);
+        divide_inplace(data + b, e - b, DType::kFloat32, divisor);
+      } else {
+        encode_and_send(u + C, /*final_owner=*/u / C == n - 2);
+      }
     } else {
       {
         Op::PhaseTimer timer(op, &Stats::decode_s);

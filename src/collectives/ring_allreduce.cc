@@ -76,8 +76,6 @@ int pipeline_depth() {
 
 namespace {
 
-enum class RingPhases : uint8_t { kAllreduce, kReduceScatter };
-
 void run_ring(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base,
               RingPhases phases) {
   const int n = op.size();

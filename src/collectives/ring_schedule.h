@@ -26,6 +26,11 @@
 
 namespace gradcomm::detail {
 
+// What a ring runs: both phases (allreduce), or the reduce-scatter alone, with the
+// schedule's ranks shifted by one so that rank r ends holding segment r
+// (ring_allreduce.cc, compressed_ring.cc).
+enum class RingPhases : uint8_t { kAllreduce, kReduceScatter };
+
 class RingSchedule {
  public:
   // `chunk_elems`: the preferred chunk (rounded down to a multiple of `align`, at

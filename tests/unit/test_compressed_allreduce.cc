@@ -1,9 +1,10 @@
-// Compressed allreduce over the in-process transport: every spec gives finite
-// results, bitwise identical on every rank; top-k sums each rank's own top-k;
-// casts stay within their rounding; error feedback keeps the long-run sum.
+// Compressed allreduce (and reduce_scatter) over the in-process transport: every spec
+// gives finite results, bitwise identical on every rank; top-k sums each rank's own
+// top-k; casts stay within their rounding; error feedback keeps the long-run sum.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -150,6 +151,187 @@ TEST(ErrorFeedback, LongRunSumConvergesWithItAndNotWithout) {
     EXPECT_GT(without_80, without_10 * 0.8) << family << " without EF: " << without_10 << " -> " << without_80;
     EXPECT_LT(with_80, without_80) << family;
   }
+}
+
+// ---- compressed reduce_scatter ------------------------------------------------------------
+
+// Every rank's share of a compressed reduce-scatter of `count` per rank and step; the
+// inputs are gradient(r, N x count, step + 1) and must come back unchanged.
+std::vector<std::vector<float>> run_reduce_scatter(int n, int64_t count, const std::string& spec, ReduceOp op,
+                                                   int steps = 1, std::vector<Stats>* stats = nullptr) {
+  std::vector<std::vector<float>> share(n);
+  if (stats != nullptr) stats->assign(n, Stats{});
+  testing::run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (int s = 0; s < steps; ++s) {
+      const auto g = gradient(r, n * count, s + 1);
+      auto in = g;
+      std::vector<float> out(static_cast<size_t>(count));
+      comm.reduce_scatter(TensorView::of(in.data(), n * count), TensorView::of(out.data(), count), op,
+                          CompressOptions{spec, "shard", nullptr});
+      ASSERT_EQ(in, g) << "rank " << r << "'s input changed";
+      share[r] = out;
+    }
+    if (stats != nullptr) (*stats)[r] = comm.stats();
+  });
+  return share;
+}
+
+// A partial sum crosses N-1 hops, each a payload; the owner adds its own values exactly.
+TEST(CompressedReduceScatter, Fp16ShareStaysWithinRoundingOfTheExactSum) {
+  for (int n : {2, 3, 4}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      const int64_t count = 5003;
+      const auto share = run_reduce_scatter(n, count, "fp16", op);
+      std::vector<std::vector<float>> g(n);
+      for (int r = 0; r < n; ++r) g[r] = gradient(r, n * count, 1);
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < count; ++i) {
+          double exact = 0, magnitude = 0;
+          for (int q = 0; q < n; ++q) {
+            exact += g[q][r * count + i];
+            magnitude += std::abs(g[q][r * count + i]);
+          }
+          const double d = op == ReduceOp::kAvg ? n : 1;
+          ASSERT_LE(std::abs(share[r][i] - exact / d), (n * std::ldexp(magnitude, -11) + 1e-6) / d)
+              << "N=" << n << " rank " << r << " i=" << i << " " << reduce_op_name(op);
+        }
+      }
+    }
+  }
+}
+
+// Every codec of the compressed ring, at a count no bucket divides: finite shares, no
+// further from the exact sum than the compressed allreduce's result (which also encodes
+// the owner's final sum once more), each rank's own segment compared.
+TEST(CompressedReduceScatter, EveryCodecIsAsCloseToTheExactSumAsItsAllreduce) {
+  const int n = 3;
+  const int64_t count = 1001;
+  for (const char* spec : {"fp16", "bf16", "qsgd", "quant:bits=8", "quant:bits=4", "quant:bits=2,bucket=64",
+                           "quant:bits=1", "sign"}) {
+    SCOPED_TRACE(spec);
+    const auto share = run_reduce_scatter(n, count, spec, ReduceOp::kSum);
+    const auto whole = run_compressed(n, n * count, spec, ReduceOp::kSum);
+    std::vector<double> exact(n * count, 0.0);
+    for (int q = 0; q < n; ++q) {
+      const auto g = gradient(q, n * count, 1);
+      for (int64_t i = 0; i < n * count; ++i) exact[i] += g[i];
+    }
+    double rs_err = 0, ar_err = 0, norm = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t j = r * count + i;
+        ASSERT_TRUE(std::isfinite(share[r][i])) << "rank " << r << " i=" << i;
+        rs_err += (share[r][i] - exact[j]) * (share[r][i] - exact[j]);
+        ar_err += (whole[r][j] - exact[j]) * (whole[r][j] - exact[j]);
+        norm += exact[j] * exact[j];
+      }
+    }
+    EXPECT_LE(std::sqrt(rs_err / norm), 1.05 * std::sqrt(ar_err / norm) + 1e-7)
+        << "reduce_scatter " << std::sqrt(rs_err / norm) << " against allreduce " << std::sqrt(ar_err / norm);
+  }
+}
+
+// A reduce-scatter's hops carry (N-1)/N of the input: half a compressed allreduce's payloads.
+TEST(CompressedReduceScatter, SendsAboutHalfTheCompressedAllreducesBytes) {
+  const int n = 4;
+  const int64_t count = 65536;
+  std::vector<Stats> rs, ar;
+  run_reduce_scatter(n, count, "quant:bits=8", ReduceOp::kSum, 1, &rs);
+  ar.assign(n, Stats{});
+  testing::run_ranks(n, [&](Communicator& comm) {
+    auto g = gradient(comm.rank(), n * count, 1);
+    comm.allreduce(TensorView::of(g.data(), n * count), ReduceOp::kSum, CompressOptions{"quant:bits=8", "all", nullptr});
+    ar[comm.rank()] = comm.stats();
+  });
+  for (int r = 0; r < n; ++r) {
+    const double ratio = static_cast<double>(rs[r].bytes_sent) / static_cast<double>(ar[r].bytes_sent);
+    EXPECT_GT(ratio, 0.45) << "rank " << r;
+    EXPECT_LT(ratio, 0.55) << "rank " << r;
+    // About (N-1)/N of the input's quant:bits=8 size (a byte per element, plus scales).
+    EXPECT_LT(rs[r].bytes_sent, (n - 1) * count * 1.1 + 4096) << "rank " << r;
+  }
+}
+
+// A fixed input reduce-scattered T times: with error feedback the shares' total tracks T
+// times the exact sum; without it the same rounding is lost every time.
+double reduce_scatter_gap(const std::string& spec, int steps) {
+  const int n = 3;
+  const int64_t count = 2000;
+  std::vector<double> total(n * count, 0.0), exact(n * count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const auto g = gradient(r, n * count, 99);
+    for (int64_t i = 0; i < n * count; ++i) exact[i] += g[i] * steps;
+  }
+  testing::run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (int s = 0; s < steps; ++s) {
+      auto g = gradient(r, n * count, 99);
+      std::vector<float> out(count);
+      comm.reduce_scatter(TensorView::of(g.data(), n * count), TensorView::of(out.data(), count), ReduceOp::kSum,
+                          CompressOptions{spec, "w", nullptr});
+      for (int64_t i = 0; i < count; ++i) total[r * count + i] += out[i];  // each rank its own segment
+    }
+  });
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n * count; ++i) {
+    num += (total[i] - exact[i]) * (total[i] - exact[i]);
+    den += exact[i] * exact[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(CompressedReduceScatter, ErrorFeedbackKeepsTheLongRunSum) {
+  const double with_10 = reduce_scatter_gap("sign", 10), with_80 = reduce_scatter_gap("sign", 80);
+  const double without_10 = reduce_scatter_gap("sign:ef=0", 10), without_80 = reduce_scatter_gap("sign:ef=0", 80);
+  EXPECT_LT(with_80, with_10 * 0.5) << with_10 << " -> " << with_80;
+  EXPECT_GT(without_80, without_10 * 0.8) << without_10 << " -> " << without_80;
+  EXPECT_LT(with_80, without_80);
+}
+
+TEST(CompressedReduceScatter, OtherFamiliesAndBadUsesAreRefused) {
+  testing::run_ranks(2, [](Communicator& comm) {
+    std::vector<float> in(64, 1.0f), out(32);
+    std::vector<double> in64(64), out64(32);
+    const auto refused = [&](const std::string& spec, const std::string& key, bool fp64, const char* says) {
+      try {
+        if (fp64) {
+          comm.reduce_scatter(TensorView::of(in64.data(), 64), TensorView::of(out64.data(), 32), ReduceOp::kSum,
+                              CompressOptions{spec, key, nullptr});
+        } else {
+          comm.reduce_scatter(TensorView::of(in.data(), 64), TensorView::of(out.data(), 32), ReduceOp::kSum,
+                              CompressOptions{spec, key, nullptr});
+        }
+        ADD_FAILURE() << spec << " accepted";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      }
+    };
+    refused("topk:ratio=0.1", "k", false, "not available for reduce_scatter");
+    refused("powersgd", "k", false, "not available for reduce_scatter");
+    refused("sign", "", false, "name this tensor");
+    refused("quant:bits=8", "q", true, "takes float32 tensors");
+    // Still usable, and the ranks still agree on the sequence.
+    comm.reduce_scatter(TensorView::of(in.data(), 64), TensorView::of(out.data(), 32), ReduceOp::kSum,
+                        CompressOptions{"fp16", "", nullptr});
+    EXPECT_EQ(out[0], 2.0f);
+  });
+}
+
+TEST(CompressedReduceScatter, CompressedAgainstDenseIsAMismatchOnEveryRank) {
+  std::atomic<int> mismatches{0};
+  testing::run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> in(64, 1.0f), out(32);
+    try {
+      comm.reduce_scatter(TensorView::of(in.data(), 64), TensorView::of(out.data(), 32), ReduceOp::kSum,
+                          CompressOptions{comm.rank() == 0 ? "fp16" : "none", "", nullptr});
+    } catch (const MismatchError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("reduce_scatter(numel=64"), std::string::npos) << what;
+      ++mismatches;
+    }
+  });
+  EXPECT_EQ(mismatches.load(), 2);
 }
 
 TEST(CompressedAllreduce, MismatchedSpecsRaiseOnEveryRank) {

@@ -55,6 +55,19 @@ np.testing.assert_array_equal(x, before)
 x = (np.arange(n * 1001) % 97 + r).astype(np.float32)
 out = gradcomm.reduce_scatter_async(x, op="max").wait()
 np.testing.assert_array_equal(out, (np.arange(r * 1001, (r + 1) * 1001) % 97 + n - 1).astype(np.float32))
+# Compressed (quant:bits=8, a payload per hop): close to the exact share, input unchanged.
+x = np.random.default_rng(7 + r).standard_normal(n * 4096).astype(np.float32)
+before = x.copy()
+out = gradcomm.reduce_scatter(x, op="avg", compression="quant:bits=8", name="rs.q8")
+exact = sum(np.random.default_rng(7 + q).standard_normal(n * 4096).astype(np.float64) for q in range(n)) / n
+mine = exact[r * 4096:(r + 1) * 4096]
+assert np.linalg.norm(out - mine) <= 0.05 * np.linalg.norm(mine), np.linalg.norm(out - mine) / np.linalg.norm(mine)
+np.testing.assert_array_equal(x, before)
+try:
+    gradcomm.reduce_scatter(x, compression="topk:ratio=0.1", name="rs.topk")
+    raise AssertionError("reduce_scatter accepted top-k")
+except ValueError as e:
+    assert "not available for reduce_scatter" in str(e), e
 try:
     gradcomm.reduce_scatter(np.zeros(n * 4 + 1, np.float32))
     raise AssertionError("an input of size() * m + 1 elements was accepted")

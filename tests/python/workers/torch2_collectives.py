@@ -112,6 +112,13 @@ dist.reduce_scatter_tensor(out, x, group=everyone)
 exact = (torch.linspace(-1, 1, shard * n) * total)[r * shard:(r + 1) * shard]
 err = (out - exact).abs().max().item()
 assert 0 < err < 0.05 * total, f"quant:bits=8 reduce-scatter error {err}"
+# It is the library's compressed reduce-scatter: (N-1)/N of the input's quant:bits=8 size
+# (a byte per element plus the buckets' scales), not an allreduce's twice that.
+big = torch.randn(65536 * n, generator=g)
+sent0 = gtorch.stats(everyone)["bytes_sent"]
+dist.reduce_scatter_tensor(torch.empty(65536), big, group=everyone)
+sent = gtorch.stats(everyone)["bytes_sent"] - sent0
+assert (n - 1) * 65536 <= sent <= (n - 1) * 65536 * 1.1 + 8192, f"quant:bits=8 reduce-scatter sent {sent} bytes"
 
 # ---- bfloat16 compressed through float32 ----------------------------------------------
 gtorch.set_compression(everyone, "topk:ratio=0.01", min_compress_numel=1024)
