@@ -135,7 +135,8 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   std::string op_text;
   app.add_flag("--version", version, "Print gradcomm's version and exit");
   app.add_option("--op", op_text,
-                 "Collective (allreduce, allgather; default allreduce), or a reduction as -o (nccl-tests' --op)");
+                 "Collective (allreduce, allgather, reduce_scatter; default allreduce), or a reduction as -o "
+                 "(nccl-tests' --op)");
   app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (bytes; K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
   auto* factor = app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this each step (> 1); 0 or 1: add -i")
@@ -220,7 +221,7 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   o.factor_given = factor->count() > 0;
   o.step_bytes_given = step->count() > 0;
   if (!op_text.empty()) {
-    if (op_text == "allreduce" || op_text == "allgather") {
+    if (op_text == "allreduce" || op_text == "allgather" || op_text == "reduce_scatter") {
       o.op = op_text;
     } else {
       o.redop = op_text;  // nccl-tests' --op sum
@@ -231,7 +232,9 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
 
 Plan validate(const Options& o) {
   Plan p;
-  p.op = o.op == "allgather" ? BenchOp::kAllgather : BenchOp::kAllreduce;
+  p.op = o.op == "allgather"        ? BenchOp::kAllgather
+         : o.op == "reduce_scatter" ? BenchOp::kReduceScatter
+                                    : BenchOp::kAllreduce;
   p.min_bytes = parse_size("-b", o.min_bytes);
   p.max_bytes = parse_size("-e", o.max_bytes);
   if (p.min_bytes < 1 || p.min_bytes > p.max_bytes) {
@@ -264,11 +267,12 @@ Plan validate(const Options& o) {
   if (p.device.type == DeviceType::kCuda) p.device.index = bench_cuda_device();
   if (p.op == BenchOp::kAllgather) p.redops = {ReduceOp::kSum};  // unused: allgather reduces nothing
   if (p.op == BenchOp::kAllgather && o.compressor != "none") {
-    throw InvalidArgument(fmt::format("--compressor '{}': compressors apply to allreduce only", o.compressor));
+    throw InvalidArgument(fmt::format("--compressor '{}': compressors apply to allreduce and reduce_scatter only",
+                                      o.compressor));
   }
   if (o.rows < 0) throw InvalidArgument(fmt::format("--rows {}: must be >= 0 (0: the message is 1-D)", o.rows));
   const bool only_sum = p.redops.size() == 1 && p.redops[0] == ReduceOp::kSum;
-  if (o.compressor != "none" && p.op == BenchOp::kAllreduce && !only_sum) {
+  if (o.compressor != "none" && p.op != BenchOp::kAllgather && !only_sum) {
     throw Unsupported(fmt::format("-o {} with --compressor '{}': gradcomm-bench measures compressors on sums only "
                                   "(-o sum)",
                                   o.redop, o.compressor));
@@ -276,7 +280,7 @@ Plan validate(const Options& o) {
   if (o.check_iters > 0 && o.compressor != "none" && (p.dtypes.size() != 1 || p.dtypes[0] != DType::kFloat32)) {
     throw InvalidArgument(fmt::format("--compressor '{}' takes float32 (-d float)", o.compressor));
   }
-  if (o.baseline != "none" && p.op == BenchOp::kAllreduce && !only_sum) {
+  if (o.baseline != "none" && p.op != BenchOp::kAllgather && !only_sum) {
     throw Unsupported(fmt::format("-o {} with --baseline {}: the baselines are measured on sums only (-o sum)",
                                   o.redop, o.baseline));
   }

@@ -250,7 +250,7 @@ void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device) {
 }
 
 int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device,
-                              ReduceOp op) {
+                              ReduceOp op, int64_t first) {
   HostView host(buf, count * static_cast<int64_t>(dtype_size(dtype)), device);
   const int64_t n = world_size;
   const int64_t ranks_sum = n * (n + 1) / 2;  // sum of (r + 1)
@@ -259,7 +259,7 @@ int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count
     // The sum is exact; one division by N, in fp64 for float64 and in fp32 otherwise.
     std::vector<uint8_t> expected(dtype_size(dtype));
     for (int64_t i = 0; i < count; ++i) {
-      const double sum = static_cast<double>((i % 7 + 1) * ranks_sum);
+      const double sum = static_cast<double>(((first + i) % 7 + 1) * ranks_sum);
       const double avg = dtype == DType::kFloat64 ? sum / static_cast<double>(n)
                                                   : static_cast<float>(sum) / static_cast<float>(n);
       store_real(expected.data(), dtype, 0, avg);
@@ -269,7 +269,7 @@ int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count
     return wrong;
   }
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t v = i % 7 + 1;
+    const int64_t v = (first + i) % 7 + 1;
     int64_t want = v * ranks_sum;
     if (op == ReduceOp::kMin) want = v;
     if (op == ReduceOp::kMax) want = v * n;
@@ -315,7 +315,7 @@ int64_t count_wrong_powersgd(const detail::CompressorSpec& spec, const float* ou
 }
 
 int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_text, int64_t count, int world_size,
-                               Device device, int64_t rows) {
+                               Device device, int64_t rows, int64_t first, int64_t call_numel) {
   using detail::CompressorId, detail::Rounding, detail::TopkSelect;
   const detail::CompressorSpec spec = detail::parse_compressor_spec(spec_text);
   HostView host(buf, count * 4, device);
@@ -324,10 +324,10 @@ int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_t
   const double ranks_sum = n * (n + 1) / 2;      // sum of (r + 1)
   const double s_max = 7 * ranks_sum;             // the largest exact sum, and every partial sum's bound
   const double encodes = n;                       // N-1 reduce-scatter hops + the owner's final encode
-  auto exact = [&](int64_t i) { return static_cast<double>(i % 7 + 1) * ranks_sum; };
+  auto exact = [&](int64_t i) { return static_cast<double>((first + i) % 7 + 1) * ranks_sum; };
 
   // Dense fallbacks (warm-up, small tensors) must be exact.
-  if (spec.warmup > 0 || count < spec.min_numel) {
+  if (spec.warmup > 0 || (call_numel > 0 ? call_numel : count) < spec.min_numel) {
     int64_t wrong = 0;
     for (int64_t i = 0; i < count; ++i) wrong += out[i] != exact(i);
     return wrong;

@@ -58,17 +58,20 @@ void clear_buffer(const BenchBuffer& buf, int64_t bytes, Device device);
 // Elements that differ from the exact result of `op` over the check inputs: with
 // v = i % 7 + 1, sum v * N(N+1)/2 (wrapping like the type), min v, max v * N, avg the
 // sum divided by N as gradcomm divides (in the type's arithmetic, integers truncating;
-// fp16/bf16 in fp32, rounded once).
+// fp16/bf16 in fp32, rounded once). `first`: the index of buf's first element in the
+// reduced tensor (a reduce_scatter's share starts at rank x count).
 int64_t count_wrong_allreduce(const BenchBuffer& buf, DType dtype, int64_t count, int world_size, Device device,
-                              ReduceOp op = ReduceOp::kSum);
+                              ReduceOp op = ReduceOp::kSum, int64_t first = 0);
 // The same inputs through a compressor (float32, sum, a key with no history): an
 // element is wrong when it breaks the compressor's own error bound, which for the
 // compressed ring is a per-encode bound times the N encodes an element goes
 // through; the sparsifiers must give 0 or the exact sum, with at most as many
 // non-zeros as they select; powersgd (the message a rows x count/rows matrix) must be
 // an orthogonal projection of the exact sum. See bench_data.cc for each bound.
+// For a reduce_scatter's share: `first` as above, and `call_numel` the call's whole input
+// (what the library decides dense or compressed on; 0: count).
 int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec, int64_t count, int world_size,
-                               Device device, int64_t rows = 0);
+                               Device device, int64_t rows = 0, int64_t first = 0, int64_t call_numel = 0);
 int64_t count_wrong_allgather(const BenchBuffer& out, DType dtype, int64_t count_per_rank, int world_size,
                               Device device);
 

@@ -63,11 +63,13 @@ void BenchTable::print_header() {
   fmt::print(out_, "#\n");
   // What gradcomm adds.
   // nccl-tests prints an out-of-place and an in-place group of columns. gradcomm's
-  // allreduce works in place and its allgather out of place, so the table has the one
-  // group that ran, named in the line above the column names.
-  fmt::print(out_, "# gradcomm: {} ranks on {}, types {}, compressor '{}', {} only (gradcomm has no {} {})\n",
-             c.ranks, c.device, c.types, c.compressor, in_place() ? "in place" : "out of place",
-             in_place() ? "out-of-place" : "in-place", bench_op_name(c.op));
+  // allreduce works in place; allgather and reduce_scatter run out of place here (their
+  // in-place forms are not measured), so the table has the one group that ran, named in
+  // the line above the column names.
+  fmt::print(out_, "# gradcomm: {} ranks on {}, types {}, compressor '{}', {}\n", c.ranks, c.device, c.types,
+             c.compressor,
+             in_place() ? "in place only (gradcomm has no out-of-place allreduce)"
+                        : "out of place only (the in-place form is not measured)");
   if (!c.baseline.empty()) {
     fmt::print(out_, "# baseline {}: {}\n", c.baseline, c.baseline_description);
     fmt::print(out_,
@@ -116,7 +118,7 @@ void BenchTable::print_header() {
 }
 
 void BenchTable::print_row(const Row& row) {
-  const bool reduces = config_.op == BenchOp::kAllreduce;
+  const bool reduces = config_.op != BenchOp::kAllgather;
   std::string line = fmt::format("{:>{}}  {:>{}}  {:>{}}  {:>{}}  {:>{}}", row.size_bytes, kSizeW, row.count, kCountW,
                                  nccl_type_name(row.dtype), kTypeW, reduces ? reduce_op_name(row.redop) : "none",
                                  kRedopW, -1, kRootW);
@@ -187,7 +189,7 @@ void BenchTable::add_record(const Row& row, const ImplResult& r) {
       {"input", config_.input},
       // nccl-tests' names for the same row (its -J output uses these keys).
       {"type", nccl_type_name(row.dtype)},
-      {"redop", config_.op == BenchOp::kAllreduce ? reduce_op_name(row.redop) : "none"},
+      {"redop", config_.op != BenchOp::kAllgather ? reduce_op_name(row.redop) : "none"},
       {"root", -1},
       {"in_place", in_place()},
       {"time_over_ranks", config_.rank_time},

@@ -122,32 +122,43 @@ class Bench {
 
 void Bench::gradcomm_op(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank,
                         const CompressOptions& copts) {
-  if (p_.op == BenchOp::kAllreduce) {
-    comm_.allreduce(in.view(dtype_, count), redop_, copts);
-  } else {
-    comm_.allgather(in.view(dtype_, per_rank), out.view(dtype_, count));
+  switch (p_.op) {
+    case BenchOp::kAllreduce: comm_.allreduce(in.view(dtype_, count), redop_, copts); break;
+    case BenchOp::kAllgather: comm_.allgather(in.view(dtype_, per_rank), out.view(dtype_, count)); break;
+    case BenchOp::kReduceScatter:
+      comm_.reduce_scatter(in.view(dtype_, count), out.view(dtype_, per_rank), redop_, copts);
+      break;
   }
 }
 
 int64_t Bench::count_wrong(const BenchBuffer& in, const BenchBuffer& out, int64_t count, int64_t per_rank,
                            bool compressed) const {
-  if (p_.op == BenchOp::kAllreduce && compressed && o_.compressor != "none") {
-    return count_wrong_compressed(in, o_.compressor, count, comm_.size(), p_.device, o_.rows);
+  // reduce_scatter: this rank's share of the allreduce's result, from element r x per_rank.
+  const int64_t first = static_cast<int64_t>(comm_.rank()) * per_rank;
+  if (p_.op != BenchOp::kAllgather && compressed && o_.compressor != "none") {
+    return p_.op == BenchOp::kAllreduce
+               ? count_wrong_compressed(in, o_.compressor, count, comm_.size(), p_.device, o_.rows)
+               : count_wrong_compressed(out, o_.compressor, per_rank, comm_.size(), p_.device, 0, first, count);
   }
   if (p_.op == BenchOp::kAllreduce) return count_wrong_allreduce(in, dtype_, count, comm_.size(), p_.device, redop_);
+  if (p_.op == BenchOp::kReduceScatter) {
+    return count_wrong_allreduce(out, dtype_, per_rank, comm_.size(), p_.device, redop_, first);
+  }
   return count_wrong_allgather(out, dtype_, per_rank, comm_.size(), p_.device);
 }
 
 RankSample Bench::measure(int64_t count, int64_t per_rank) {
   const int64_t elt = static_cast<int64_t>(dtype_size(dtype_));
   const bool gather = p_.op == BenchOp::kAllgather;
+  const bool in_place = p_.op == BenchOp::kAllreduce;  // the others leave their input as it is
   const int64_t in_count = gather ? per_rank : count;
+  const int64_t out_count = gather ? count : p_.op == BenchOp::kReduceScatter ? per_rank : 0;
   BenchBuffer in(in_count * elt, p_.device);
-  BenchBuffer out(gather ? count * elt : 0, p_.device);  // allreduce is in place
+  BenchBuffer out(out_count * elt, p_.device);  // allreduce is in place
   CompressOptions copts;
   copts.compressor = o_.compressor;
   copts.key = fmt::format("bench/{}", count * elt);
-  if (o_.rows > 0 && !gather) {
+  if (o_.rows > 0 && in_place) {
     if (count % o_.rows != 0) {
       throw InvalidArgument(fmt::format("--rows {}: a message of {} elements is not a whole number of rows; pick "
                                         "sizes that are multiples of {} elements",
@@ -164,10 +175,10 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   // what it compresses (a top-k of the previous call's sparse output is not a
   // top-k of a gradient). The restore and a barrier that releases the ranks
   // together stay outside the timing; a timed call ends with its synchronize on a GPU.
-  BenchBuffer pristine(gather ? 0 : in_count * elt, p_.device);
-  fill_timing_input(gather ? in : pristine, dtype_, in_count, rank, p_.device, p_.input);
+  BenchBuffer pristine(in_place ? in_count * elt : 0, p_.device);
+  fill_timing_input(in_place ? pristine : in, dtype_, in_count, rank, p_.device, p_.input);
   auto restore = [&] {
-    if (!gather) copy_buffer(in, pristine, in_count * elt, p_.device);
+    if (in_place) copy_buffer(in, pristine, in_count * elt, p_.device);
   };
 
   // gradcomm: warm-up, then the timed calls, each between two stats snapshots
@@ -207,7 +218,8 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   if (baseline_ != nullptr) {
     comm_.barrier();
     restore();
-    baseline_->prepare(p_.op, dtype_, in.data(), out.data(), in_count);
+    // The baseline's count: allreduce's elements, allgather's and reduce_scatter's per rank.
+    baseline_->prepare(p_.op, dtype_, in.data(), out.data(), in_place ? count : per_rank);
     for (int i = 0; i < o_.warmup; ++i) {
       restore();
       baseline_->run();
@@ -234,7 +246,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   // into the neighbour's bound output), and that must not race our memset.
   for (int c = 0; c < o_.check_iters; ++c) {
     fill_check_input(in, dtype_, in_count, rank, p_.device);
-    if (gather) clear_buffer(out, count * elt, p_.device);
+    if (!in_place) clear_buffer(out, out_count * elt, p_.device);
     comm_.barrier();
     // A key with no history: the compressors' bounds hold for one call from zero residual.
     CompressOptions check_options = copts;
@@ -245,7 +257,7 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
     if (s.wrong_gc == 0) s.wrong_gc = wrong_gc;
     if (baseline_ != nullptr) {
       fill_check_input(in, dtype_, in_count, rank, p_.device);
-      if (gather) clear_buffer(out, count * elt, p_.device);
+      if (!in_place) clear_buffer(out, out_count * elt, p_.device);
       comm_.barrier();
       baseline_->run();
       baseline_->synchronize();
@@ -317,10 +329,11 @@ Row Bench::gather(int index, int64_t size_bytes, int64_t count, const RankSample
 std::optional<Row> Bench::run_size(int64_t size, int index) {
   const int64_t elt = static_cast<int64_t>(dtype_size(dtype_));
   const int64_t world = comm_.size();
-  // As nccl-tests: allgather's size is the gathered output, rounded down to whole
-  // elements per rank.
-  const int64_t per_rank = p_.op == BenchOp::kAllgather ? size / (elt * world) : size / elt;
-  const int64_t count = p_.op == BenchOp::kAllgather ? per_rank * world : per_rank;
+  // As nccl-tests: allgather's size is the gathered output and reduce_scatter's the
+  // reduced input, rounded down to whole elements per rank.
+  const bool split = p_.op != BenchOp::kAllreduce;
+  const int64_t per_rank = split ? size / (elt * world) : size / elt;
+  const int64_t count = split ? per_rank * world : per_rank;
   if (per_rank == 0) return std::nullopt;  // same decision on every rank
   RankSample mine = measure(count, per_rank);
   Row row = gather(index, count * elt, count, mine);

@@ -470,6 +470,19 @@ void CommunicatorImpl::run_op(const WireHeader& header, Op::HeaderMode mode, con
   stats_.total_s += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+namespace {
+
+// What ranks must agree on for a reduction (allreduce, reduce_scatter): the op, the
+// compressor and, compressed, the key's step.
+void set_reduction(WireHeader& header, const Call& call) {
+  header.reduce_op = call.reduce_op;
+  header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
+  header.compressor_hash = fnv1a32(header.compressor);
+  if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
+}
+
+}  // namespace
+
 WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
   WireHeader header;
   header.seq = seq;
@@ -478,10 +491,7 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
   switch (call.kind) {
     case Call::Kind::kAllreduce:
       header.op = OpKind::kAllreduce;
-      header.reduce_op = call.reduce_op;
-      header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
-      header.compressor_hash = fnv1a32(header.compressor);
-      if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
+      set_reduction(header, call);
       // A compressor that views the tensor as matrices: ranks must agree on the shapes.
       if (family_of(call.spec->id).collective == Collective::kLowRank) header.fused_digest = call.parts_digest;
       break;
@@ -490,10 +500,7 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
       break;
     case Call::Kind::kReduceScatter:
       header.op = OpKind::kReduceScatter;
-      header.reduce_op = call.reduce_op;
-      header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
-      header.compressor_hash = fnv1a32(header.compressor);
-      if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
+      set_reduction(header, call);
       break;
     case Call::Kind::kBroadcast:
       header.op = OpKind::kBroadcast;

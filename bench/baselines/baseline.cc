@@ -16,7 +16,14 @@
 
 namespace gradcomm::bench {
 
-const char* bench_op_name(BenchOp op) { return op == BenchOp::kAllreduce ? "allreduce" : "allgather"; }
+const char* bench_op_name(BenchOp op) {
+  switch (op) {
+    case BenchOp::kAllreduce: return "allreduce";
+    case BenchOp::kAllgather: return "allgather";
+    case BenchOp::kReduceScatter: return "reduce_scatter";
+  }
+  return "unknown";
+}
 
 std::optional<MpiRendezvous> rendezvous_through_mpi() {
 #if GRADCOMM_BENCH_HAVE_MPI

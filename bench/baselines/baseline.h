@@ -14,7 +14,7 @@
 
 namespace gradcomm::bench {
 
-enum class BenchOp { kAllreduce, kAllgather };
+enum class BenchOp { kAllreduce, kAllgather, kReduceScatter };
 
 // Under a bare MPI launch (`mpirun -np N gradcomm-bench`, no GRADCOMM_STORE and no
 // MASTER_ADDR/MASTER_PORT), the job meets through MPI itself, as nccl-tests hands out

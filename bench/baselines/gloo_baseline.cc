@@ -104,7 +104,11 @@ GlooBaseline::GlooBaseline(const BaselineSetup& setup) {
 
 GlooBaseline::~GlooBaseline() = default;
 
-void GlooBaseline::validate(BenchOp, DType dtype) const {
+void GlooBaseline::validate(BenchOp op, DType dtype) const {
+  if (op == BenchOp::kReduceScatter) {
+    throw Unsupported("--baseline gloo: the bench runs Gloo's allreduce and allgather; for reduce_scatter use "
+                      "--baseline mpi");
+  }
   switch (dtype) {
     case DType::kFloat32: case DType::kFloat64: case DType::kInt32: case DType::kInt64: case DType::kUInt8: return;
     default:

@@ -290,10 +290,16 @@ void MpiBaseline::prepare(BenchOp op, DType dtype, void* in, void* out, int64_t 
 }
 
 void MpiBaseline::run() {
-  if (op_ == BenchOp::kAllreduce) {
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, in_, count_, type_, MPI_SUM, comm_), "MPI_Allreduce");
-  } else {
-    mpi_check(MPI_Allgather(in_, count_, type_, out_, count_, type_, comm_), "MPI_Allgather");
+  switch (op_) {
+    case BenchOp::kAllreduce:
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, in_, count_, type_, MPI_SUM, comm_), "MPI_Allreduce");
+      break;
+    case BenchOp::kAllgather:
+      mpi_check(MPI_Allgather(in_, count_, type_, out_, count_, type_, comm_), "MPI_Allgather");
+      break;
+    case BenchOp::kReduceScatter:  // count_: each rank's share
+      mpi_check(MPI_Reduce_scatter_block(in_, out_, count_, type_, MPI_SUM, comm_), "MPI_Reduce_scatter_block");
+      break;
   }
 }
 

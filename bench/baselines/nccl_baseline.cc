@@ -66,7 +66,13 @@ NcclBaseline::NcclBaseline(const BaselineSetup& setup) : timeout_(setup.timeout)
 
 NcclBaseline::~NcclBaseline() = default;
 
-void NcclBaseline::validate(BenchOp, DType dtype) const { (void)nccl_type(dtype); }
+void NcclBaseline::validate(BenchOp op, DType dtype) const {
+  if (op == BenchOp::kReduceScatter) {
+    throw Unsupported("--baseline nccl: the bench runs ncclAllReduce and ncclAllGather; reduce_scatter on CUDA "
+                      "tensors stages through host memory in gradcomm: use --device cpu --baseline mpi");
+  }
+  (void)nccl_type(dtype);
+}
 
 void NcclBaseline::prepare(BenchOp op, DType dtype, void* in, void* out, int64_t count) {
   op_ = op;

@@ -314,16 +314,22 @@ def allreduce_async(x, op="sum", compression="none", name=None, parts=None):
     return Work(work, x, (x,))
 
 
-def _allgather_args(x, out, call):
-    b = _tensors.describe(x, call, "input", writable=False)
-    if out is None:
-        out = _tensors.empty_like_gathered(x, _C.size())
+def _describe_out(b, out, call):
+    """The output buffer of a two-buffer call, on the input's device, of its dtype."""
     o = _tensors.describe(out, call, "out", writable=True)
     if (o.device, o.device_index) != (b.device, b.device_index):
         raise ValueError(f"gradcomm.{call}: input is on {b.device}:{b.device_index} but out on "
                          f"{o.device}:{o.device_index}")
     if o.dtype != b.dtype:
         raise TypeError(f"gradcomm.{call}: input is {b.dtype} but out is {o.dtype}")
+    return o
+
+
+def _allgather_args(x, out, call):
+    b = _tensors.describe(x, call, "input", writable=False)
+    if out is None:
+        out = _tensors.empty_like_gathered(x, _C.size())
+    o = _describe_out(b, out, call)
     return out, (b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index)
 
 
@@ -353,12 +359,7 @@ def _reduce_scatter_args(x, out, op, compression, name, call):
             out = _tensors.empty_like_shape(x, (b.numel // n,))
         else:
             raise ValueError(f"gradcomm.{call}: input has {b.numel} elements, not a multiple of size() = {n}")
-    o = _tensors.describe(out, call, "out", writable=True)
-    if (o.device, o.device_index) != (b.device, b.device_index):
-        raise ValueError(f"gradcomm.{call}: input is on {b.device}:{b.device_index} but out on "
-                         f"{o.device}:{o.device_index}")
-    if o.dtype != b.dtype:
-        raise TypeError(f"gradcomm.{call}: input is {b.dtype} but out is {o.dtype}")
+    o = _describe_out(b, out, call)
     return out, (b.data, o.data, b.numel, o.numel, b.dtype, b.device, b.device_index, op, compression or "none",
                  name or "")
 

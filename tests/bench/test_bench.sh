@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gradcomm-bench end to end under gradcomm-run (3 ranks, loopback): --check finds no
 # wrong element for the dense ring, a sparsifier and a quantizer, on either timing
-# input, and for the Gloo peer (beside a dense and a compressed gradcomm); the JSON records say which input was timed; a bad
+# input, for reduce_scatter (dense and quant:bits=8), and for the Gloo peer (beside a dense and a compressed gradcomm); the JSON records say which input was timed; a bad
 # --input is refused with a message that names it.
 #   test_bench.sh BUILD_DIR
 set -uo pipefail
@@ -10,17 +10,20 @@ run=$build/tools/gradcomm-run bench=$build/bench/gradcomm-bench
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-check() {  # check NAME INPUT BASELINE COMPRESSOR
-  local name=$1 input=$2 baseline=$3 compressor=$4
-  "$run" -n 3 --timeout 120 -- "$bench" -b 4K -e 1M -f 16 -n 2 -w 1 --check --phases \
+check() {  # check NAME INPUT BASELINE COMPRESSOR [OP]
+  local name=$1 input=$2 baseline=$3 compressor=$4 op=${5:-allreduce}
+  "$run" -n 3 --timeout 120 -- "$bench" --op "$op" -b 4K -e 1M -f 16 -n 2 -w 1 --check --phases \
     --input "$input" --baseline "$baseline" --compressor "$compressor" --json "$tmp/$name.json" \
     >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "$name: gradcomm-bench failed"; }
-  /usr/bin/python3 - "$tmp/$name.json" "$input" "$compressor" "$baseline" <<'PY' || fail "$name: records wrong"
+  /usr/bin/python3 - "$tmp/$name.json" "$input" "$compressor" "$baseline" "$op" <<'PY' || fail "$name: records wrong"
 import json, sys
-path, want_input, compressor, baseline = sys.argv[1:]
+path, want_input, compressor, baseline, op = sys.argv[1:]
 recs = json.load(open(path))
 sizes = sorted({r["size_bytes"] for r in recs})
-assert sizes == [4096, 65536, 1048576], sizes
+# reduce_scatter's size is its input, rounded down to whole elements per rank (3 ranks)
+want = [4096, 65536, 1048576] if op == "allreduce" else [s // 12 * 12 for s in (4096, 65536, 1048576)]
+assert sizes == want, sizes
+assert all(r["op"] == op for r in recs), {r["op"] for r in recs}
 impls = {r["impl"] for r in recs}
 assert "gradcomm" in impls and (baseline == "none" or baseline in impls), impls
 for r in recs:
@@ -37,6 +40,9 @@ check dense gradient gloo none
 check topk pattern gloo "topk:ratio=0.01"  # the dense peer is checked exactly, not by top-k's bound
 check topk_sample gradient none "topk:ratio=0.01,select=sample,values=fp16"
 check quant gradient none "quant:bits=4"
+# reduce_scatter, dense and compressed (its OpenMPI peer: test_nccl_compat.sh, under mpirun)
+check rs_dense pattern none none reduce_scatter
+check rs_quant gradient none "quant:bits=8" reduce_scatter
 
 if "$run" -n 1 -- "$bench" -b 1K -e 1K --input zeros >"$tmp/bad.log" 2>&1; then fail "--input zeros accepted"; fi
 grep -q "input" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no message naming --input"; }

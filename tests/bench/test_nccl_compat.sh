@@ -90,6 +90,20 @@ if command -v mpirun >/dev/null && ldd "$bench" | grep -q libmpi; then
     >"$tmp/mpirun.out" 2>"$tmp/mpirun.err" || { cat "$tmp/mpirun.out" "$tmp/mpirun.err"; fail "bare mpirun failed"; }
   grep -q "gradcomm: 2 ranks" "$tmp/mpirun.out" || { cat "$tmp/mpirun.out"; fail "bare mpirun: not a 2-rank table"; }
   check_table "$tmp/mpirun.out" 2 float sum 8 64 2
+  # reduce_scatter beside OpenMPI's MPI_Reduce_scatter_block, both checked exactly.
+  env -u GRADCOMM_STORE -u MASTER_ADDR -u MASTER_PORT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    timeout 120 mpirun -np 2 --oversubscribe "$bench" --op reduce_scatter -c 1 -d float -o sum -b 64 -e 64K -f 32 \
+    --baseline mpi --json "$tmp/rs.json" >"$tmp/rs.out" 2>"$tmp/rs.err" ||
+    { cat "$tmp/rs.out" "$tmp/rs.err"; fail "reduce_scatter beside MPI failed"; }
+  py - "$tmp/rs.json" <<'PY' || { cat "$tmp/rs.out"; fail "reduce_scatter records wrong"; }
+import json, sys
+recs = json.load(open(sys.argv[1]))
+assert {r["impl"] for r in recs} == {"gradcomm", "mpi"}, recs
+assert sorted({r["size_bytes"] for r in recs}) == [64, 2048, 65536], recs
+for r in recs:
+    assert r["op"] == "reduce_scatter" and r["wrong"] == 0 and r["time_us"] > 0 and not r["in_place"], r
+print("reduce_scatter beside mpi ok:", len(recs), "records")
+PY
 else
   echo "skipped: bare mpirun (no mpirun, or gradcomm-bench built without MPI)"
 fi
