@@ -252,11 +252,14 @@ SparseView validate_sparse(CompressorId id, std::span<const uint8_t> payload, in
 
 }  // namespace
 
+// Scattered reads and writes of lines no pass has touched lately (about one line an
+// entry at k = 1 %): each line is asked for this many entries ahead, so misses overlap.
+constexpr size_t kPrefetchAhead = 24;
+
 void keep_sparse_rounding(float* residual, std::span<const uint64_t> indices, const float* values, ValueType type) {
-  constexpr size_t kAhead = 24;  // as decode_sum_sparse's kPrefetchAhead
-  const size_t ahead = indices.size() > kAhead ? indices.size() - kAhead : 0;
+  const size_t ahead = indices.size() > kPrefetchAhead ? indices.size() - kPrefetchAhead : 0;
   for (size_t j = 0; j < indices.size(); ++j) {
-    if (j < ahead) __builtin_prefetch(residual + indices[j + kAhead], 1);
+    if (j < ahead) __builtin_prefetch(residual + indices[j + kPrefetchAhead], 1);
     residual[indices[j]] = sparse_rounding_residual(values[j], sparse_round(values[j], type));
   }
 }
@@ -290,10 +293,6 @@ void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>
   // touched, each once (`divided` marks them): every other element is +0.0, and
   // +0.0 / d is +0.0, so the result is bit for bit the whole tile's division.
   constexpr int64_t kTile = 16384;  // 64 KiB of fp32
-  // The entries' lines of `out` are scattered (about one line an entry at k = 1 %) and,
-  // with kZeroed, out of cache since the selection's pass: each add waits on a miss
-  // unless its line was asked for this many entries earlier.
-  constexpr uint64_t kPrefetchAhead = 24;
   const bool zeroed = output == SparseOutput::kZeroed;
   const auto d = static_cast<float>(divisor);
   std::vector<uint64_t> next(views.size(), 0);  // each payload's first entry not yet added

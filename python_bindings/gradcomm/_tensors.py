@@ -111,8 +111,4 @@ def empty_like_shape(x, shape):
 
 def empty_like_gathered(x, world_size: int):
     """A new array/tensor of shape (world_size, *x.shape), x's dtype and device."""
-    if is_numpy(x):
-        np = sys.modules["numpy"]
-        return np.empty((world_size,) + tuple(x.shape), dtype=x.dtype)
-    torch = _torch_module()
-    return torch.empty((world_size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
+    return empty_like_shape(x, (world_size,) + tuple(x.shape))

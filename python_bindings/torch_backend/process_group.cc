@@ -180,21 +180,17 @@ void ProcessGroupGradcomm::shutdown() {
 
 void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   if (compression.spec.empty()) compression.spec = "none";
-  try {
-    (void)detail::parse_compressor_spec(compression.spec);
-  } catch (...) {
-    rethrow_as_torch_error();
-  }
-  if (compression.min_numel < 0) {
-    bad_argument(fmt::format("set_compression: min_compress_numel must be >= 0, got {}", compression.min_numel));
-  }
-  // Whether the library's reduce-scatter compresses with this spec (the codec-ring families).
+  // Validates the spec, and says whether the library's reduce-scatter compresses with it
+  // (the codec-ring families).
   bool codec_ring = false;
   try {
     codec_ring = detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective ==
                  detail::Collective::kCodecRing;
   } catch (...) {
     rethrow_as_torch_error();
+  }
+  if (compression.min_numel < 0) {
+    bad_argument(fmt::format("set_compression: min_compress_numel must be >= 0, got {}", compression.min_numel));
   }
   std::lock_guard<std::mutex> lock(issue_mutex_);
   compression_ = std::move(compression);
@@ -393,10 +389,7 @@ void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
 }
 
 bool ProcessGroupGradcomm::compress_through_float32(const at::Tensor& t, ReduceOp op) const {
-  if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) return false;
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  return compression_.spec != "none" && t.numel() > 0 && t.numel() >= compression_.min_numel &&
-         (op == ReduceOp::kSum || op == ReduceOp::kAvg);
+  return (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) && compresses(t, op);
 }
 
 ProcessGroupGradcomm::GroupStats ProcessGroupGradcomm::stats() {
