@@ -143,6 +143,29 @@ TEST(Timeout, SkippedIdenticalCallTimesOutNamingTheSequenceNumber) {
   }
 }
 
+// reduce_scatter's waits have the same deadline: a rank that skips one leaves the others
+// with a TimeoutError naming the call, not a hang (dense and compressed).
+TEST(Timeout, SkippedReduceScatterTimesOutNamingTheCall) {
+  for (const char* spec : {"none", "quant:bits=8"}) {
+    auto outcomes = run_outcomes(
+        3,
+        [spec](Communicator& comm) {
+          std::vector<float> x(3 * 4096, 1.0f), out(4096);
+          if (comm.rank() != 1) {
+            comm.reduce_scatter(TensorView::of(x.data(), 3 * 4096), TensorView::of(out.data(), 4096), ReduceOp::kSum,
+                                CompressOptions{spec, "rs", nullptr});
+          }
+        },
+        700ms);
+    for (int r : {0, 2}) {
+      ASSERT_TRUE(outcomes[r].threw) << spec << " rank " << r;
+      EXPECT_EQ(outcomes[r].code, ErrorCode::kTimeout) << outcomes[r].message;
+      EXPECT_NE(outcomes[r].message.find("reduce_scatter(numel=12288, float32, sum) #1"), std::string::npos)
+          << outcomes[r].message;
+    }
+  }
+}
+
 TEST(Timeout, MissingRankIsATimeoutNamingThePeer) {
   const auto start = detail::Clock::now();
   auto outcomes = run_outcomes(
