@@ -14,7 +14,7 @@
 namespace gradcomm {
 
 struct CompressOptions {
-  std::string compressor = "none";  // spec string (docs/architecture.md, compressors)
+  std::string compressor = "none";  // spec string (docs/architecture.md, "Compression")
   std::string key;                  // names this tensor's state; required for stateful compressors
   void* stream = nullptr;           // cudaStream_t for device tensors; null = default stream
   // The tensor's shape, for compressors that view it as a matrix (powersgd: rows =

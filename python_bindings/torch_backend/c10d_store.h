@@ -3,8 +3,8 @@
 // job's TCPStore or FileStore). The process group's communicator exchanges its
 // transport addresses through it, so a torch job opens no second port.
 //
-// Unlike python/python_store.h this adapter stays in C++: c10d::Store is a C++
-// object with virtual calls, so no GIL is taken and nothing here can touch the
+// Unlike python_bindings/src/python_store.h this adapter stays in C++: c10d::Store is a
+// C++ object with virtual calls, so no GIL is taken and nothing here can touch the
 // interpreter. It holds a reference to the store (an intrusive_ptr) for as long as
 // the communicator keeps it; torch's own process groups hold theirs the same way.
 //

@@ -23,12 +23,9 @@ namespace {
 // where the ring and halving + doubling send 1.5x, the bandwidth optimum. PowerSGD
 // exists to save bytes, and its users compare them with torch's hook; so from
 // kMinHalvingBytes up its buffers take halving + doubling (the optimal bytes in
-// 2 log2(N) messages). The price is log2(N) more messages per buffer: by the
-// alpha-beta model a 4 KiB buffer at N = 4, 1 Gbit/s and alpha = 30 us takes about
-// 45 us longer (the two meet at 15 KB). Below 4 KiB the bytes are too few to matter
-// and latency wins. At rank 4 the trainer's 784-512-256-10 MLP (buffers of 4-12 KB)
-// sent 39.5x fewer bytes than the dense ring with 16 KiB here and sends 51.1x fewer
-// with 4 KiB; its loopback step time did not move (bench/results/powersgd-2026-11-25.md).
+// 2 log2(N) messages). The price is log2(N) more messages per buffer; below 4 KiB the
+// bytes are too few to matter and latency wins (the alpha-beta estimate and the
+// trainer's bytes: bench/results/tuning-notes-2026-11-27.md#powersgd-min-halving-bytes).
 constexpr int64_t kMinHalvingBytes = 4 << 10;
 
 void payload_allreduce(Op& op, float* data, int64_t numel, uint32_t unit_base) {

@@ -35,11 +35,9 @@ int64_t halving_doubling_bytes() {
   // GRADCOMM_HALVING_DOUBLING_BYTES: tensors above small_allreduce_bytes() and up to
   // this size take recursive halving + doubling (Rabenseifner): the ring's bytes in
   // 2 log2(N) steps instead of 2(N-1). Only for N > 2 (at N = 2 both are one
-  // exchange each way, and the ring pipelines it). 2M: on emulated 10 Gbit/s links
-  // (bench/cluster/run.sh, medians of 3 runs) N = 8 took 2.6 / 5.9 / 11.0 ms at
-  // 512K / 1M / 2M against the ring's 3.9 / 8.0 / 14.4 (OpenMPI 4.5 / 6.7 / 12.7),
-  // N = 4 1.3 / 2.9 / 6.0 against 1.8 / 2.9 / 6.6; at 4M the ring was ahead at
-  // N = 4 (12.3 against 15.3 ms): its rounds are one unpipelined message each.
+  // exchange each way, and the ring pipelines it). 2M: ahead of the ring up to 2M at
+  // N = 4 and 8 on emulated links, behind it at 4M, where its rounds (one unpipelined
+  // message each) lose: bench/results/tuning-notes-2026-11-27.md#halving-doubling-bytes.
   return env_bytes("GRADCOMM_HALVING_DOUBLING_BYTES", int64_t{2} << 20, 0, int64_t{1} << 40);
 }
 

@@ -1,8 +1,8 @@
-// The AVX2 paths of the CPU dense codecs (compressors/philox.cc, quantize/dense_simd.cc,
-// quantize/dense_simd_decode.cc) against the scalar definitions they replace: Philox
-// blocks, each bulk loop, whole quant/qsgd/sign payloads byte for byte and their
-// decoded floats bit for bit, the reference computed on the same machine under
-// ScopedScalarKernels. On a CPU without AVX2 both sides are the scalar
+// The AVX2 paths of the CPU dense codecs (compressors/philox.cc,
+// compressors/quantize/dense_simd.cc, compressors/quantize/dense_simd_decode.cc) against
+// the scalar definitions they replace: Philox blocks, each bulk loop, whole
+// quant/qsgd/sign payloads byte for byte and their decoded floats bit for bit, the
+// reference computed on the same machine under ScopedScalarKernels. On a CPU without AVX2 both sides are the scalar
 // path and the comparisons hold trivially; the kernel-level tests skip there.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
 // The dense codecs (fp16, bf16, quant, qsgd, sign) against references written from
-// the format description (FORMAT_dense.md) in double precision: codes read back bit
-// by bit, scales recomputed, rounding checked against the exact grid position.
+// the format description (compressors/FORMAT.md, "Dense codecs") in double precision:
+// codes read back bit by bit, scales recomputed, rounding checked against the exact grid
+// position.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// Count sketch: the documented hash (FORMAT_sparse.md) pinned by probing, the
-// median estimator, summability across ranks, and heavy-hitter recovery from the
-// summed tables of four ranks.
+// Count sketch: the documented hash (compressors/FORMAT.md, "Count sketch hashing")
+// pinned by probing, the median estimator, summability across ranks, and heavy-hitter
+// recovery from the summed tables of four ranks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +14,8 @@
 namespace gradcomm::detail {
 namespace {
 
-// The hash exactly as FORMAT_sparse.md writes it, independently of count_sketch.cc.
+// The hash exactly as compressors/FORMAT.md, "Count sketch hashing", writes it,
+// independently of count_sketch.cc.
 struct DocHash {
   uint32_t col;
   float sign;

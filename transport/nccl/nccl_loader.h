@@ -2,7 +2,7 @@
 // made it a NEEDED entry of libgradcomm.so, so the dynamic loader refused to load
 // gradcomm at all on a machine without NCCL, CPU-only ones included, although only
 // collectives on CUDA tensors (and the bench's NCCL baseline) call it. cuBLAS is
-// handled the same way (cuda/cublas_loader.h).
+// handled the same way (base/cublas_loader.h).
 //
 // nccl.h is still included, for its types and for the prototypes that give each
 // entry point its type (decltype); no NCCL symbol is referenced at link time.

@@ -71,28 +71,19 @@ static void prefer_large_tcp_segments(int world_size) {
   ::setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
   // Receive segments, allocated one at a time: an endpoint takes one only while it
   // is receiving, and the pages are touched only as far as a read fills them.
-  // Two ranks: 8M. A 256 MB ring allreduce over two ranks on emulated 10 Gbit/s
-  // links (bench/cluster/run.sh) took 221-427 ms per call with 1M segments
-  // (quartiles 259-331 ms) and 224-245 ms with 8M (quartiles of 24 calls each; the
-  // wire's floor is 215 ms); 256K segments were slower still. More ranks: 1M, with
-  // the dense ring's 1M chunks (ring_allreduce.cc), so most of each chunk is read
-  // straight into its destination: N = 4, 256 MB, 575 ms against 657 with 8M
-  // segments (bench/results/cluster-2026-11-23.md). Process-wide: the first UCX
-  // communicator's world size decides. 1M transmit segments, by contrast, cost
-  // loopback a third of its bandwidth.
+  // Two ranks: 8M. More ranks: 1M, with the dense ring's 1M chunks
+  // (ring_allreduce.cc), so most of each chunk is read straight into its destination.
+  // Measured on emulated links: bench/results/tuning-notes-2026-11-27.md#ucx-tcp-receive-segments.
+  // Process-wide: the first UCX communicator's world size decides. 1M transmit
+  // segments, by contrast, cost loopback a third of its bandwidth.
   ::setenv("UCX_TCP_RX_SEG_SIZE", world_size == 2 ? "8M" : "1M", /*overwrite=*/0);
   ::setenv("UCX_TCP_RX_BUFS_GROW", "1", /*overwrite=*/0);
   // A small socket send buffer facing a large receive window collapses TCP
   // throughput: the sender's segments are too few for the receiver to acknowledge
-  // at once, and it waits for its delayed-ACK timer. ucx_perftest tag_bw, 1 MB
-  // messages over loopback (busy-polling, no gradcomm involved): SNDBUF 16K with a
-  // 128K-or-larger (or the kernel's autotuned) RCVBUF moves 1.5-2.7 MB/s, with 32K
-  // or 64K 1.8-2.8 GB/s; SNDBUF 64K: 17 MB/s against 1M, 2 GB/s against 256K. So
-  // when the user bounds the send buffer and leaves the receive buffer alone, the
-  // receive buffer gets twice it. (Four times was the edge: a 64 MB allreduce over
-  // four ranks with SNDBUF 16K took 2.9-4.1 s a call against RCVBUF 64K and
-  // 0.19-0.47 s against 32K; N = 2 and 3, and SNDBUF 64K, were as fast with 2x as
-  // with 4x. tests/multiproc/test_multiproc_async.cc, MultiprocLinger.)
+  // at once, and it waits for its delayed-ACK timer. So when the user bounds the send
+  // buffer and leaves the receive buffer alone, the receive buffer gets twice it (four
+  // times stalled a 64 MB allreduce at N = 4; tests/multiproc/test_multiproc_async.cc,
+  // MultiprocLinger): bench/results/tuning-notes-2026-11-27.md#ucx-tcp-receive-buffer.
   if (auto sndbuf = env_string("UCX_TCP_SNDBUF"); sndbuf && !env_string("UCX_TCP_RCVBUF")) {
     if (auto bytes = parse_bytes(*sndbuf); bytes && *bytes > 0 && *bytes <= (int64_t{1} << 40)) {
       ::setenv("UCX_TCP_RCVBUF", std::to_string(2 * *bytes).c_str(), /*overwrite=*/0);
@@ -543,14 +534,10 @@ void UcxTransport::wait_for_event(std::chrono::microseconds max_wait) {
     // messages go through it in 8K fragments, since peer error mode leaves cma out), and
     // nothing raises an event when room appears: a worker asleep on its event fd would
     // move on only at its next timeout. So while such a send is in flight this rank
-    // yields instead of sleeping. Measured on 2 cores (gradcomm-bench and the linger
-    // worker of tests/multiproc/async_worker.cc):
-    //  - N = 2, 1 MB: 0.5-0.9 ms against 9-17 ms sleeping on the fd, whether for up to
-    //    100 ms or 20 us; N = 4, 64 MB: 90-103 ms against 360-600 ms;
-    //  - N = 4, 64 MB beside two busy loops: 0.34-0.43 s a call against 0.88-1.25 s.
+    // yields instead of sleeping: 2 to 20 times faster on 2 cores, loaded or not
+    // (bench/results/tuning-notes-2026-11-27.md#shared-memory-sends-yield).
     // Not for TCP peers: a socket that drains does raise an event, and polling there
-    // only takes CPU from the other ranks (the same loaded case over TCP with 16K socket
-    // buffers: 5.2-7.3 s against 0.53-0.66 s). Not after a failure either: sends that
+    // only takes CPU from the other ranks. Not after a failure either: sends that
     // cannot finish then stay until destruction.
     sched_yield();
     return;
