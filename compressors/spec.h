@@ -33,8 +33,9 @@ const char* compressor_name(CompressorId id);
 enum class TopkSelect : uint8_t { kExact = 0, kSample = 1 };
 enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
 enum class ValueType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };  // how sparse values travel
-// How top-k's selections are combined (compressors/topk/sparse_algo.h): every rank's
-// payload to every rank, or the index space split among the ranks.
+// How top-k's selections are combined (src/collectives/sparse_allreduce.cc, where
+// choose_sparse_algo resolves kAuto): every rank's payload to every rank, or the index
+// space split among the ranks.
 enum class SparseAlgo : uint8_t { kAuto = 0, kAllgather = 1, kReduceScatter = 2 };
 
 struct CompressorSpec {

@@ -1,7 +1,8 @@
 // fp16 and bf16: every value narrowed to 16 bits with base/half.h (round to nearest
 // even; NaN stays NaN; past the largest finite becomes infinity) and widened back
-// exactly. Payload (FORMAT_dense.md): header (param0 = param1 = 0, flags 0), then n
-// little-endian u16. No buckets, so any run boundary works: alignment 1.
+// exactly. Payload (FORMAT.md, "fp16 (id 1), bf16 (id 2)"): header (param0 = param1 =
+// 0, flags 0), then n little-endian u16. No buckets, so any run boundary works:
+// alignment 1.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 // Bit packing of fixed-width codes, shared by quant, qsgd and sign (and, through
 // the GRADCOMM_HD functions, by their CUDA versions).
 //
-// Stream layout (FORMAT_dense.md): with `bits`-wide codes, element i of a payload
-// occupies stream bits [i * bits, (i + 1) * bits), least significant code bit first,
+// Stream layout (FORMAT.md, "Packed codes"): with `bits`-wide codes, element i of a
+// payload occupies stream bits [i * bits, (i + 1) * bits), least significant code bit first,
 // where stream bit k is bit (k % 8) of byte k / 8. So bits = 1, 2, 4, 8 never
 // straddle a byte, and every group of 8 consecutive elements starting at a multiple
 // of 8 fills exactly `bits` whole bytes. Bits past the last code in the final byte

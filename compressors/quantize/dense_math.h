@@ -3,7 +3,7 @@
 // and decoded values. Every formula is a fixed sequence of fp32 operations, each
 // rounded to nearest even; nothing may be fused (the device path uses the _rn
 // intrinsics, which nvcc never contracts into FMAs; the CPU files build with
-// -ffp-contract=off). FORMAT_dense.md spells the same sequences out.
+// -ffp-contract=off). FORMAT.md, "Dense codecs", spells the same sequences out.
 #pragma once
 
 #include <cmath>

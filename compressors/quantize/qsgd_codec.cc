@@ -2,8 +2,8 @@
 // norm; each element becomes a sign bit and a level in 0..s drawn so that
 // E[level] = |x| / norm * s, hence E[decode] = x.
 //
-// Payload (FORMAT_dense.md): header (param0 = s, param1 = bucket), then per bucket
-// the norm as fp32, then n codes of 1 + ceil(log2(s + 1)) bits, each
+// Payload (FORMAT.md, "qsgd (id 5)"): header (param0 = s, param1 = bucket), then per
+// bucket the norm as fp32, then n codes of 1 + ceil(log2(s + 1)) bits, each
 // level | sign << (bits - 1). Decode: +-(level * (norm / s)). A bucket whose fp32
 // norm is not finite (a NaN or infinity in it, or squares summing past fp32 range)
 // stores NaN and decodes to NaN.

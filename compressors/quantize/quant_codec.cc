@@ -1,8 +1,8 @@
 // quant:bits=b,bucket=B,round=stochastic|nearest — per-bucket min/max uniform
 // quantization to 2^b - 1 steps (b in {1, 2, 4, 8}).
 //
-// Payload (FORMAT_dense.md): header (param0 = bits, param1 = bucket), then per
-// bucket the pair (min, max) as fp32, then the n codes packed `bits` wide.
+// Payload (FORMAT.md, "quant (id 6)"): header (param0 = bits, param1 = bucket), then
+// per bucket the pair (min, max) as fp32, then the n codes packed `bits` wide.
 // Per element: s = clamp((x - min) * inv, 0, L) with inv = L / (max - min), code =
 // round(s) (half up, or stochastically with u = philox_uniform16(rng, first + i));
 // decode min + code * step with step = (max - min) / L. A bucket holding a NaN or an

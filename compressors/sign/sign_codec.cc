@@ -2,8 +2,8 @@
 // bit per element plus a per-bucket scale, the mean |x| of the bucket, so that the
 // decoded bucket has the same l1 norm as the input.
 //
-// Payload (FORMAT_dense.md): header (param0 = 0, param1 = bucket), then per bucket
-// the scale as fp32, then n sign bits packed LSB first (1 = sign bit set: negative,
+// Payload (FORMAT.md, "sign (id 7)"): header (param0 = 0, param1 = bucket), then per
+// bucket the scale as fp32, then n sign bits packed LSB first (1 = sign bit set: negative,
 // -0.0 included). Decode: +-scale. A bucket whose scale is not finite (a NaN or an
 // infinity in it, or |x| summing past fp32 range) stores NaN and decodes to NaN.
 #include <fmt/format.h>

@@ -1,5 +1,6 @@
 // topk: each rank's k largest |acc| (topk_select.cc), exchanged as sparse payloads
-// by allgather or reduce-scatter (sparse_algo.h); values travel as bf16 by default.
+// by allgather or reduce-scatter (src/collectives/sparse_allreduce.cc); values
+// travel as bf16 by default.
 #include <fmt/format.h>
 
 #include "compressors/family.h"
