@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 
 #include "gradcomm/errors.h"
 
@@ -73,33 +72,6 @@ GpuPathChoice choose_gpu_path(const std::string& preference, const std::vector<G
   }
   return {GpuPath::kNccl, fmt::format("every rank has its own GPU: CUDA tensors go over NCCL ({} rank{})",
                                       ranks.size(), ranks.size() == 1 ? "" : "s")};
-}
-
-// ---- the NCCL ring allreduce schedule ---------------------------------------------------
-
-GpuRingPlan::GpuRingPlan(int size, int rank, int64_t numel, int64_t chunk_elems, int max_chunks, int slots)
-    : schedule_(std::max(size, 1), rank, numel, /*align=*/1, chunk_elems, max_chunks), slots_(std::max(slots, 1)) {
-  // An event index is re-recorded event_slots() units later; the latest wait on it
-  // comes max(C, slots) units after its record (see unit()).
-  event_slots_ = static_cast<int>(std::max<int64_t>(schedule_.chunks(), slots_)) + 1;
-}
-
-RingUnit GpuRingPlan::unit(int64_t u) const {
-  const int64_t C = schedule_.chunks();
-  RingUnit out;
-  std::tie(out.send_begin, out.send_end) = schedule_.send_range(u);
-  std::tie(out.recv_begin, out.recv_end) = schedule_.recv_range(u);
-  out.reduce = schedule_.reduce_scatter(u);
-  out.last_step = schedule_.last_reduce_step(u);
-  if (out.reduce) {
-    out.slot = static_cast<int>(u % slots_);
-    out.event_slot = static_cast<int>(u % event_slots_);
-    if (u >= slots_) out.slot_waits_for = u - slots_;
-  }
-  // What unit u sends was completed at unit u - C: reduced there if that was a
-  // reduce-scatter unit; an allgather receive is ordered on the stream already.
-  if (u >= C && schedule_.reduce_scatter(u - C)) out.send_waits_for = u - C;
-  return out;
 }
 
 // ---- staging chunks -------------------------------------------------------------------------

@@ -17,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/ring_schedule.h"
 
 namespace gradcomm::detail {
 
@@ -54,48 +53,6 @@ GpuPathChoice choose_gpu_path(const std::string& preference, const std::vector<G
 
 // "GPU-1a2b3c4d-..." as nvidia-smi prints it.
 std::string format_gpu_uuid(const std::array<uint8_t, 16>& uuid);
-
-// ---- the NCCL ring allreduce schedule ---------------------------------------------
-
-// The ring of ring_allreduce.cc (reduce-scatter then allgather, segments cut into C
-// chunks, unit u = step * C + chunk) as a sequence of NCCL groups on the caller's
-// stream, one group per unit: {send send_range(u) to the right, receive
-// recv_range(u) from the left}. Reduce-scatter receives land in scratch slot
-// slot(u) and are folded into the data by a reduce kernel on a side stream, which
-// records event event_slot(u) when done. Before group u is enqueued the caller's
-// stream waits for two reduces (either may be none, -1):
-//   send_waits_for(u): the reduce that produced the chunk group u sends;
-//   slot_waits_for(u): the reduce that last read the scratch slot group u fills.
-// So the reduce of chunk j runs while chunk j+1 is on the wire.
-struct RingUnit {
-  int64_t send_begin = 0, send_end = 0;  // elements of the data
-  int64_t recv_begin = 0, recv_end = 0;  // elements of the data (target of the reduce or the copy)
-  bool reduce = false;                   // reduce-scatter unit: received into a slot, then reduced
-  bool last_step = false;                // the owner's last fold: applies an average's division
-  int slot = -1;                         // scratch slot (reduce units)
-  int event_slot = -1;                   // event recorded after this unit's reduce
-  int64_t send_waits_for = -1;
-  int64_t slot_waits_for = -1;
-};
-
-class GpuRingPlan {
- public:
-  // `chunk_elems`: preferred chunk; the chunk count per segment is capped at
-  // `max_chunks` (bigger chunks for huge tensors, so the event pool stays small).
-  GpuRingPlan(int size, int rank, int64_t numel, int64_t chunk_elems, int max_chunks, int slots);
-
-  int64_t units() const { return schedule_.units(); }
-  int64_t chunks() const { return schedule_.chunks(); }
-  int slots() const { return slots_; }
-  int64_t slot_elems() const { return schedule_.max_chunk_elems(); }
-  int event_slots() const { return event_slots_; }  // events the side stream cycles through
-  RingUnit unit(int64_t u) const;
-
- private:
-  RingSchedule schedule_;  // ring_allreduce.cc's segments, chunks and units
-  int slots_;
-  int event_slots_ = 1;
-};
 
 // ---- staging chunks ---------------------------------------------------------------------
 

@@ -8,10 +8,10 @@
 // copy by the decoded bytes, and those exact bytes travel the allgather ring:
 // every rank decodes the same payloads, so all end bitwise identical.
 //
-// Pipelining as in ring_allreduce.cc: segments are cut into C chunks, (step,
-// chunk) is one message "unit", and a chunk goes on as soon as it is ready. Chunk
-// boundaries are multiples of the codec's alignment (its bucket), so a chunk
-// encodes exactly as the same elements would inside the whole tensor.
+// Pipelining as in ring_allreduce.cc: the ring driver (ring_driver.h) over the host
+// channel, with the decode-add-re-encode and forward steps below. Chunk boundaries are
+// multiples of the codec's alignment (its bucket), so a chunk encodes exactly as the
+// same elements would inside the whole tensor.
 //
 // Error feedback: each encode this rank performs loses `value - decode(payload)`;
 // with a residual buffer, that loss is added to it at the same positions, so the
@@ -28,21 +28,107 @@
 // Every rank divides the same decoded sums, so results stay bitwise equal, and they
 // are the bits of a pass over the whole output after the ring.
 #include <algorithm>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "collectives/collectives.h"
 #include "collectives/compressed_ring_plan.h"
+#include "collectives/host_ring_channel.h"
+#include "collectives/ring_driver.h"
 #include "compressors/codec.h"
 #include "reduce.h"
 
 namespace gradcomm::detail {
+namespace {
+
+// The compressed ring's steps: decode-add-re-encode through the reduce-scatter, forward
+// (decode, pass the payload on unchanged) through the allgather. Payloads live in one
+// block laid out by the plan (an out region per encoded unit, an in region per unit), so
+// no buffer is reused within a call and a forwarded send is the in region it arrived in.
+class CodecSteps {
+ public:
+  CodecSteps(Op& op, const CompressedRingPlan& plan, float* data, const DenseCodec& codec,
+             const PhiloxStream& rng, float* residual, int divisor, bool allgather)
+      : op_(op), plan_(plan), C_(plan.chunks()), data_(data), codec_(codec), rng_(rng), residual_(residual),
+        divisor_(divisor), allgather_(allgather),
+        payloads_(std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(plan.buffer_bytes(), 1))),
+        scratch_(static_cast<size_t>(std::max<int64_t>(plan.max_chunk_elems(), 1))) {}
+
+  RingMessage send_message(int64_t u) const { return {payloads_.get() + plan_.send_offset(u), plan_.send_bytes(u)}; }
+  RingMessage recv_message(int64_t u) const { return {payloads_.get() + plan_.recv_offset(u), plan_.recv_bytes(u)}; }
+  int64_t recv_overwrites(int64_t) const { return -1; }  // every unit has its own in region
+  int64_t recv_reuses(int64_t) const { return -1; }
+  bool absorbs(int64_t) const { return true; }
+
+  // Unit u's payload: an encode of data[b, e) (our own segment, a re-encoded partial sum,
+  // or the owner's final encode); an allgather forward is already in its in region.
+  void prepare(int64_t u) {
+    if (u >= plan_.encoded_units()) return;  // forward: the received bytes go on unchanged
+    const auto [b, e] = plan_.send_range(u);
+    const bool final_owner = plan_.final_encode(u);
+    // The element index the codec's draws count from. An encode must start on its
+    // alignment; the reduce-scatter's chunks need not, so theirs is b x alignment: still
+    // distinct for every element of every chunk (a later chunk starts at least a chunk's
+    // length of alignments further on).
+    const int64_t first = allgather_ ? b : b * codec_.alignment();
+    uint8_t* out = payloads_.get() + plan_.send_offset(u);
+    float* values = data_ + b;
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    if (residual_ != nullptr) {
+      // What the peers will decode, from the encoder itself (encode_with_values); the
+      // encode's loss goes to the residual.
+      codec_.encode_with_values(values, e - b, out, rng_, first, scratch_.data(), 1);
+      accumulate_loss(residual_ + b, values, scratch_.data(), e - b);
+      if (final_owner) {  // the owner keeps what everyone decodes
+        std::copy_n(scratch_.data(), e - b, values);
+        divide_inplace(values, e - b, DType::kFloat32, divisor_);
+      }
+    } else if (final_owner) {
+      // Nothing needs the sum any more: the decoded average replaces it in place.
+      codec_.encode_with_values(values, e - b, out, rng_, first, values, divisor_);
+    } else {
+      codec_.encode(values, e - b, out, rng_, first);
+    }
+  }
+
+  void absorb(int64_t u) {
+    const auto [b, e] = plan_.recv_range(u);
+    const std::span<const uint8_t> in(payloads_.get() + plan_.recv_offset(u), plan_.recv_bytes(u));
+    if (plan_.reduce_scatter(u)) {
+      {  // decode-add: our values plus the neighbour's decoded partial sum (re-encoded by prepare(u + C))
+        Op::PhaseTimer timer(op_, &Stats::decode_s);
+        codec_.decode_add(in, e - b, data_ + b);
+      }
+      if (!allgather_ && u / C_ == plan_.size() - 2) {  // the reduce-scatter's result: exact, then the average
+        Op::PhaseTimer timer(op_, &Stats::reduce_s);
+        divide_inplace(data_ + b, e - b, DType::kFloat32, divisor_);
+      }
+      return;
+    }
+    Op::PhaseTimer timer(op_, &Stats::decode_s);  // forward: the owner's final bytes, decoded
+    codec_.decode_average(in, e - b, data_ + b, divisor_);
+  }
+
+ private:
+  Op& op_;
+  const CompressedRingPlan& plan_;
+  const int64_t C_;
+  float* data_;
+  const DenseCodec& codec_;
+  const PhiloxStream& rng_;
+  float* residual_;
+  const int divisor_;
+  const bool allgather_;
+  std::unique_ptr<uint8_t[]> payloads_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace
 
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
                                const PhiloxStream& rng, float* residual, int divisor, RingPhases phases) {
   const int n = op.size();
-  const int right = (op.rank() + 1) % n;
-  const int left = (op.rank() + n - 1) % n;
-  const int depth = pipeline_depth();
   // Segments and units shared with the NCCL ring (compressed_ring_plan.h); chunks
   // of chunk_bytes(), as the dense ring. The reduce-scatter alone: segments of exactly
   // numel / N (alignment 1: no bucket alignment to keep, as no payload of it is compared
@@ -52,87 +138,11 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
   const int schedule_rank = allgather ? op.rank() : (op.rank() + n - 1) % n;
   const CompressedRingPlan plan(n, schedule_rank, numel, align, chunk_bytes() / 4, (1 << 30) / (n - 1),
                                 [&](int64_t count) { return codec.encoded_bytes(count); });
-  const int64_t C = plan.chunks();
-  const int64_t rs_units = plan.rs_units();
-  const int64_t total_units = allgather ? plan.units() : rs_units;
-
-  // Every unit has its own payload buffer: sends stay valid until they complete, and
-  // allgather payloads are forwarded as received.
-  std::vector<std::vector<uint8_t>> out(total_units), in(total_units);
-  std::vector<RequestPtr> sends(total_units), recvs(total_units);
-  std::vector<float> scratch(static_cast<size_t>(std::max<int64_t>(plan.max_chunk_elems(), 1)));
-
-  // Encodes data[b, e) into out[u] and sends it; the loss goes to the residual.
-  auto encode_and_send = [&](int64_t u, bool final_owner) {
-    const auto [b, e] = plan.send_range(u);
-    // The element index the codec's draws count from. An encode must start on its
-    // alignment; the reduce-scatter's chunks need not, so theirs is b x alignment: still
-    // distinct for every element of every chunk (a later chunk starts at least a chunk's
-    // length of alignments further on).
-    const int64_t first = allgather ? b : b * codec.alignment();
-    out[u].resize(plan.send_bytes(u));
-    {
-      Op::PhaseTimer timer(op, &Stats::encode_s);
-      if (residual != nullptr) {
-        // What the peers will decode, from the encoder itself (encode_with_values).
-        codec.encode_with_values(data + b, e - b, out[u].data(), rng, first, scratch.data(), 1);
-        accumulate_loss(residual + b, data + b, scratch.data(), e - b);
-        if (final_owner) {  // the owner keeps what everyone decodes
-          std::copy_n(scratch.data(), e - b, data + b);
-          divide_inplace(data + b, e - b, DType::kFloat32, divisor);
-        }
-      } else if (final_owner) {
-        // Nothing needs the sum any more: the decoded average replaces it in place.
-        codec.encode_with_values(data + b, e - b, out[u].data(), rng, first, data + b, divisor);
-      } else {
-        codec.encode(data + b, e - b, out[u].data(), rng, first);
-      }
-    }
-    sends[u] = op.send(right, static_cast<uint32_t>(u), out[u].data(), out[u].size());
-  };
-
-  int64_t posted = 0;
-  auto post_until = [&](int64_t limit) {
-    for (limit = std::min(limit, total_units); posted < limit; ++posted) {
-      in[posted].resize(plan.recv_bytes(posted));
-      recvs[posted] = op.recv(left, static_cast<uint32_t>(posted), in[posted].data(), in[posted].size());
-    }
-  };
-
-  for (int64_t j = 0; j < C; ++j) encode_and_send(j, false);  // step 0: our own segment
-  for (int64_t u = 0; u < total_units; ++u) {
-    post_until(u + depth);
-    const bool reduce_scatter = u < rs_units;
-    op.wait(*recvs[u], reduce_scatter ? "compressed reduce-scatter receive" : "compressed allgather receive");
-    recvs[u].reset();
-    const auto [b, e] = plan.recv_range(u);
-    if (reduce_scatter) {
-      // recvReduceSend: our values plus the neighbour's decoded partial sum.
-      {
-        Op::PhaseTimer timer(op, &Stats::decode_s);
-        codec.decode_add(in[u], e - b, data + b);
-      }
-      if (!allgather && u / C == n - 2) {  // the reduce-scatter's result: exact, then the average
-        Op::PhaseTimer timer(op, &Stats::reduce_s);
-        divide_inplace(data + b, e - b, DType::kFloat32, divisor);
-      } else {
-        encode_and_send(u + C, /*final_owner=*/u / C == n - 2);
-      }
-    } else {
-      {
-        Op::PhaseTimer timer(op, &Stats::decode_s);
-        codec.decode_average(in[u], e - b, data + b, divisor);
-      }
-      if (u + C < total_units) {  // recvCopySend: forward the exact bytes
-        out[u + C] = std::move(in[u]);
-        sends[u + C] = op.send(right, static_cast<uint32_t>(u + C), out[u + C].data(), out[u + C].size());
-      }
-    }
-    in[u].clear();
-  }
-  for (auto& send : sends) {
-    if (send) op.wait(*send, "compressed final send");
-  }
+  const int64_t units = allgather ? plan.units() : plan.rs_units();
+  CodecSteps steps(op, plan, data, codec, rng, residual, divisor, allgather);
+  HostRingChannel channel(op, plan.schedule(), units, pipeline_depth(), /*unit_base=*/0,
+                          "compressed reduce-scatter receive", "compressed allgather receive");
+  drive_ring(plan.schedule(), units, channel, steps);
 }
 
 }  // namespace gradcomm::detail

@@ -39,6 +39,7 @@ class CompressedRingPlan {
   CompressedRingPlan(int size, int rank, int64_t numel, int64_t align, int64_t chunk_elems, int max_chunks,
                      const std::function<size_t(int64_t)>& encoded_bytes);
 
+  const RingSchedule& schedule() const { return schedule_; }
   int size() const { return schedule_.size(); }
   int64_t chunks() const { return schedule_.chunks(); }
   int64_t units() const { return schedule_.units(); }

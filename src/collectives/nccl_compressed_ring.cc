@@ -1,5 +1,8 @@
 // Compressed ring allreduce on device memory over NCCL, stream-ordered: the CPU
-// algorithm of compressed_ring.cc with the GPU codecs, and its bytes.
+// algorithm of compressed_ring.cc with the GPU codecs, and its bytes. The ring driver
+// (ring_driver.h) with the stream channel (stream_ring_channel.h: one NCCL group per
+// unit on the caller's stream, every encode and decode on the side stream) and the
+// decode-add-re-encode and forward steps below.
 //
 // Reduce-scatter step k = 0..N-2: rank r sends the encoded partial sum of segment
 // r-k, receives the left neighbour's (segment r-k-1), decodes it onto its own
@@ -11,21 +14,17 @@
 // partial sums are formed in the same order with the same arithmetic: the result
 // equals the CPU path's bit for bit.
 //
-// Streams. NCCL groups run on the caller's stream, one group per unit {send
-// unit u, receive unit u}; encodes and decodes run on the context's side stream:
-//   side:    encode u -> record ready[u]          (u < encoded_units)
-//   caller:  wait ready[u] -> group u -> record `received`
-//   side:    wait `received` -> decode u -> encode u + C (reduce-scatter)
-// so the encode of chunk j+1 runs while chunk j is on the wire, and nothing in the
-// loop waits on the host (payload sizes are fixed: encoded_bytes). Only the side
-// stream touches the tensor; the caller's stream finally waits for its last work.
-// Every unit has its own payload region (the plan), so no buffer is reused within
-// a call and consecutive calls are ordered by GpuContext::begin/end.
+// Payload sizes are fixed (encoded_bytes), so nothing in the loop waits on the host.
+// Only the side stream touches the tensor; the caller's stream finally waits for its
+// last work. Every unit has its own payload region (the plan), so no buffer is reused
+// within a call and consecutive calls are ordered by GpuContext::begin/end.
 #include <algorithm>
 #include <array>
 
-#include "collectives/nccl_compressed.h"
 #include "collectives/compressed_ring_plan.h"
+#include "collectives/nccl_compressed.h"
+#include "collectives/nccl_ring_channel.h"
+#include "collectives/ring_driver.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -35,69 +34,68 @@ namespace {
 constexpr int64_t kChunkElems = int64_t{1} << 20;
 constexpr int kMaxChunks = 8;
 
+// The compressed ring's steps on the device: decode-add-re-encode through the
+// reduce-scatter, forward (decode, pass the payload on unchanged) through the allgather,
+// every codec call on the side stream. Payload regions are the plan's, as on the host.
+class NcclCodecSteps {
+ public:
+  NcclCodecSteps(const CompressedRingPlan& plan, uint8_t* payloads, float* data, const GpuDenseCodec& codec,
+                 const PhiloxStream& rng, float* residual, DeviceStatus* left_status, cudaStream_t side)
+      : plan_(plan), base_(payloads), data_(data), codec_(codec), rng_(rng), residual_(residual),
+        left_status_(left_status), side_(side) {}
+
+  RingMessage send_message(int64_t u) const { return {base_ + plan_.send_offset(u), plan_.send_bytes(u)}; }
+  RingMessage recv_message(int64_t u) const { return {base_ + plan_.recv_offset(u), plan_.recv_bytes(u)}; }
+  int64_t recv_overwrites(int64_t) const { return -1; }
+  int64_t recv_reuses(int64_t) const { return -1; }
+  bool absorbs(int64_t) const { return true; }
+
+  // Every encode adds its loss to the residual; the owner's final encode also writes the
+  // decoded values over its own (EncodeFeedback::decoded may equal the input).
+  void prepare(int64_t u) {
+    if (u >= plan_.encoded_units()) return;  // forward: the received payload goes on unchanged
+    const auto [b, e] = plan_.send_range(u);
+    EncodeFeedback feedback;
+    feedback.residual = residual_ != nullptr ? residual_ + b : nullptr;
+    feedback.mode = ResidualMode::kAccumulate;
+    feedback.decoded = plan_.final_encode(u) ? data_ + b : nullptr;
+    codec_.encode(data_ + b, e - b, base_ + plan_.send_offset(u), rng_, b, feedback, side_);
+  }
+  // Reduce-scatter: the neighbour's partial sum onto ours (prepare(u + C) re-encodes it);
+  // allgather: the owner's final bytes replace our values.
+  void absorb(int64_t u) {
+    const auto [b, e] = plan_.recv_range(u);
+    const bool rs = plan_.reduce_scatter(u);
+    codec_.decode(base_ + plan_.recv_offset(u), plan_.recv_bytes(u), e - b, data_ + b, /*add=*/rs, left_status_,
+                  side_);
+  }
+
+ private:
+  const CompressedRingPlan& plan_;
+  uint8_t* base_;
+  float* data_;
+  const GpuDenseCodec& codec_;
+  const PhiloxStream& rng_;
+  float* residual_;
+  DeviceStatus* left_status_;
+  cudaStream_t side_;
+};
+
 }  // namespace
 
 void nccl_compressed_ring(Op& op, GpuContext& gpu, float* data, int64_t numel, const GpuDenseCodec& codec,
                           const PhiloxStream& rng, float* residual, DeviceStatus* status, cudaStream_t stream) {
   const int n = op.size();
-  const int r = op.rank();
-  const int right = (r + 1) % n;
-  const int left = (r + n - 1) % n;
-  NcclComm& nccl = *gpu.nccl();
-
-  // ---- plan and cached resources -------------------------------------------------------
-  const CompressedRingPlan plan(n, r, numel, codec.alignment(), kChunkElems, kMaxChunks,
+  const int left = (op.rank() + n - 1) % n;
+  const CompressedRingPlan plan(n, op.rank(), numel, codec.alignment(), kChunkElems, kMaxChunks,
                                 [&](int64_t m) { return codec.encoded_bytes(m); });
-  const int64_t C = plan.chunks();
-  uint8_t* base = gpu.payload_scratch(plan.buffer_bytes()).as<uint8_t>();
-  const int64_t encoded = plan.encoded_units();
-  std::vector<Event>& events = gpu.events(static_cast<size_t>(encoded) + 2);
-  Event& received = events[encoded];  // re-recorded every unit: its wait is enqueued at once
-  Event& side_done = events[encoded + 1];
-  const cudaStream_t side = gpu.side_stream();
-
-  // The side stream starts where the caller's stream is (the input, the EF fold).
-  Event& entry = gpu.entry_event();
-  entry.record(stream);
-  entry.wait_on(side);
-
-  // Encodes unit u's send range into its payload region (side stream). Every encode
-  // adds its loss to the residual; the final encode also writes the decoded values
-  // over the owner's own (EncodeFeedback::decoded may equal the input).
-  auto encode = [&](int64_t u) {
-    const auto [b, e] = plan.send_range(u);
-    EncodeFeedback feedback;
-    feedback.residual = residual != nullptr ? residual + b : nullptr;
-    feedback.mode = ResidualMode::kAccumulate;
-    feedback.decoded = plan.final_encode(u) ? data + b : nullptr;
-    codec.encode(data + b, e - b, base + plan.send_offset(u), rng, b, feedback, side);
-    events[u].record(side);
-  };
-
-  // ---- run -------------------------------------------------------------------------------
-  uint64_t sent = 0, got = 0;
-  for (int64_t j = 0; j < C; ++j) encode(j);  // step 0: our own segment
-  for (int64_t u = 0; u < plan.units(); ++u) {
-    const bool rs = plan.reduce_scatter(u);
-    // A forwarded payload (u >= encoded) arrived in group u - C, earlier on this stream.
-    if (u < encoded) events[u].wait_on(stream);
-    const std::array<P2pOp, 2> ops{
-        P2pOp{P2pOp::kSend, right, base + plan.send_offset(u), plan.send_bytes(u)},
-        P2pOp{P2pOp::kRecv, left, base + plan.recv_offset(u), plan.recv_bytes(u)}};
-    nccl.group(ops, stream, rs ? "compressed ring: reduce-scatter step" : "compressed ring: allgather step");
-    sent += plan.send_bytes(u);
-    got += plan.recv_bytes(u);
-    received.record(stream);
-    received.wait_on(side);
-    // recvReduceSend: the neighbour's partial sum onto ours, then on to the right;
-    // allgather: the owner's final bytes replace our values (recvCopySend).
-    const auto [b, e] = plan.recv_range(u);
-    codec.decode(base + plan.recv_offset(u), plan.recv_bytes(u), e - b, data + b, /*add=*/rs, status + left, side);
-    if (rs) encode(u + C);
-  }
-  side_done.record(side);
-  side_done.wait_on(stream);
-  op.count_wire(sent, got, static_cast<uint64_t>(plan.units()));
+  const RingSchedule& ring = plan.schedule();
+  NcclRingStreams streams(op, gpu, stream, StreamRingChannel<NcclRingStreams>::events_needed(ring, 0),
+                          "compressed ring: reduce-scatter step", "compressed ring: allgather step");
+  NcclCodecSteps steps(plan, gpu.payload_scratch(plan.buffer_bytes()).as<uint8_t>(), data, codec, rng, residual,
+                       status + left, streams.side());
+  StreamRingChannel<NcclRingStreams> channel(streams, ring, 0);
+  drive_ring(ring, ring.units(), channel, steps);
 }
 
 }  // namespace gradcomm::detail

@@ -1,21 +1,13 @@
-// Dense ring allreduce on device memory over NCCL, stream-ordered.
+// Dense ring allreduce on device memory over NCCL, stream-ordered: the ring driver
+// (ring_driver.h) over the host ring's schedule (ring_allreduce.cc), with the stream
+// channel (stream_ring_channel.h: one NCCL group per unit on the caller's stream, step
+// work on a side stream, events between them) and the sum and forward steps below.
+// Nothing in the loop waits on the host.
 //
-// The schedule is the host ring's (ring_allreduce.cc: reduce-scatter then
-// allgather over N segments, each cut into C chunks; unit u = step * C + chunk),
-// laid out by GpuRingPlan (gpu_plan.h) and executed here as one NCCL group per
-// unit on the caller's stream: {send this unit's chunk right, receive the left
-// neighbour's chunk}. Nothing in the loop waits on the host.
-//
-// Overlap. A reduce-scatter receive lands in a scratch slot and is folded into
-// the data by a reduce kernel on a side stream (cuda/reduce.cuh; fp16/bf16 summed
-// in fp32 per hop, as on the CPU). Events chain the two streams:
-//   caller stream:  group u  -> record `received`
-//   side stream:    wait `received` -> reduce u -> record done[u mod E]
-//   caller stream:  wait done[u - C] before group u (it sends what u - C reduced),
-//                   wait done[u - S] before group u (it refills u - S's slot)
-// so the reduce of chunk j runs on the side stream while chunk j+1 is on the
-// wire. Every reduce feeds a later send, so the caller's stream ends after all of
-// them: the next work on that stream sees the finished result.
+// A reduce-scatter receive lands in one of kSlots scratch slots and is folded into the
+// data by a reduce kernel on the side stream (cuda/reduce.cuh; fp16/bf16 summed in fp32
+// per hop, as on the CPU), while the next chunk is on the wire. An allgather receive
+// lands in place.
 //
 // Determinism. The owner's last fold of a segment divides for kAvg, and the
 // allgather then carries those exact bytes: every rank ends bitwise identical
@@ -26,6 +18,8 @@
 #include <array>
 
 #include "collectives/gpu_collectives.h"
+#include "collectives/nccl_ring_channel.h"
+#include "collectives/ring_driver.h"
 #include "cuda/reduce.cuh"
 #include "env.h"
 
@@ -41,55 +35,68 @@ int64_t nccl_chunk_bytes() {
 constexpr int kMaxChunks = 16;
 constexpr int kSlots = 4;  // scratch slots: receives in flight ahead of the reduce
 
+// The dense ring's steps on the device: sum through the reduce-scatter (a reduce kernel
+// on the side stream folds the slot a unit landed in), forward through the allgather
+// (the chunk lands in place and goes on from there).
+class NcclSumSteps {
+ public:
+  NcclSumSteps(const RingSchedule& ring, GpuContext& gpu, uint8_t* data, DType dtype, ReduceOp reduce_op,
+               cudaStream_t side)
+      : ring_(ring), base_(data), dtype_(dtype), reduce_op_(reduce_op), elem_(dtype_size(dtype)),
+        divisor_(reduce_op == ReduceOp::kAvg ? ring.size() : 1),
+        slot_bytes_(static_cast<size_t>(ring.max_chunk_elems()) * elem_),
+        scratch_(gpu.scratch(slot_bytes_ * kSlots).as<uint8_t>()), side_(side) {}
+
+  RingMessage send_message(int64_t u) const { return range(ring_.send_range(u)); }
+  RingMessage recv_message(int64_t u) const {
+    if (!ring_.reduce_scatter(u)) return range(ring_.recv_range(u));
+    const auto [b, e] = ring_.recv_range(u);
+    return {slot(u), static_cast<size_t>(e - b) * elem_};
+  }
+  int64_t recv_overwrites(int64_t) const { return -1; }  // stream order: the send that read it went first
+  int64_t recv_reuses(int64_t u) const { return ring_.reduce_scatter(u) && u >= kSlots ? u - kSlots : -1; }
+  bool absorbs(int64_t u) const { return ring_.reduce_scatter(u); }
+
+  void prepare(int64_t) {}
+  void absorb(int64_t u) {
+    if (!ring_.reduce_scatter(u)) return;
+    // sum: the neighbour's partial sum into ours; the owner's last fold also divides an average.
+    const auto [b, e] = ring_.recv_range(u);
+    launch_reduce_inplace(base_ + b * elem_, slot(u), e - b, dtype_, reduce_op_,
+                          ring_.last_reduce_step(u) ? divisor_ : 1, side_);
+  }
+
+ private:
+  uint8_t* slot(int64_t u) const { return scratch_ + static_cast<size_t>(u % kSlots) * slot_bytes_; }
+  RingMessage range(std::pair<int64_t, int64_t> r) const {
+    return {base_ + r.first * elem_, static_cast<size_t>(r.second - r.first) * elem_};
+  }
+
+  const RingSchedule& ring_;
+  uint8_t* base_;
+  DType dtype_;
+  ReduceOp reduce_op_;
+  size_t elem_;
+  int64_t divisor_;
+  size_t slot_bytes_;
+  uint8_t* scratch_;
+  cudaStream_t side_;
+};
+
 }  // namespace
 
 void nccl_ring_allreduce(Op& op, GpuContext& gpu, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
                          cudaStream_t stream) {
   const int n = op.size();
-  const int r = op.rank();
   if (n == 1 || numel == 0) return;  // one rank: the sum is the input, the average divides by one
-  NcclComm& nccl = *gpu.nccl();
-  const int right = (r + 1) % n;
-  const int left = (r + n - 1) % n;
-  const size_t elem = dtype_size(dtype);
-  auto* base = static_cast<uint8_t*>(data);
-  const int64_t divisor = reduce_op == ReduceOp::kAvg ? n : 1;
-
-  // ---- plan and cached resources -----------------------------------------------------
-  const GpuRingPlan plan(n, r, numel, std::max<int64_t>(1, nccl_chunk_bytes() / static_cast<int64_t>(elem)),
-                         kMaxChunks, kSlots);
-  const size_t slot_bytes = static_cast<size_t>(plan.slot_elems()) * elem;
-  auto* scratch = gpu.scratch(slot_bytes * plan.slots()).as<uint8_t>();
-  const int event_slots = plan.event_slots();
-  std::vector<Event>& events = gpu.events(event_slots + 1);
-  Event& received = events[event_slots];  // re-recorded every unit: its wait is enqueued at once
-  const cudaStream_t side = gpu.side_stream();
-
-  // ---- run -------------------------------------------------------------------------------
-  uint64_t sent = 0, got = 0;
-  for (int64_t u = 0; u < plan.units(); ++u) {
-    const RingUnit x = plan.unit(u);
-    if (x.send_waits_for >= 0) events[x.send_waits_for % event_slots].wait_on(stream);
-    if (x.slot_waits_for >= 0) events[x.slot_waits_for % event_slots].wait_on(stream);
-    uint8_t* target = x.reduce ? scratch + static_cast<size_t>(x.slot) * slot_bytes : base + x.recv_begin * elem;
-    const size_t send_bytes = static_cast<size_t>(x.send_end - x.send_begin) * elem;
-    const size_t recv_bytes = static_cast<size_t>(x.recv_end - x.recv_begin) * elem;
-    const std::array<P2pOp, 2> ops{P2pOp{P2pOp::kSend, right, base + x.send_begin * elem, send_bytes},
-                                   P2pOp{P2pOp::kRecv, left, target, recv_bytes}};
-    nccl.group(ops, stream, x.reduce ? "ring allreduce: reduce-scatter step" : "ring allreduce: allgather step");
-    sent += send_bytes;
-    got += recv_bytes;
-    if (x.reduce) {
-      // recvReduceSend: fold the neighbour's partial sum into ours on the side
-      // stream; the owner's last fold also divides an average.
-      received.record(stream);
-      received.wait_on(side);
-      launch_reduce_inplace(base + x.recv_begin * elem, target, x.recv_end - x.recv_begin, dtype, reduce_op,
-                            x.last_step ? divisor : 1, side);
-      events[x.event_slot].record(side);
-    }
-  }
-  op.count_wire(sent, got, static_cast<uint64_t>(plan.units()));
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const RingSchedule ring(n, op.rank(), numel, /*align=*/1, std::max<int64_t>(1, nccl_chunk_bytes() / elem),
+                          kMaxChunks);
+  NcclRingStreams streams(op, gpu, stream, StreamRingChannel<NcclRingStreams>::events_needed(ring, kSlots),
+                          "ring allreduce: reduce-scatter step", "ring allreduce: allgather step");
+  NcclSumSteps steps(ring, gpu, static_cast<uint8_t*>(data), dtype, reduce_op, streams.side());
+  StreamRingChannel<NcclRingStreams> channel(streams, ring, kSlots);
+  drive_ring(ring, ring.units(), channel, steps);
 }
 
 }  // namespace gradcomm::detail

@@ -10,18 +10,19 @@
 //
 // Pipelining. Every segment is cut into the same number C of chunks, and one
 // (step, chunk) pair is one message, a "unit": u = step*C + chunk, numbered
-// through the reduce-scatter and then the allgather. The segment received at one
-// step is the segment sent at the next, so chunk j goes out again (as unit u+C)
-// the moment it has arrived and been reduced: NCCL's recvReduceSend, then
-// recvReduceCopySend at the last reduce-scatter step, then recvCopySend. Chunk
-// j+1 is on the wire while chunk j is being reduced. The segments, chunks and
-// units are RingSchedule's (ring_schedule.h), the one schedule of every ring here.
+// through the reduce-scatter and then the allgather (RingSchedule, ring_schedule.h,
+// the one schedule of every ring here). The loop is the ring driver's (ring_driver.h,
+// the one loop of every ring here): chunk j goes out again (as unit u+C) the moment it
+// has arrived and been reduced, NCCL's recvReduceSend, recvReduceCopySend, then
+// recvCopySend, so chunk j+1 is on the wire while chunk j is being reduced. This file
+// holds the dense ring's steps (sum, then forward) and runs them over the host channel
+// (host_ring_channel.h: receives posted depth units ahead).
 //
-// Buffers. Receives are posted depth units ahead. Reduce-scatter
-// receives land in staging slots (unit u in slot u mod depth, free again once u is
-// reduced); allgather receives land straight in the caller's buffer, posted only
-// after the reduce-scatter send that read the same region has completed (unit
-// u - (N-1)C: allgather step k overwrites segment r-k, which reduce-scatter step k sent).
+// Buffers. Reduce-scatter receives land in staging slots (unit u in slot u mod depth,
+// free again once u is reduced); allgather receives land straight in the caller's
+// buffer, posted only after the reduce-scatter send that read the same region has
+// completed (unit u - (N-1)C: allgather step k overwrites segment r-k, which
+// reduce-scatter step k sent).
 //
 // Determinism. For kAvg the owner of a segment divides by N in its last reduce,
 // before the segment travels the allgather; every rank then stores the same bytes,
@@ -39,6 +40,8 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/host_ring_channel.h"
+#include "collectives/ring_driver.h"
 #include "collectives/ring_schedule.h"
 #include "env.h"
 #include "reduce.h"
@@ -47,11 +50,9 @@ namespace gradcomm::detail {
 
 int64_t chunk_bytes(int64_t fallback) {
   // GRADCOMM_CHUNK_BYTES: pipeline chunk size of the ring algorithms. Smaller
-  // chunks overlap better; larger ones pay less per-message overhead. 256K: a 1 MB
-  // allreduce over two ranks on emulated 10 Gbit/s links (bench/cluster/run.sh)
-  // took 0.6 ms against 0.87-1.07 ms with 512K (its segment is then two chunks, so
-  // the allgather starts before the whole reduce-scatter step has landed); from
-  // 4 MB up, and at N = 4, the two were the same within noise; 128K was erratic.
+  // chunks overlap better; larger ones pay less per-message overhead. Each ring
+  // passes its default; 256K beat 512K for two ranks on emulated links (128K was
+  // erratic): bench/results/tuning-notes-2026-11-27.md#chunk-bytes.
   return env_bytes("GRADCOMM_CHUNK_BYTES", fallback, 64, int64_t{1} << 30);
 }
 
@@ -59,12 +60,9 @@ int64_t dense_ring_chunk_bytes(int world_size) {
   // The dense ring's default: 256K for two ranks, 1M above. With more than two
   // ranks each connection carries one direction of the ring, and a chunk larger
   // than UCX's TCP receive segment (1M there, see ucx_transport.cc) is read mostly
-  // straight into the destination instead of through that segment and a copy. On
-  // emulated links (bench/cluster/run.sh, 2-3 alternating runs), N = 4 at 10 Gbit/s
-  // took 38 / 220 / 575 ms at 16 / 100 / 256 MB with 1M chunks against 45 / 237 /
-  // 651 with 256K (Gloo 45 / 248 / 575; 4M chunks 58 / 225 / 623), and N = 8 at
-  // 25 Gbit/s, 256 MB, 1343 against 1495 ms (Gloo 1389). Two ranks share one
-  // connection both ways and lost with 4M chunks (256 MB: 317 against 260 ms).
+  // straight into the destination instead of through that segment and a copy. Two
+  // ranks share one connection both ways, and larger chunks lost there. Measured on
+  // emulated links: bench/results/tuning-notes-2026-11-27.md#dense-ring-chunk-bytes.
   return chunk_bytes(world_size == 2 ? int64_t{256} << 10 : int64_t{1} << 20);
 }
 
@@ -76,88 +74,73 @@ int pipeline_depth() {
 
 namespace {
 
+// The dense ring's steps: sum (recvReduceSend) through the reduce-scatter, forward
+// (recvCopySend) through the allgather. Every message is a range of the caller's buffer,
+// sent where it lies; reduce-scatter receives land in staging slots (unit u in slot
+// u mod depth, free again once u is folded, which the host channel's posting order
+// guarantees); allgather receives land in place, after the send that read the region.
+class SumSteps {
+ public:
+  SumSteps(Op& op, const RingSchedule& ring, uint8_t* data, DType dtype, ReduceOp reduce_op, int depth)
+      : op_(op), ring_(ring), base_(data), dtype_(dtype), reduce_op_(reduce_op), elem_(dtype_size(dtype)),
+        depth_(depth), divisor_(reduce_op == ReduceOp::kAvg ? ring.size() : 1),
+        slot_bytes_(static_cast<size_t>(ring.max_chunk_elems()) * elem_),
+        staging_(std::make_unique_for_overwrite<uint8_t[]>(slot_bytes_ *
+                                                           std::min<int64_t>(depth, ring.rs_units()))) {}
+
+  RingMessage send_message(int64_t u) const { return range(ring_.send_range(u)); }
+  RingMessage recv_message(int64_t u) const {
+    if (!ring_.reduce_scatter(u)) return range(ring_.recv_range(u));
+    const auto [b, e] = ring_.recv_range(u);
+    return {staging_.get() + (u % depth_) * slot_bytes_, static_cast<size_t>(e - b) * elem_};
+  }
+  int64_t recv_overwrites(int64_t u) const { return ring_.reduce_scatter(u) ? -1 : u - ring_.rs_units(); }
+  int64_t recv_reuses(int64_t u) const { return ring_.reduce_scatter(u) && u >= depth_ ? u - depth_ : -1; }
+  bool absorbs(int64_t u) const { return ring_.reduce_scatter(u); }
+
+  void prepare(int64_t) {}  // the chunk is sent where it lies
+  void absorb(int64_t u) {
+    if (!ring_.reduce_scatter(u)) return;  // forward: it landed in place
+    // sum: the neighbour's partial sum into ours; the owner's last fold (step N-2)
+    // also applies the average's division.
+    const auto [b, e] = ring_.recv_range(u);
+    Op::PhaseTimer timer(op_, &Stats::reduce_s);
+    reduce_inplace(base_ + b * elem_, staging_.get() + (u % depth_) * slot_bytes_, e - b, dtype_, reduce_op_,
+                   ring_.last_reduce_step(u) ? divisor_ : 1);
+  }
+
+ private:
+  RingMessage range(std::pair<int64_t, int64_t> r) const {
+    return {base_ + r.first * elem_, static_cast<size_t>(r.second - r.first) * elem_};
+  }
+
+  Op& op_;
+  const RingSchedule& ring_;
+  uint8_t* base_;
+  DType dtype_;
+  ReduceOp reduce_op_;
+  size_t elem_;
+  int depth_;
+  int64_t divisor_;
+  size_t slot_bytes_;
+  std::unique_ptr<uint8_t[]> staging_;
+};
+
 void run_ring(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base,
               RingPhases phases) {
   const int n = op.size();
-  const int right = (op.rank() + 1) % n;
-  const int left = (op.rank() + n - 1) % n;
-  const size_t elem = dtype_size(dtype);
-  auto* base = static_cast<uint8_t*>(data);
-
-  // ---- plan: chunks per segment, units, staging ----------------------------------
-  const int64_t chunk_elems = std::max<int64_t>(1, dense_ring_chunk_bytes(n) / static_cast<int64_t>(elem));
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t chunk_elems = std::max<int64_t>(1, dense_ring_chunk_bytes(n) / elem);
   const int depth = pipeline_depth();
-  // Units must fit the 31 bits below the second-phase tag range.
+  // Units must fit the 31 bits below the second-phase tag range. The reduce-scatter alone
+  // shifts the schedule's ranks by one (see the top of this file).
   const bool allgather = phases == RingPhases::kAllreduce;
   const int schedule_rank = allgather ? op.rank() : (op.rank() + n - 1) % n;
-  const RingSchedule plan(n, schedule_rank, numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
-  const int64_t C = plan.chunks();
-  const int64_t rs_units = plan.rs_units();
-  const int64_t total_units = allgather ? plan.units() : rs_units;
-  const int64_t divisor = reduce_op == ReduceOp::kAvg ? n : 1;
-
-  const size_t slot_bytes = static_cast<size_t>(plan.max_chunk_elems()) * elem;
-  // Slot u mod depth; a call with fewer reduce-scatter units than that uses only those.
-  const auto staging = std::make_unique_for_overwrite<uint8_t[]>(slot_bytes * std::min<int64_t>(depth, rs_units));
-
-  std::vector<RequestPtr> sends(total_units), recvs(total_units);
-  std::vector<uint8_t> send_posted(total_units, 0);
-
-  auto send_unit = [&](int64_t u) {
-    const auto [b, e] = plan.send_range(u);
-    sends[u] = op.send(right, unit_base + static_cast<uint32_t>(u), base + b * elem, static_cast<size_t>(e - b) * elem);
-    send_posted[u] = 1;
-  };
-
-  // Posts receives for units below `limit`. An allgather receive waits for the
-  // reduce-scatter send of the same region; if that send is not even posted yet,
-  // posting stops there and resumes on a later call.
-  int64_t posted = 0;
-  auto post_until = [&](int64_t limit) {
-    for (limit = std::min(limit, total_units); posted < limit; ++posted) {
-      const auto [b, e] = plan.recv_range(posted);
-      const size_t bytes = static_cast<size_t>(e - b) * elem;
-      if (posted < rs_units) {
-        recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), staging.get() + (posted % depth) * slot_bytes,
-                                bytes);
-        continue;
-      }
-      const int64_t twin = posted - rs_units;
-      if (!send_posted[twin]) break;
-      if (sends[twin]) {
-        op.wait(*sends[twin], "reduce-scatter send");
-        sends[twin].reset();
-      }
-      recvs[posted] = op.recv(left, unit_base + static_cast<uint32_t>(posted), base + b * elem, bytes);
-    }
-  };
-
-  // ---- run -----------------------------------------------------------------------
-  // Reduce-scatter step 0: send our own segment r.
-  for (int64_t j = 0; j < C; ++j) send_unit(j);
-
-  for (int64_t u = 0; u < total_units; ++u) {
-    post_until(u + depth);
-    const bool reduce_scatter = u < rs_units;
-    op.wait(*recvs[u], reduce_scatter ? "reduce-scatter receive" : "allgather receive");
-    recvs[u].reset();
-    if (reduce_scatter) {
-      // recvReduceSend: fold the neighbour's partial sum into ours; the owner's
-      // last fold (step N-2) also applies the average's division.
-      const auto [b, e] = plan.recv_range(u);
-      const bool last_step = plan.last_reduce_step(u);
-      Op::PhaseTimer timer(op, &Stats::reduce_s);
-      reduce_inplace(base + b * elem, staging.get() + (u % depth) * slot_bytes, e - b, dtype, reduce_op,
-                     last_step ? divisor : 1);
-    }
-    // The chunk just completed is what unit u+C sends: the next reduce-scatter
-    // step, the allgather's first step (our own final segment), or the next
-    // allgather step.
-    if (u + C < total_units) send_unit(u + C);
-  }
-  for (auto& send : sends) {
-    if (send) op.wait(*send, "final send");
-  }
+  const RingSchedule ring(n, schedule_rank, numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
+  const int64_t units = allgather ? ring.units() : ring.rs_units();
+  SumSteps steps(op, ring, static_cast<uint8_t*>(data), dtype, reduce_op, depth);
+  HostRingChannel channel(op, ring, units, depth, unit_base, "reduce-scatter receive", "allgather receive");
+  drive_ring(ring, units, channel, steps);
 }
 
 }  // namespace

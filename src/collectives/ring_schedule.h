@@ -1,8 +1,9 @@
 // The ring allreduce's schedule: which elements every message of the ring carries.
 // One copy for every ring the library runs, so that rings meant to agree bit for bit
-// cannot drift apart: the dense CPU ring (ring_allreduce.cc), its NCCL form
-// (GpuRingPlan, gpu_plan.h) and the compressed rings, CPU and NCCL
-// (CompressedRingPlan, compressed_ring_plan.h). Pure integer arithmetic, no CUDA.
+// cannot drift apart: the dense rings, CPU and NCCL (ring_allreduce.cc,
+// nccl_ring_allreduce.cc) and the compressed rings, CPU and NCCL (CompressedRingPlan,
+// compressed_ring_plan.h). One loop runs them all: drive_ring (ring_driver.h). Pure
+// integer arithmetic, no CUDA.
 //
 // The textbook ring (Patarasuk and Yuan; NCCL's runRing). The tensor is cut into N
 // segments. Reduce-scatter step k = 0..N-2: rank r sends segment r-k to the right and
