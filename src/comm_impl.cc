@@ -213,7 +213,7 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
                                         "algo=allgather or auto",
                                         rank(), what, text));
     }
-    if (options.key.empty() && CompressionEngine::stateful(spec)) {
+    if (options.key.empty() && HostCompression::stateful(spec)) {
       throw InvalidArgument(fmt::format(
           "rank {}: {}: compressor '{}' keeps per-tensor state (error feedback, step counter or random "
           "draws): name this tensor uniquely (Python: {}(..., name=\"...\"); C++: CompressOptions::key)",

@@ -1,9 +1,10 @@
 // CommunicatorImpl: owns the transport (and, on rank 0, the store server) and
 // the engine that runs the calls (engine.h). The issuing side (any caller
-// thread) validates a call and queues it; the engine thread numbers it, checks
-// that every rank called the same thing (op.h), runs the algorithm, and turns any
-// failure into a typed error on every rank. The algorithms live in
-// src/collectives/, one per file; they see only an Op.
+// thread) validates a call and queues it (comm_issue.cc); the engine thread numbers
+// it, checks that every rank called the same thing (op.h), runs the algorithm, and
+// turns any failure into a typed error on every rank (comm_execute.cc). The algorithms
+// live in src/collectives/, one per file; they see only an Op, which sees only the
+// CallContext of call_context.h, and the engine only the CallExecutor.
 //
 // Threads. Everything below "engine thread" is touched by the engine alone; the
 // issuing side shares with it only the engine's queue, the spec cache and the
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "call.h"
+#include "call_context.h"
 #include "compression.h"
 #include "env.h"
 #include "gradcomm/communicator.h"
@@ -36,19 +38,15 @@ namespace gradcomm::detail {
 class DevicePath;  // device_path.h
 class Engine;
 
-// After a failure, how long outstanding sends (the abort to the others among them)
-// may take before the transport drops them.
-inline constexpr auto kAbandonGrace = std::chrono::milliseconds(300);
-
-class CommunicatorImpl {
+class CommunicatorImpl final : public CallExecutor {
  public:
   CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
                    std::unique_ptr<Store> store = nullptr);
   ~CommunicatorImpl();
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
   // Counters of the calls completed so far (a snapshot the engine publishes).
   Stats stats() const;
 
@@ -86,47 +84,29 @@ class CommunicatorImpl {
   // Runs `fn` on the engine thread after every call issued before it; blocking.
   void run_local(std::function<void()> fn);
 
-  // ---- engine thread -------------------------------------------------------------
-  Transport& transport() { return *transport_; }
-  Stats& mutable_stats() { return stats_; }
-  void publish_stats();
-  // Aborts other ranks sent: the first is kept until the call it names (or an
-  // earlier call that cannot complete without that rank) raises it.
-  std::optional<ControlMessage>& pending_abort() { return pending_abort_; }
-  bool stopping() const;
-  bool usable() const;  // no failure recorded yet
-  uint64_t next_seq() const { return next_seq_; }
-
-  // The header a call puts on the wire, numbered `seq` (reads the key's step).
-  WireHeader header_for(const Call& call, uint64_t seq) const;
-  // Runs `body` inside an Op numbered `header.seq` (a deferred Op posts its
-  // header itself); `body` returns how many calls it ran (a fused group: several;
-  // unnumbered: 0). Then accounts them: sequence numbers, Stats::ops and time; on
-  // failure marks the communicator failed and tells the others, and rethrows.
-  void run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body);
-  // The algorithm of one call inside its Op (after the header matched), and its
-  // key's step.
-  void run_body(Op& op, Call& call);
-  // Runs one queued call alone: a collective in its own Op, or a local function.
-  void execute(Call& call);
-  CompressionEngine& compression() { return compression_; }
-  // A caller is blocked waiting on a call: the engine's waits poll before sleeping (src/spin.h).
-  bool waited_on() const;
   // Communicator::plan_allreduce and sent_mask (introspect.cc).
   AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
   bool sent_mask(const std::string& key, TensorView mask, void* stream);
 
-  // Records the first failure; every later call raises it again (thread-safe).
-  void mark_failed(ErrorCode code, const std::string& message);
-  // Engine thread: the first failure also goes to every other rank (as an abort
-  // naming call `seq`), and what is pending with them is abandoned. Later ones
-  // only raise. Returns whether this was the first.
-  bool fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq);
-  // A call was refused because threads issued concurrently (Engine::submit): every
-  // running and queued call fails with this, on every rank.
-  std::optional<std::string> refusal() const;
-  // Tells the other ranks this one is going away with call `seq` outstanding (once).
-  void tell_peers_destroyed(uint64_t seq);
+  // ---- engine thread: the CallContext and CallExecutor of call_context.h -----------
+  Transport& transport() override { return *transport_; }
+  Stats& mutable_stats() override { return stats_; }
+  std::optional<ControlMessage>& pending_abort() override { return pending_abort_; }
+  bool stopping() const override;
+  std::optional<std::string> refusal() const override;
+  bool waited_on() const override;
+  void mark_failed(ErrorCode code, const std::string& message) override;
+  bool fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq) override;
+  void tell_peers_destroyed(uint64_t seq) override;
+
+  bool usable() const override;
+  uint64_t next_seq() const override { return next_seq_; }
+  void publish_stats() override;
+  WireHeader header_for(const Call& call, uint64_t seq) const override;
+  void run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body) override;
+  void run_body(Op& op, Call& call) override;
+  void execute(Call& call) override;
+  HostCompression& compression() override { return compression_; }
 
  private:
   void check_usable() const;
@@ -168,7 +148,7 @@ class CommunicatorImpl {
   uint64_t next_seq_ = 1;
   Stats stats_;
   CompressionState state_;  // keys: see call.h for who touches which field
-  CompressionEngine compression_;
+  HostCompression compression_;
   std::optional<ControlMessage> pending_abort_;
   std::unique_ptr<DevicePath> device_;  // chosen at the first CUDA call
 

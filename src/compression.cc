@@ -21,7 +21,7 @@ namespace {
 // object a call: the key's residual and the selection of this step.
 class HostPrimitives {
  public:
-  HostPrimitives(CompressionEngine& engine, Op& op, const CompressedCall& call, int64_t numel)
+  HostPrimitives(HostCompression& engine, Op& op, const CompressedCall& call, int64_t numel)
       : engine_(engine), call_(call), op_(op), spec_(call.spec) {
     KeyState* key = call.key;
     if (key == nullptr) return;
@@ -182,7 +182,7 @@ class HostPrimitives {
     for (size_t j = 0; j < values.size(); ++j) values[j] = sparse_widen(narrow[j], type);
   }
 
-  CompressionEngine& engine_;
+  HostCompression& engine_;
   const CompressedCall& call_;
   Op& op_;
   const CompressorSpec& spec_;
@@ -194,34 +194,34 @@ class HostPrimitives {
 
 }  // namespace
 
-const CompressorSpec& CompressionEngine::spec(const std::string& text) {
+const CompressorSpec& HostCompression::spec(const std::string& text) {
   auto it = specs_.find(text);
   if (it == specs_.end()) it = specs_.emplace(text, parse_compressor_spec(text)).first;
   return it->second;
 }
 
-bool CompressionEngine::stateful(const CompressorSpec& spec) {
+bool HostCompression::stateful(const CompressorSpec& spec) {
   const Family& family = family_of(spec.id);
   if (family.collective == Collective::kDense) return false;
   if (family.keeps_state != nullptr && family.keeps_state(spec)) return true;
   return spec.ef || spec.warmup > 0;
 }
 
-const DenseCodec& CompressionEngine::codec(const CompressorSpec& spec) {
+const DenseCodec& HostCompression::codec(const CompressorSpec& spec) {
   const std::string canonical = spec.canonical();
   auto it = codecs_.find(canonical);
   if (it == codecs_.end()) it = codecs_.emplace(canonical, make_dense_codec(spec)).first;
   return *it->second;
 }
 
-void CompressionEngine::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
+void HostCompression::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                                   KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts) {
   const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);
   compressed_allreduce(host, call, data, numel, reduce_op);
 }
 
-void CompressionEngine::reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+void HostCompression::reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
                                        const CompressorSpec& spec, KeyState* key, uint64_t key_hash) {
   const CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);

@@ -34,7 +34,10 @@ namespace gradcomm::detail {
 
 class Op;
 
-class CompressionEngine {
+// The host side of compression: parsed specs, the CPU codecs, and the compressed calls
+// on host tensors. (The engine is the thread of engine.h; the compression procedure the
+// host and the GPU share is compressed_allreduce.h.)
+class HostCompression {
  public:
   // Parses once per distinct spec string; InvalidArgument from the registry.
   const CompressorSpec& spec(const std::string& text);

@@ -8,7 +8,8 @@
 
 #include <algorithm>
 
-#include "comm_impl.h"
+#include "call_context.h"
+#include "compression.h"
 #include "logging.h"
 #include "spin.h"
 
@@ -22,7 +23,7 @@ constexpr auto kIdleSleep = std::chrono::milliseconds(100);
 constexpr size_t kViewCalls = 1025;
 }  // namespace
 
-Engine::Engine(CommunicatorImpl& comm, FusionConfig fusion)
+Engine::Engine(CallExecutor& comm, FusionConfig fusion)
     : comm_(comm), fusion_(fusion), doorbell_(std::make_shared<Doorbell>()) {
   doorbell_->attach(this);
   thread_ = std::thread([this] {

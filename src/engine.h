@@ -48,11 +48,11 @@
 
 namespace gradcomm::detail {
 
-class CommunicatorImpl;
+class CallExecutor;  // call_context.h: all the engine sees of its communicator
 
 class Engine {
  public:
-  Engine(CommunicatorImpl& comm, FusionConfig fusion);
+  Engine(CallExecutor& comm, FusionConfig fusion);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -101,7 +101,7 @@ class Engine {
   std::optional<std::string> concurrent_issue_locked(const Call& call) const;
   void fail_queued();
 
-  CommunicatorImpl& comm_;
+  CallExecutor& comm_;
   const FusionConfig fusion_;
   std::shared_ptr<Doorbell> doorbell_;
   std::vector<uint8_t> fusion_buffer_;  // engine thread only; kept between groups

@@ -147,7 +147,7 @@ WireHeader fused_header(std::span<Call* const> members, const FusionClass& cls, 
   return header;
 }
 
-void run_fused(Op& op, CompressionEngine& engine, std::span<Call* const> members, const FusionClass& cls,
+void run_fused(Op& op, HostCompression& engine, std::span<Call* const> members, const FusionClass& cls,
                std::vector<uint8_t>& buffer) {
   const size_t elem = dtype_size(cls.dtype);
   const int64_t total = op.header().numel;

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "comm_impl.h"
+#include "call_context.h"
 #include "fusion.h"
 #include "spin.h"
 
@@ -26,7 +26,7 @@ constexpr uint64_t kTakesTag = make_tag(TagKind::kHeader, 0, 2);   // rank r -> 
 constexpr uint64_t kAgreedTag = make_tag(TagKind::kHeader, 0, 3);  // rank 0 -> all: how many run
 }  // namespace
 
-Op::Op(CommunicatorImpl& comm, const WireHeader& header, HeaderMode mode)
+Op::Op(CallContext& comm, const WireHeader& header, HeaderMode mode)
     : comm_(comm),
       header_(header),
       rank_(comm.rank()),

@@ -23,13 +23,13 @@
 
 namespace gradcomm::detail {
 
-class CommunicatorImpl;
+class CallContext;  // call_context.h: all an Op sees of its communicator
 struct FusionPlan;
 
 class Op {
  public:
   enum class HeaderMode : uint8_t { kPostNow, kDeferred };
-  Op(CommunicatorImpl& comm, const WireHeader& header, HeaderMode mode = HeaderMode::kPostNow);
+  Op(CallContext& comm, const WireHeader& header, HeaderMode mode = HeaderMode::kPostNow);
   ~Op();
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
@@ -113,7 +113,7 @@ class Op {
   void send_counts(const FusionPlan& plan, uint64_t tag, std::vector<uint8_t>& out, int first, int last);
   uint32_t receive_count(int peer, uint64_t tag, const FusionPlan& plan, const char* what);
 
-  CommunicatorImpl& comm_;
+  CallContext& comm_;
   WireHeader header_;
   int rank_, size_;
   Deadline deadline_;

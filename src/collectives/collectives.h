@@ -1,4 +1,4 @@
-// The collective algorithms, one per file. Each runs inside an Op (comm_impl.h)
+// The collective algorithms, one per file. Each runs inside an Op (op.h)
 // that has already exchanged call headers; each blocks until its data has moved.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "collectives/ring_schedule.h"  // RingPhases
-#include "comm_impl.h"
+#include "op.h"
 #include "compressors/codec.h"
 #include "gradcomm/types.h"
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "comm_impl.h"
+#include "op.h"
 #include "gpu_context.h"
 #include "gradcomm/types.h"
 

@@ -28,7 +28,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm_impl.h"
+#include "op.h"
 #include "compressors/powersgd/gpu_powersgd.h"
 #include "compressors/quantize/gpu_dense_codec.h"
 #include "compressors/spec.h"

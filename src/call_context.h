@@ -1,0 +1,92 @@
+// The two narrow views of a communicator that the layers below it get.
+//
+//   CallContext   what one call in flight needs (Op, op.h, and through it every
+//                 collective in src/collectives/): the transport, the stats it adds
+//                 to, and the failure state it watches and reports to.
+//   CallExecutor  what the engine thread (engine.h) needs on top: number calls, make
+//                 their headers, run them (alone or as a fused group) and account
+//                 them. The execute side of CommunicatorImpl (comm_execute.cc).
+//
+// CommunicatorImpl (comm_impl.h) implements both; nothing below it includes it, so the
+// collectives and the engine cannot reach the issuing side, the keys' state or the
+// device path by accident.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "gradcomm/communicator.h"
+#include "gradcomm/errors.h"
+#include "op.h"
+#include "transport/transport.h"
+#include "wire.h"
+
+namespace gradcomm::detail {
+
+struct Call;
+class HostCompression;
+
+// After a failure, how long outstanding sends (the abort to the others among them)
+// may take before the transport drops them.
+inline constexpr auto kAbandonGrace = std::chrono::milliseconds(300);
+
+class CallContext {
+ public:
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+  virtual Transport& transport() = 0;
+  virtual Stats& mutable_stats() = 0;
+
+  // Aborts other ranks sent: the first is kept until the call it names (or an
+  // earlier call that cannot complete without that rank) raises it.
+  virtual std::optional<ControlMessage>& pending_abort() = 0;
+  // The communicator is being destroyed: a wait gives up.
+  virtual bool stopping() const = 0;
+  // A call was refused because threads issued concurrently (Engine::submit): every
+  // running and queued call fails with this, on every rank.
+  virtual std::optional<std::string> refusal() const = 0;
+  // A caller is blocked waiting on a call: waits poll before sleeping (src/spin.h).
+  virtual bool waited_on() const = 0;
+
+  // Records the first failure; every later call raises it again (thread-safe).
+  virtual void mark_failed(ErrorCode code, const std::string& message) = 0;
+  // The first failure also goes to every other rank (as an abort naming call `seq`),
+  // and what is pending with them is abandoned. Later ones only raise. Returns whether
+  // this was the first.
+  virtual bool fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq) = 0;
+  // Tells the other ranks this one is going away with call `seq` outstanding (once).
+  virtual void tell_peers_destroyed(uint64_t seq) = 0;
+
+ protected:
+  ~CallContext() = default;
+};
+
+class CallExecutor : public CallContext {
+ public:
+  virtual bool usable() const = 0;  // no failure recorded yet
+  virtual uint64_t next_seq() const = 0;
+  // Makes the Stats of the calls completed so far visible to stats() (any thread).
+  virtual void publish_stats() = 0;
+  // The header a call puts on the wire, numbered `seq` (reads the key's step).
+  virtual WireHeader header_for(const Call& call, uint64_t seq) const = 0;
+  // Runs `body` inside an Op numbered `header.seq` (a deferred Op posts its header once
+  // a fusion plan fixes it); `body` returns how many calls it ran (a fused group:
+  // several; unnumbered: 0). Then accounts them: sequence numbers, Stats::ops and time;
+  // on failure marks the communicator failed and tells the others, and rethrows.
+  virtual void run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body) = 0;
+  // The algorithm of one call inside its Op (after the header matched), and its key's step.
+  virtual void run_body(Op& op, Call& call) = 0;
+  // Runs one queued call alone: a collective in its own Op, or a local function.
+  virtual void execute(Call& call) = 0;
+  // The host compression of fused groups (fusion.cc).
+  virtual HostCompression& compression() = 0;
+
+ protected:
+  ~CallExecutor() = default;
+};
+
+}  // namespace gradcomm::detail
