@@ -68,7 +68,6 @@ void gpu_powersgd_draw_q(float* q, int64_t floats, const PhiloxStream& s, cudaSt
 
 // Orthonormalizes, in place, every matrix's P (buf = the P buffer, at p_offset, rows x
 // rank) or Q (buf = the Q buffer, at q_offset, cols x rank): one block per matrix.
-enum class Factor : uint8_t { kP, kQ };
 void gpu_powersgd_orthonormalize(const powersgd::Plan& plan, float* buf, Factor factor, cudaStream_t stream);
 
 // p_buf = [P_1 .. P_m, dense parts]: P_i = M_i Q_i (cuBLAS) and the dense parts copied.

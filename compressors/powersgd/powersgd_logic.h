@@ -128,3 +128,11 @@ inline Plan make_call_plan(const std::vector<Part>& parts, int64_t numel, int sp
 GRADCOMM_HD float initial_q(const PhiloxStream& s, uint64_t e) { return uniform_from_bits(philox_bits(s, e)) - 0.5f; }
 
 }  // namespace gradcomm::detail::powersgd
+
+namespace gradcomm::detail {
+
+// Which factor of every matrix a per-matrix pass works on: P (rows x rank, at p_offset in
+// the P buffer) or Q (cols x rank, at q_offset in the Q buffer).
+enum class Factor : uint8_t { kP, kQ };
+
+}  // namespace gradcomm::detail

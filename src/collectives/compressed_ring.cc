@@ -140,9 +140,9 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
                                 [&](int64_t count) { return codec.encoded_bytes(count); });
   const int64_t units = allgather ? plan.units() : plan.rs_units();
   CodecSteps steps(op, plan, data, codec, rng, residual, divisor, allgather);
-  HostRingChannel channel(op, plan.schedule(), units, pipeline_depth(), /*unit_base=*/0,
+  HostRingChannel channel(op, plan.schedule().shape(), units, pipeline_depth(), /*unit_base=*/0,
                           "compressed reduce-scatter receive", "compressed allgather receive");
-  drive_ring(plan.schedule(), units, channel, steps);
+  drive_ring(plan.schedule().shape(), units, channel, steps);
 }
 
 }  // namespace gradcomm::detail

@@ -20,7 +20,7 @@ class HostRingChannel {
  public:
   // `rs_name`, `ag_name`: what a wait on a reduce-scatter or allgather unit is called in
   // a TimeoutError.
-  HostRingChannel(Op& op, const RingSchedule& ring, int64_t units, int depth, uint32_t unit_base,
+  HostRingChannel(Op& op, const RingShape& ring, int64_t units, int depth, uint32_t unit_base,
                   const char* rs_name, const char* ag_name)
       : op_(op), ring_(ring), units_(units), depth_(std::max(depth, 1)), unit_base_(unit_base),
         right_((op.rank() + 1) % op.size()), left_((op.rank() + op.size() - 1) % op.size()),
@@ -65,7 +65,7 @@ class HostRingChannel {
   }
 
   Op& op_;
-  const RingSchedule& ring_;
+  const RingShape ring_;
   const int64_t units_;
   const int depth_;
   const uint32_t unit_base_;

@@ -90,12 +90,12 @@ void nccl_compressed_ring(Op& op, GpuContext& gpu, float* data, int64_t numel, c
   const CompressedRingPlan plan(n, op.rank(), numel, codec.alignment(), kChunkElems, kMaxChunks,
                                 [&](int64_t m) { return codec.encoded_bytes(m); });
   const RingSchedule& ring = plan.schedule();
-  NcclRingStreams streams(op, gpu, stream, StreamRingChannel<NcclRingStreams>::events_needed(ring, 0),
+  NcclRingStreams streams(op, gpu, stream, StreamRingChannel<NcclRingStreams>::events_needed(ring.shape(), 0),
                           "compressed ring: reduce-scatter step", "compressed ring: allgather step");
   NcclCodecSteps steps(plan, gpu.payload_scratch(plan.buffer_bytes()).as<uint8_t>(), data, codec, rng, residual,
                        status + left, streams.side());
-  StreamRingChannel<NcclRingStreams> channel(streams, ring, 0);
-  drive_ring(ring, ring.units(), channel, steps);
+  StreamRingChannel<NcclRingStreams> channel(streams, ring.shape(), 0);
+  drive_ring(ring.shape(), ring.units(), channel, steps);
 }
 
 }  // namespace gradcomm::detail

@@ -20,6 +20,7 @@
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_ring_channel.h"
 #include "collectives/ring_driver.h"
+#include "collectives/ring_schedule.h"
 #include "cuda/reduce.cuh"
 #include "env.h"
 
@@ -92,11 +93,11 @@ void nccl_ring_allreduce(Op& op, GpuContext& gpu, void* data, int64_t numel, DTy
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   const RingSchedule ring(n, op.rank(), numel, /*align=*/1, std::max<int64_t>(1, nccl_chunk_bytes() / elem),
                           kMaxChunks);
-  NcclRingStreams streams(op, gpu, stream, StreamRingChannel<NcclRingStreams>::events_needed(ring, kSlots),
+  NcclRingStreams streams(op, gpu, stream, StreamRingChannel<NcclRingStreams>::events_needed(ring.shape(), kSlots),
                           "ring allreduce: reduce-scatter step", "ring allreduce: allgather step");
   NcclSumSteps steps(ring, gpu, static_cast<uint8_t*>(data), dtype, reduce_op, streams.side());
-  StreamRingChannel<NcclRingStreams> channel(streams, ring, kSlots);
-  drive_ring(ring, ring.units(), channel, steps);
+  StreamRingChannel<NcclRingStreams> channel(streams, ring.shape(), kSlots);
+  drive_ring(ring.shape(), ring.units(), channel, steps);
 }
 
 }  // namespace gradcomm::detail

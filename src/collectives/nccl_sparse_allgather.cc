@@ -2,13 +2,15 @@
 // sparse allgather of top-k payloads), stream-ordered.
 //
 // Step k = 0..N-2: send block r-k to r+1 and receive block r-k-1 from r-1 into its
-// place (ring_allgather.cc's schedule). The sizes are known to every rank before
+// place: the ring driver with the allgather's forward steps (allgather_steps.h). The sizes are known to every rank before
 // the call (exact top-k: a fixed count; select=sample: exchanged over the host
 // transport first), so each group posts exactly the bytes that travel. Zero-byte
 // blocks are skipped by NcclComm::group.
 #include <array>
 
+#include "collectives/allgather_steps.h"
 #include "collectives/nccl_compressed.h"
+#include "collectives/nccl_ring_channel.h"
 
 namespace gradcomm::detail {
 
@@ -17,17 +19,12 @@ void nccl_allgatherv_blocks(Op& op, GpuContext& gpu, uint8_t* base, const std::v
   const int n = op.size();
   const int r = op.rank();
   if (n == 1) return;
-  auto block = [&](int s) { return static_cast<size_t>((s % n + n) % n); };
-  uint64_t sent = 0, got = 0;
-  for (int k = 0; k < n - 1; ++k) {
-    const size_t out = block(r - k), in = block(r - k - 1);
-    const std::array<P2pOp, 2> ops{P2pOp{P2pOp::kSend, (r + 1) % n, base + offsets[out], sizes[out]},
-                                   P2pOp{P2pOp::kRecv, (r + n - 1) % n, base + offsets[in], sizes[in]}};
-    gpu.nccl()->group(ops, stream, "sparse allgather step");
-    sent += sizes[out];
-    got += sizes[in];
-  }
-  op.count_wire(sent, got, static_cast<uint64_t>(n - 1));
+  // One chunk a block: one NCCL group per step (zero-byte blocks are skipped by NcclComm::group).
+  AllgatherSteps steps(base, std::vector<int64_t>(offsets.begin(), offsets.end()),
+                       std::vector<int64_t>(sizes.begin(), sizes.end()), 1, r, n, 1);
+  NcclRingStreams streams(op, gpu, stream, 0, "sparse allgather step", "sparse allgather step");
+  StreamRingChannel<NcclRingStreams> channel(streams, steps.shape(), 0, /*side_work=*/false);
+  drive_ring(steps.shape(), steps.units(), channel, steps);
 }
 
 }  // namespace gradcomm::detail

@@ -1,6 +1,5 @@
-// PowerSGD on the CPU (the step is written out in compressors/powersgd/powersgd_logic.h):
-// two dense allreduces per call, one of every matrix's P (with the call's dense parts
-// behind them) and one of every matrix's Q, whatever the number of matrices.
+// PowerSGD on the CPU: the call of powersgd_steps.h over host primitives (OpenBLAS
+// products, the dense allreduces below).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/powersgd_steps.h"
 #include "compression.h"
 #include "compressors/powersgd/powersgd.h"
 #include "gradcomm/errors.h"
@@ -37,89 +37,117 @@ void payload_allreduce(Op& op, float* data, int64_t numel, uint32_t unit_base) {
   }
 }
 
+// The host primitives of powersgd_steps.h: OpenBLAS products (powersgd.h), the dense
+// allreduces above; encode time is the projections, decode time the reconstruction.
+class HostPowerSgd {
+ public:
+  HostPowerSgd(Op& op, float* data, int64_t numel, const CompressorSpec& spec, const std::vector<powersgd::Part>& parts,
+               KeyState* key, float* residual, bool average)
+      : op_(op), data_(data), numel_(numel), parts_(parts), key_(key), residual_(residual), average_(average),
+        keep_(spec.warm_start && key != nullptr) {}
+
+  float* data() { return data_; }
+
+  void check_key_q(const powersgd::Plan& plan) const {
+    const size_t q_bytes = static_cast<size_t>(plan.q_floats) * sizeof(float);
+    if (keep_ && !key_->extra.empty() && key_->extra.size() != q_bytes) {
+      throw InvalidArgument(fmt::format(
+          "powersgd: key's Q holds {} floats but this call's shapes ({}) need {}: a key's shapes must not change",
+          key_->extra.size() / sizeof(float), describe_parts(parts_), plan.q_floats));
+    }
+  }
+  void fold_residual() {
+    if (residual_ == nullptr) return;
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    reduce_inplace(data_, residual_, numel_, DType::kFloat32, ReduceOp::kSum);
+  }
+  void allreduce(float* buf, int64_t numel, uint32_t unit_base) { payload_allreduce(op_, buf, numel, unit_base); }
+
+  // Q: the key's, kept from the last step (warm start; drawn at its first), or this call's.
+  QPlace place_q(const powersgd::Plan& plan) {
+    pbuf_.resize(static_cast<size_t>(plan.p_floats + plan.dense_floats));
+    if (!keep_) {
+      fresh_q_.resize(static_cast<size_t>(plan.q_floats));
+      return {pbuf_.data(), fresh_q_.data(), true};
+    }
+    const bool first = key_->extra.empty();
+    if (first) key_->extra.resize(static_cast<size_t>(plan.q_floats) * sizeof(float));
+    return {pbuf_.data(), reinterpret_cast<float*>(key_->extra.data()), first};
+  }
+  void draw_q(float* q, int64_t floats, const PhiloxStream& s) {
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    powersgd::draw_initial_q(q, floats, s);
+  }
+  void orthonormalize(const powersgd::Plan& plan, float* buf, Factor factor) {
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    for (const powersgd::Entry& e : plan.entries) {
+      if (e.rank == 0) continue;
+      if (factor == Factor::kP) {
+        powersgd::orthonormalize(buf + e.p_offset, e.rows, e.rank);
+      } else {
+        powersgd::orthonormalize(buf + e.q_offset, e.cols, e.rank);
+      }
+    }
+  }
+  void project(const powersgd::Plan& plan, const float* q, float* p_buf) {
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    for (const powersgd::Entry& e : plan.entries) {
+      const float* m = data_ + e.offset;
+      if (e.rank > 0) {
+        powersgd::multiply(m, e.rows, e.cols, q + e.q_offset, e.rank, p_buf + e.p_offset);
+      } else {
+        std::memcpy(p_buf + e.p_offset, m, static_cast<size_t>(e.numel) * sizeof(float));
+      }
+    }
+  }
+  void project_back(const powersgd::Plan& plan, const float* p_buf, float* q) {
+    Op::PhaseTimer timer(op_, &Stats::encode_s);
+    for (const powersgd::Entry& e : plan.entries) {
+      if (e.rank > 0) {
+        powersgd::multiply_transposed(data_ + e.offset, e.rows, e.cols, p_buf + e.p_offset, e.rank, q + e.q_offset);
+      }
+    }
+  }
+  void reconstruct(const powersgd::Plan& plan, const float* p_buf, const float* q) {
+    Op::PhaseTimer timer(op_, &Stats::decode_s);
+    const int n = op_.size();
+    for (const powersgd::Entry& e : plan.entries) {
+      float* m = data_ + e.offset;
+      float* res = residual_ != nullptr ? residual_ + e.offset : nullptr;
+      if (e.rank > 0) {
+        powersgd::reconstruct(p_buf + e.p_offset, q + e.q_offset, e.rows, e.cols, e.rank, n, average_, m, res);
+        continue;
+      }
+      const float* sum = p_buf + e.p_offset;  // the tensor itself when every part is dense
+      if (average_) {
+        const auto fn = static_cast<float>(n);
+        for (int64_t i = 0; i < e.numel; ++i) m[i] = sum[i] / fn;
+      } else if (sum != m) {
+        std::memcpy(m, sum, static_cast<size_t>(e.numel) * sizeof(float));
+      }
+      if (res != nullptr) std::fill(res, res + e.numel, 0.0f);  // sent exactly: nothing left over
+    }
+  }
+
+ private:
+  Op& op_;
+  float* data_;
+  int64_t numel_;
+  const std::vector<powersgd::Part>& parts_;
+  KeyState* key_;
+  float* residual_;
+  bool average_;
+  bool keep_;
+  std::vector<float> pbuf_, fresh_q_;
+};
+
 }  // namespace
 
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                         const std::vector<powersgd::Part>& parts, KeyState* key, uint64_t key_hash, float* residual) {
-  using powersgd::Entry;
-  const int n = op.size();
-  const bool average = reduce_op == ReduceOp::kAvg;
   const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, spec.rank, spec.min_compression_rate);
-  const uint64_t step = key != nullptr ? key->step : 0;
-
-  std::vector<float> pbuf(static_cast<size_t>(plan.p_floats + plan.dense_floats));
-  std::vector<float> fresh_q;
-  float* q = nullptr;
-  {
-    Op::PhaseTimer timer(op, &Stats::encode_s);
-    if (residual != nullptr) reduce_inplace(data, residual, numel, DType::kFloat32, ReduceOp::kSum);  // acc
-
-    // Q: the key's, kept from the last step (warm start), or drawn now.
-    const size_t q_bytes = static_cast<size_t>(plan.q_floats) * sizeof(float);
-    const bool keep = spec.warm_start && key != nullptr;
-    bool draw = !keep;
-    if (keep) {
-      if (key->extra.empty()) {
-        key->extra.resize(q_bytes);
-        draw = true;
-      } else if (key->extra.size() != q_bytes) {
-        throw InvalidArgument(fmt::format(
-            "powersgd: key's Q holds {} floats but this call's shapes ({}) need {}: a key's shapes must not change",
-            key->extra.size() / sizeof(float), describe_parts(parts), plan.q_floats));
-      }
-      q = reinterpret_cast<float*>(key->extra.data());
-    } else {
-      fresh_q.resize(static_cast<size_t>(plan.q_floats));
-      q = fresh_q.data();
-    }
-    if (draw) {
-      const PhiloxStream s{spec.seed, philox_stream_id(key_hash, spec.warm_start ? 0 : step, -1)};
-      powersgd::draw_initial_q(q, plan.q_floats, s);
-      for (const Entry& e : plan.entries) {
-        if (e.rank > 0) powersgd::orthonormalize(q + e.q_offset, e.cols, e.rank);
-      }
-    }
-    for (const Entry& e : plan.entries) {
-      float* m = data + e.offset;
-      if (e.rank > 0) {
-        powersgd::multiply(m, e.rows, e.cols, q + e.q_offset, e.rank, pbuf.data() + e.p_offset);
-      } else {
-        std::memcpy(pbuf.data() + e.p_offset, m, static_cast<size_t>(e.numel) * sizeof(float));
-      }
-    }
-  }
-  payload_allreduce(op, pbuf.data(), static_cast<int64_t>(pbuf.size()), 0);
-
-  if (plan.matrices > 0) {
-    {
-      Op::PhaseTimer timer(op, &Stats::encode_s);
-      for (const Entry& e : plan.entries) {
-        if (e.rank == 0) continue;
-        float* p = pbuf.data() + e.p_offset;
-        powersgd::orthonormalize(p, e.rows, e.rank);
-        powersgd::multiply_transposed(data + e.offset, e.rows, e.cols, p, e.rank, q + e.q_offset);
-      }
-    }
-    payload_allreduce(op, q, plan.q_floats, kSecondPhaseUnits);
-  }
-
-  Op::PhaseTimer timer(op, &Stats::decode_s);
-  for (const Entry& e : plan.entries) {
-    float* m = data + e.offset;
-    float* res = residual != nullptr ? residual + e.offset : nullptr;
-    if (e.rank > 0) {
-      powersgd::reconstruct(pbuf.data() + e.p_offset, q + e.q_offset, e.rows, e.cols, e.rank, n, average, m, res);
-      continue;
-    }
-    const float* sum = pbuf.data() + e.p_offset;
-    if (average) {
-      const auto fn = static_cast<float>(n);
-      for (int64_t i = 0; i < e.numel; ++i) m[i] = sum[i] / fn;
-    } else {
-      std::memcpy(m, sum, static_cast<size_t>(e.numel) * sizeof(float));
-    }
-    if (res != nullptr) std::fill(res, res + e.numel, 0.0f);  // sent exactly: nothing left over
-  }
+  HostPowerSgd x(op, data, numel, spec, parts, key, residual, reduce_op == ReduceOp::kAvg);
+  powersgd_steps(x, plan, numel, spec, key_hash, key != nullptr ? key->step : 0);
 }
 
 }  // namespace gradcomm::detail

@@ -139,8 +139,8 @@ void run_ring(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op
   const RingSchedule ring(n, schedule_rank, numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
   const int64_t units = allgather ? ring.units() : ring.rs_units();
   SumSteps steps(op, ring, static_cast<uint8_t*>(data), dtype, reduce_op, depth);
-  HostRingChannel channel(op, ring, units, depth, unit_base, "reduce-scatter receive", "allgather receive");
-  drive_ring(ring, units, channel, steps);
+  HostRingChannel channel(op, ring.shape(), units, depth, unit_base, "reduce-scatter receive", "allgather receive");
+  drive_ring(ring.shape(), units, channel, steps);
 }
 
 }  // namespace

@@ -41,9 +41,17 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "collectives/ring_schedule.h"
 
 namespace gradcomm::detail {
+
+// What the driver and its channels know of a ring: C chunks per step, and which units
+// belong to the reduce-scatter (the first rs_units; an allgather alone has none).
+// RingSchedule::shape() for the allreduce rings; the allgather makes its own.
+struct RingShape {
+  int64_t chunks = 1;
+  int64_t rs_units = 0;
+  bool reduce_scatter(int64_t u) const { return u < rs_units; }
+};
 
 // One message of a unit: where it is read from or lands, and its length.
 struct RingMessage {
@@ -51,11 +59,11 @@ struct RingMessage {
   size_t bytes = 0;
 };
 
-// Runs units [0, units) of `ring`: ring.units() for an allreduce, ring.rs_units() for a
-// reduce-scatter alone.
+// Runs units [0, units) of `ring`: 2 rs_units for an allreduce, rs_units for a
+// reduce-scatter alone, (N-1) C for an allgather.
 template <class Channel, class Steps>
-void drive_ring(const RingSchedule& ring, int64_t units, Channel& channel, Steps& steps) {
-  const int64_t C = ring.chunks();
+void drive_ring(const RingShape& ring, int64_t units, Channel& channel, Steps& steps) {
+  const int64_t C = ring.chunks;
   for (int64_t j = 0; j < std::min(C, units); ++j) {  // step 0: our own segment
     steps.prepare(j);
     channel.send(j, steps.send_message(j));

@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "collectives/ring_driver.h"  // RingShape
+
 namespace gradcomm::detail {
 
 // What a ring runs: both phases (allreduce), or the reduce-scatter alone, with the
@@ -51,6 +53,8 @@ class RingSchedule {
   int64_t chunks() const { return chunks_; }
   int64_t rs_units() const { return rs_units_; }
   int64_t units() const { return 2 * rs_units_; }
+  // What the ring driver needs (ring_driver.h).
+  RingShape shape() const { return {chunks_, rs_units_}; }
   bool reduce_scatter(int64_t u) const { return u < rs_units_; }
   // The owner's last fold (reduce-scatter step N-2): where an average divides.
   bool last_reduce_step(int64_t u) const { return u < rs_units_ && u / chunks_ == size_ - 2; }

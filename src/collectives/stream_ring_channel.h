@@ -24,6 +24,7 @@
 //   void exchange(u, send, recv, rs)     group u on the caller's stream
 //   void side_waits_arrival()            the side stream waits for the last group
 //   void join_caller()                   the caller's stream waits for the side stream
+//   void finish()                        the ring is enqueued (NCCL: its bytes to Stats)
 #pragma once
 
 #include <algorithm>
@@ -37,25 +38,27 @@ template <class Streams>
 class StreamRingChannel {
  public:
   // `max_reuse`: the largest u - recv_reuses(u) of the steps (0 when nothing is reused).
-  StreamRingChannel(Streams& streams, const RingSchedule& ring, int64_t max_reuse)
-      : streams_(streams), ring_(ring), slots_(std::max(ring.chunks(), max_reuse) + 1) {
-    streams_.join_side();  // the side stream starts where the caller's is (the input is ready)
+  // `side_work`: the steps use the side stream at all (an allgather's forwards do not:
+  // then nothing but the groups is enqueued).
+  StreamRingChannel(Streams& streams, const RingShape& ring, int64_t max_reuse, bool side_work = true)
+      : streams_(streams), ring_(ring), slots_(std::max(ring.chunks, max_reuse) + 1), side_work_(side_work) {
+    if (side_work_) streams_.join_side();  // the side stream starts where the caller's is (the input is ready)
   }
 
   // Events the channel records: slots 0..slots()-1 cycle over iterations; slots() is the
   // initial prepares' event.
-  static int64_t events_needed(const RingSchedule& ring, int64_t max_reuse) {
-    return std::max(ring.chunks(), max_reuse) + 2;
+  static int64_t events_needed(const RingShape& ring, int64_t max_reuse) {
+    return std::max(ring.chunks, max_reuse) + 2;
   }
 
   void send(int64_t v, const RingMessage&) {
-    if (v < ring_.chunks()) streams_.record(initial());  // the last record covers every initial prepare
+    if (side_work_ && v < ring_.chunks) streams_.record(initial());  // the last record covers every initial prepare
   }
 
   template <class Steps>
   void receive(int64_t u, Steps& steps) {
-    const int64_t C = ring_.chunks();
-    if (u == 0) streams_.wait(initial());
+    const int64_t C = ring_.chunks;
+    if (side_work_ && u == 0) streams_.wait(initial());
     if (u >= C && ring_.reduce_scatter(u - C)) streams_.wait(slot(u - C));  // what u sends was made there
     const int64_t reused = steps.recv_reuses(u);
     if (reused >= 0) streams_.wait(slot(reused));  // u lands where that step read
@@ -68,15 +71,19 @@ class StreamRingChannel {
     if (steps.absorbs(u)) streams_.record(slot(u));
   }
 
-  void finish() { streams_.join_caller(); }
+  void finish() {
+    if (side_work_) streams_.join_caller();
+    streams_.finish();
+  }
 
  private:
   int slot(int64_t u) const { return static_cast<int>(u % slots_); }
   int initial() const { return static_cast<int>(slots_); }
 
   Streams& streams_;
-  const RingSchedule& ring_;
+  const RingShape ring_;
   const int64_t slots_;
+  const bool side_work_;
 };
 
 }  // namespace gradcomm::detail

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/allgather_steps.h"
 #include "collectives/compressed_ring_plan.h"
 #include "collectives/ring_driver.h"
 #include "collectives/stream_ring_channel.h"
@@ -81,9 +82,11 @@ class SimStreams {
     run_until(enqueued_);
     ++joins_;
   }
+  void finish() { finished_ = true; }
 
   int64_t groups() const { return groups_; }
   int joins() const { return joins_; }
+  bool finished() const { return finished_; }
   bool side_idle() const { return side_.empty(); }
 
  private:
@@ -100,6 +103,7 @@ class SimStreams {
   std::deque<std::function<void()>> side_;
   int64_t enqueued_ = 0, done_ = 0, groups_ = 0;
   int joins_ = 0;
+  bool finished_ = false;
 };
 
 // The dense ring's steps (as NcclSumSteps): reduce-scatter units land in `slots`
@@ -215,17 +219,17 @@ void run_dense(int n, int64_t numel, int64_t chunk_elems, int max_chunks, int sl
   std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(numel));
   std::vector<int64_t> groups(n);
   std::vector<int> joins(n);
-  std::vector<bool> idle(n);
+  std::vector<int> idle(n);  // not vector<bool>: the ranks write their own entries concurrently
   on_ranks(n, [&](int r) {
     for (int64_t i = 0; i < numel; ++i) data[r][i] = value(r, i);
     const RingSchedule ring(n, r, numel, 1, chunk_elems, max_chunks);
-    SimStreams streams(r, n, mailbox, StreamRingChannel<SimStreams>::events_needed(ring, slots));
+    SimStreams streams(r, n, mailbox, StreamRingChannel<SimStreams>::events_needed(ring.shape(), slots));
     SimSumSteps steps(ring, data[r], slots, streams);
-    StreamRingChannel<SimStreams> channel(streams, ring, slots);
-    drive_ring(ring, ring.units(), channel, steps);
+    StreamRingChannel<SimStreams> channel(streams, ring.shape(), slots);
+    drive_ring(ring.shape(), ring.units(), channel, steps);
     groups[r] = streams.groups();
     joins[r] = streams.joins();
-    idle[r] = streams.side_idle();
+    idle[r] = streams.side_idle() && streams.finished();
     EXPECT_EQ(groups[r], ring.units());
   });
   for (int r = 0; r < n; ++r) {
@@ -244,12 +248,47 @@ void run_codec(int n, int64_t numel, int64_t align, int64_t chunk_elems, int max
     for (int64_t i = 0; i < numel; ++i) data[r][i] = value(r, i);
     const CompressedRingPlan plan(n, r, numel, align, chunk_elems, max_chunks,
                                   [](int64_t m) { return static_cast<size_t>(m) * sizeof(int64_t); });
-    SimStreams streams(r, n, mailbox, StreamRingChannel<SimStreams>::events_needed(plan.schedule(), 0));
+    SimStreams streams(r, n, mailbox, StreamRingChannel<SimStreams>::events_needed(plan.schedule().shape(), 0));
     SimCodecSteps steps(plan, data[r], streams);
-    StreamRingChannel<SimStreams> channel(streams, plan.schedule(), 0);
-    drive_ring(plan.schedule(), plan.units(), channel, steps);
+    StreamRingChannel<SimStreams> channel(streams, plan.schedule().shape(), 0);
+    drive_ring(plan.schedule().shape(), plan.units(), channel, steps);
   });
   expect_sums(data, n, numel);
+}
+
+// The allgather's forward steps (NCCL's allgathers: one chunk a block) on the same
+// channel with no side work: every block reaches every rank, nothing joins the streams.
+void run_allgather(int n, const std::vector<int64_t>& counts, int64_t chunks) {
+  SCOPED_TRACE(::testing::Message() << "allgather n=" << n << " chunks=" << chunks);
+  std::vector<int64_t> offsets(n, 0);
+  for (int s = 1; s < n; ++s) offsets[s] = offsets[s - 1] + counts[s - 1];
+  const int64_t total = offsets[n - 1] + counts[n - 1];
+  auto byte = [](int s, int64_t i) { return static_cast<uint8_t>(31 * s + 7 * i + 1); };
+  Mailbox mailbox;
+  std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(static_cast<size_t>(total), 0));
+  std::vector<int> joins(n);
+  on_ranks(n, [&](int r) {
+    for (int64_t i = 0; i < counts[r]; ++i) out[r][offsets[r] + i] = byte(r, i);
+    AllgatherSteps steps(out[r].data(), offsets, counts, 1, r, n, chunks);
+    SimStreams streams(r, n, mailbox, 1);
+    StreamRingChannel<SimStreams> channel(streams, steps.shape(), 0, /*side_work=*/false);
+    drive_ring(steps.shape(), steps.units(), channel, steps);
+    joins[r] = streams.joins();
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(joins[r], 0) << "an allgather never touches the side stream";
+    for (int s = 0; s < n; ++s) {
+      for (int64_t i = 0; i < counts[s]; ++i) ASSERT_EQ(out[r][offsets[s] + i], byte(s, i)) << r << " " << s << " " << i;
+    }
+  }
+}
+
+TEST(StreamRingChannel, AllgatherOfUnequalBlocksReachesEveryRank) {
+  for (int n = 2; n <= 6; ++n) {
+    std::vector<int64_t> counts(n);
+    for (int s = 0; s < n; ++s) counts[s] = (s * 37) % 11;  // zero-length blocks among them
+    for (int64_t chunks : {1, 3}) run_allgather(n, counts, chunks);
+  }
 }
 
 TEST(RingSchedule, SendRangeOfEveryUnitIsTheNextRanksReceiveRange) {
@@ -278,7 +317,7 @@ TEST(StreamRingChannel, DenseChunkCapHoldsAndSumsStayExact) {
   const RingSchedule ring(4, 1, int64_t{1} << 30, 1, 1, 16);
   EXPECT_EQ(ring.chunks(), 16);
   EXPECT_EQ(ring.units(), 2 * 3 * 16);
-  EXPECT_EQ((StreamRingChannel<SimStreams>::events_needed(ring, 4)), 18);  // 17 cycling + the initial
+  EXPECT_EQ((StreamRingChannel<SimStreams>::events_needed(ring.shape(), 4)), 18);  // 17 cycling + the initial
   run_dense(3, 100000, 1, 5, 2);                                           // cap binds: 5 chunks of ~6667
 }
 
