@@ -53,7 +53,7 @@
 
 namespace gradcomm::detail {
 
-// One compressed allreduce: what the engine and both primitive sets work from.
+// One compressed allreduce: what the procedure and both primitive sets work from.
 struct CompressedCall {
   const CompressorSpec& spec;
   KeyState* key;                             // null for a stateless spec without a key

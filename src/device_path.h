@@ -28,7 +28,7 @@ class Op;
 
 class DevicePath {
  public:
-  // A compressed allreduce: its spec and key state, and the CPU engine on a host
+  // A compressed allreduce: its spec and key state, and the CPU path on a host
   // buffer (what the staging path runs).
   struct Compressed {
     const CompressorSpec* spec;

@@ -90,7 +90,7 @@ class NcclPath final : public GpuPathBase {
 };
 
 // Staging: a pinned host copy, the host collectives over the host transport, and
-// for compressed calls the CPU engine (the reference codecs, the same payload bytes,
+// for compressed calls the CPU path (the reference codecs, the same payload bytes,
 // error feedback state on the host as for CPU tensors). The host transport moves the
 // payloads either way, so the GPU codecs would only add copies here.
 class StagingPath final : public GpuPathBase {

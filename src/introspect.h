@@ -1,7 +1,7 @@
 // INTERNAL, not part of the public API: a read-only look into a communicator's
 // compression state, for tests, and one way to trim it, for the torch.distributed
 // backend (python_bindings/torch_backend). Nothing here is promised to downstream
-// users: names and behaviour may change with the compression engine. (What the
+// users: names and behaviour may change with the compression procedure. (What the
 // reference trainer needs is public: Communicator::plan_allreduce and sent_mask.)
 #pragma once
 

@@ -9,7 +9,7 @@
 //   powersgd                      -> NCCL dense ring on every P (and the dense parts), then
 //                                    on every Q (nccl_powersgd_allreduce.cc)
 // (nccl_compressed_allreduce.cc holds the engine's device primitives.) The steps are
-// the CPU engine's own code (src/compressed_allreduce.h): warm-up and min_numel go
+// the CPU path's own code (src/compressed_allreduce.h): warm-up and min_numel go
 // dense, the Philox streams are philox_stream_id(key_hash, step, rank) and (key_hash,
 // step, -1), and the EF folds and residual rules are the same element arithmetic
 // (the __host__ __device__ formula headers). So results equal the CPU path's

@@ -1,7 +1,7 @@
 // The compressed allreduce on the NCCL path (see nccl_compressed.h): the engine's
 // primitives (src/compressed_allreduce.h) over device memory, stream-ordered on the
 // caller's stream, with the key's state on the GPU. The steps themselves are the
-// CPU engine's, the same code: only how each primitive touches memory differs. The
+// CPU path's, the same code: only how each primitive touches memory differs. The
 // dense codecs' ring is nccl_compressed_ring.cc; PowerSGD's step is
 // nccl_powersgd_allreduce.cc.
 #include <fmt/format.h>
@@ -51,7 +51,7 @@ GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, c
     }
     if (key != nullptr && !key->extra.empty()) {
       // Its size is checked against the call's shapes where it is used (a multiple of
-      // 4 bytes: parse_state and the CPU engine only ever store floats).
+      // 4 bytes: parse_state and the CPU path only ever store floats).
       const size_t bytes = key->extra.size();
       state->q = DeviceBuffer(bytes);
       GRADCOMM_CUDA_CHECK(cudaMemcpyAsync(state->q.data(), key->extra.data(), bytes, cudaMemcpyHostToDevice, stream));

@@ -1,4 +1,4 @@
-// PowerSGD on CUDA tensors over NCCL: the call of powersgd_steps.h (the CPU engine runs
+// PowerSGD on CUDA tensors over NCCL: the call of powersgd_steps.h (the CPU path runs
 // the same, powersgd_allreduce.cc) over device primitives, everything enqueued on the
 // caller's stream: the EF fold and reconstruction kernels, cuBLAS products, the
 // orthonormalization (one block per matrix), and the dense NCCL ring for the

@@ -1,4 +1,4 @@
-// PowerSGD's call, once for both engines (Vogels et al., 2019; the arithmetic of each
+// PowerSGD's call, once for both paths (Vogels et al., 2019; the arithmetic of each
 // step is compressors/powersgd/powersgd_logic.h): two dense allreduces per call, one of
 // every matrix's P with the call's dense parts behind them, one of every matrix's Q,
 // whatever the number of matrices. The host primitives are powersgd_allreduce.cc's, the
@@ -17,7 +17,7 @@
 //   data = P_i Q_i^T (/N), dense parts (/N); residual = acc - P_i Q_i^T / N, 0 where dense
 //
 // Every rank ends bitwise identical: the allreduces hand every rank the same sums, and
-// what reads them is deterministic. The engines differ only in the summation order of
+// what reads them is deterministic. The paths differ only in the summation order of
 // the products (cuBLAS and OpenBLAS; the tolerance is in compressors/powersgd/gpu_powersgd.h).
 //
 // Primitives (`x`):

@@ -14,7 +14,7 @@
 // successive chunks may reuse them because the transport matches messages of one
 // peer and tag in order, and a rank finishes chunk c before it sends for c+1.
 //
-// Everything else (allgather, broadcast, the compressors through the CPU engine)
+// Everything else (allgather, broadcast, the compressors through the CPU path)
 // is staged whole: one copy down, the host algorithm, one copy up.
 #include <fmt/format.h>
 
