@@ -163,7 +163,7 @@ class SimCodecSteps {
     if (u >= plan_.encoded_units()) return;
     streams_.enqueue([this, u] {
       const auto [b, e] = plan_.send_range(u);
-      std::memcpy(at(plan_.send_offset(u)), data_.data() + b, static_cast<size_t>(e - b) * sizeof(int64_t));
+      if (e > b) std::memcpy(at(plan_.send_offset(u)), data_.data() + b, static_cast<size_t>(e - b) * sizeof(int64_t));
     });
   }
   void absorb(int64_t u) {
