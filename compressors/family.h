@@ -21,7 +21,7 @@
 namespace gradcomm::detail {
 
 class DenseCodec;
-struct GpuDenseKernels;  // compressors/quantize/gpu_dense_launch.h (CUDA builds)
+struct GpuDenseKernels;  // compressors/gpu_dense_launch.h (CUDA builds)
 
 // What the engine (src/compressed_allreduce.h, on host and device primitives) does with
 // a family's output. A new family that fits one of these needs no engine change.
@@ -99,7 +99,7 @@ struct Family {
   // kCodecRing: the CPU codec, after checking what the payload header can carry.
   std::unique_ptr<DenseCodec> (*make_codec)(const CompressorSpec& spec) = nullptr;
   // kCodecRing: the family's GPU codec (layout and launchers) for GpuDenseCodec
-  // (compressors/quantize/gpu_dense_codec.h). Null: none, or a build without CUDA;
+  // (compressors/gpu_dense_codec.h). Null: none, or a build without CUDA;
   // the NCCL path then refuses the family by name.
   const GpuDenseKernels* gpu_dense = nullptr;
   // One call over many small tensors means the same as one call each. Null: always.
