@@ -100,10 +100,10 @@ class HostPrimitives {
   void sparse_allreduce(SparseAlgo algo, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
     const SparseFormat format = sparse_format(spec_);
     if (algo == SparseAlgo::kReduceScatter) {
-      sparse_reduce_scatter_allreduce(op_, data, numel, reduce_op, selected_, format, k, residual_, output_);
+      sparse_reduce_scatter_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, format, k, residual_, output_);
     } else {
-      sparse_allgather_allreduce(op_, data, numel, reduce_op, selected_, format, spec_.select == TopkSelect::kExact,
-                                 output_);
+      sparse_allgather_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, format,
+                                 spec_.select == TopkSelect::kExact, output_);
     }
   }
 
