@@ -104,6 +104,10 @@ struct Family {
   const GpuDenseKernels* gpu_dense = nullptr;
   // One call over many small tensors means the same as one call each. Null: always.
   bool (*fusable)(const CompressorSpec& spec) = nullptr;
+  // The family views a tensor as matrices by its parts' shapes (CompressOptions::parts),
+  // so ranks must agree on the shapes (their digest travels in the call header) and a
+  // key's shapes must not change. False: only the element count matters.
+  bool reads_shapes = false;
 
   bool takes(std::string_view key) const {
     for (const auto& k : keys) {
@@ -127,6 +131,9 @@ inline bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel)
 }
 // Every registered family, in id order.
 std::vector<const Family*> registered_families();
+// The names of the registered families that run `collective`, in id order, joined by
+// ", " (for messages that list what is accepted).
+std::string family_names(Collective collective);
 // Adds a family (built-ins in families.cc; a test or an extension at start-up, before
 // any communicator parses a spec naming it). InvalidArgument when its id or name is
 // taken or it is incomplete for its collective.

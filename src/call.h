@@ -75,7 +75,7 @@ struct Call {
   std::string key_name;
   uint64_t key_hash = 0;
   std::vector<powersgd::Part> parts;     // allreduce: the tensor's shape(s), when the caller gave them
-  uint32_t parts_digest = 0;             // powersgd: fingerprint of parts, compared across ranks (0: none given)
+  uint32_t parts_digest = 0;             // Family::reads_shapes: fingerprint of parts, compared across ranks (0: none)
   void* stream = nullptr;                // CUDA stream (allreduce on device tensors)
   std::function<void()> local;           // kLocal: runs on the engine thread, in issue order
   Clock::time_point issued{};
