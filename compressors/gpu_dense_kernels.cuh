@@ -1,5 +1,5 @@
 // The CUDA kernels of the dense codecs, templated on a family's codec policy (the
-// family's gpu_<name>_logic.h and the shared gpu_dense_logic.h hold every formula;
+// family's gpu_NAME_logic.h and the shared gpu_dense_logic.h hold every formula;
 // this file adds only the thread mapping, memory access and warp shuffles), and their
 // launchers. Included by each family's .cu file, which instantiates its policies.
 //

@@ -1,10 +1,11 @@
 // The logic of the CUDA dense codecs (compressors/gpu_dense_logic.h, and each family's
-// layout and policy in its folder: cast/gpu_cast_logic.h, quantize/gpu_quant_logic.h,
-// quantize/gpu_qsgd_logic.h, sign/gpu_sign_logic.h), run on the CPU the way the kernels
-// run it: 8 lanes per bucket combined with the kernel's shuffle tree, then independent
-// groups of 8 elements. Held to the CPU codecs (the reference) byte for byte: payloads,
-// decoded values, error-feedback residuals, and the decoder's verdict on corrupted
-// payloads. Needs no GPU, so the GPU codecs' logic is tested on every machine;
+// layout and policy in its folder: compressors/cast/gpu_cast_logic.h,
+// compressors/quantize/gpu_quant_logic.h, compressors/quantize/gpu_qsgd_logic.h,
+// compressors/sign/gpu_sign_logic.h), run on the CPU the way the kernels run it: 8 lanes
+// per bucket combined with the kernel's shuffle tree, then independent groups of 8
+// elements. Held to the CPU codecs (the reference) byte for byte: payloads, decoded
+// values, error-feedback residuals, and the decoder's verdict on corrupted payloads.
+// Needs no GPU, so the GPU codecs' logic is tested on every machine;
 // tests/cuda/test_gpu_dense_codecs.cc runs the kernels.
 #include <gtest/gtest.h>
 
