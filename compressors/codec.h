@@ -71,7 +71,8 @@ inline SparseFormat sparse_format(const CompressorSpec& spec) { return SparseFor
 
 // Payload bytes for `count` entries of an n-element vector; depends on nothing else.
 size_t sparse_payload_bytes(int64_t n, int64_t count, SparseFormat format);
-// Payload: header (param0/param1 = count low/high 32 bits, flags: sparse_code.h), the
+// Payload: header (id = the family writing it, the call's spec.id, which every decoder
+// checks; param0/param1 = count low/high 32 bits, flags: sparse_code.h), the
 // values, then the indices. See FORMAT.md. InvalidArgument for a selection the decoder
 // would refuse (an index >= n, indices not strictly increasing, sizes that differ).
 std::vector<uint8_t> encode_sparse(CompressorId id, int64_t n, const SparseVector& v, SparseFormat format);
@@ -86,7 +87,7 @@ void decode_add_sparse(CompressorId id, std::span<const uint8_t> payload, int64_
 // out = the sum of the payloads, added in the order given to a zeroed output: bit for
 // bit what zeroing out and calling decode_add_sparse on each payload in turn gives,
 // in one sequential write of out. Every payload is validated before out is written
-// (CorruptPayload, out untouched).
+// (CorruptPayload naming the payload's position, "payload 1 of 3: ...", out untouched).
 // With divisor > 1 every element is then divided by it (x / float(divisor), as the
 // average's pass over the output would), tile by tile while the tile is in cache.
 // SparseOutput::kZeroed: the caller promises out[0, n) is +0.0 already (top-k zeroes

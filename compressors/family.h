@@ -1,7 +1,7 @@
 // A compressor family, described in one place: its name and wire id, its spec keys
 // (parsed and printed back by the family itself), whether a key keeps state between
 // steps, the collective the engine runs for it, and its payload codec. The registry
-// (registry.cc) parses specs through these descriptors; the CPU and GPU engines
+// (registry.cc) parses specs through these descriptors; the CPU and GPU paths
 // dispatch on `collective`, never on the family's id. families.cc registers the
 // built-in families, one line each; docs/adding-a-compressor.md walks through a new one.
 #pragma once
@@ -21,7 +21,7 @@
 namespace gradcomm::detail {
 
 class DenseCodec;
-struct GpuDenseKernels;  // compressors/quantize/gpu_dense_launch.h (CUDA builds)
+struct GpuDenseKernels;  // compressors/gpu_dense_launch.h (CUDA builds)
 
 // What the engine (src/compressed_allreduce.h, on host and device primitives) does with
 // a family's output. A new family that fits one of these needs no engine change.
@@ -99,11 +99,15 @@ struct Family {
   // kCodecRing: the CPU codec, after checking what the payload header can carry.
   std::unique_ptr<DenseCodec> (*make_codec)(const CompressorSpec& spec) = nullptr;
   // kCodecRing: the family's GPU codec (layout and launchers) for GpuDenseCodec
-  // (compressors/quantize/gpu_dense_codec.h). Null: none, or a build without CUDA;
+  // (compressors/gpu_dense_codec.h). Null: none, or a build without CUDA;
   // the NCCL path then refuses the family by name.
   const GpuDenseKernels* gpu_dense = nullptr;
   // One call over many small tensors means the same as one call each. Null: always.
   bool (*fusable)(const CompressorSpec& spec) = nullptr;
+  // The family views a tensor as matrices by its parts' shapes (CompressOptions::parts),
+  // so ranks must agree on the shapes (their digest travels in the call header) and a
+  // key's shapes must not change. False: only the element count matters.
+  bool reads_shapes = false;
 
   bool takes(std::string_view key) const {
     for (const auto& k : keys) {
@@ -127,6 +131,9 @@ inline bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel)
 }
 // Every registered family, in id order.
 std::vector<const Family*> registered_families();
+// The names of the registered families that run `collective`, in id order, joined by
+// ", " (for messages that list what is accepted).
+std::string family_names(Collective collective);
 // Adds a family (built-ins in families.cc; a test or an extension at start-up, before
 // any communicator parses a spec naming it). InvalidArgument when its id or name is
 // taken or it is incomplete for its collective.

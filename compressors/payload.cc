@@ -35,7 +35,8 @@ PayloadHeader read_header(std::span<const uint8_t> payload, CompressorId id, uin
   PayloadHeader h;
   h.id = static_cast<CompressorId>(p[5]);
   if (h.id != id) {
-    throw CorruptPayload(fmt::format("payload of compressor id {} where {} was expected", p[5], compressor_name(id)));
+    throw CorruptPayload(fmt::format("{} payload (id {}) where {} (id {}) was expected", compressor_name(h.id), p[5],
+                                     compressor_name(id), static_cast<int>(id)));
   }
   std::memcpy(&h.flags, p + 6, 2);
   std::memcpy(&h.numel, p + 8, 8);

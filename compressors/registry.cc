@@ -125,9 +125,12 @@ void Registry::add(const Family& f) {
     }
   }
   if (f.collective == Collective::kCodecRing && f.make_codec == nullptr) refuse("a codec-ring family needs make_codec");
+  if (f.collective == Collective::kLowRank && !f.reads_shapes) {
+    refuse("a low-rank family reads the shapes (reads_shapes)");
+  }
   if (f.parse != nullptr && f.canonical == nullptr) refuse("it parses keys but has no canonical form");
   if (!f.keys.empty()) {
-    // The engines apply these to every family (warm-up, small tensors, error feedback, draws).
+    // The paths apply these to every family (warm-up, small tensors, error feedback, draws).
     for (std::string_view common : {"ef", "min_numel", "warmup", "seed"}) {
       if (!f.takes(common)) refuse(fmt::format("a family with keys takes the common key '{}' too", common));
     }
@@ -270,6 +273,14 @@ const Family& family_of(CompressorId id) {
 }
 
 std::vector<const Family*> registered_families() { return Registry::get().all(); }
+
+std::string family_names(Collective collective) {
+  std::string names;
+  for (const Family* f : registered_families()) {
+    if (f->collective == collective) names += fmt::format("{}{}", names.empty() ? "" : ", ", f->name);
+  }
+  return names;
+}
 
 void register_family(const Family& family) { Registry::get().add(family); }
 

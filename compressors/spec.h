@@ -90,7 +90,7 @@ inline CompressorSpec dense_codec_spec(CompressorId id, int bits = 0, Rounding r
 }
 
 // Elements a sparsifier selects from `numel`: `k` when given, else round(ratio *
-// numel), within [1, max(numel, 1)]. The CPU and GPU engines both use this: the
+// numel), within [1, max(numel, 1)]. The CPU and GPU paths both use this: the
 // counts decide the selections, so they must agree to the element.
 inline int64_t selection_count(double ratio, int64_t k, int64_t numel) {
   const int64_t c = k > 0 ? k : static_cast<int64_t>(std::llround(ratio * static_cast<double>(numel)));

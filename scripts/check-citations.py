@@ -94,7 +94,7 @@ GENERATED = {
 PLACEHOLDERS = {"OUT", "DIR", "PREFIX", "DATE", "NAME", "X", "x", "build_dir"}
 
 # Directories a citation may also be relative to: the include roots the code's #includes use
-# (`store/rendezvous.h` is src/store/rendezvous.h, `gradcomm/types.h` include/gradcomm/,
+# (`collectives/ring_driver.h` is under src/, `gradcomm/types.h` include/gradcomm/,
 # `half.h` base/), and the Python package root (`gradcomm/torch.py`). A citation may also be
 # relative to any directory above the citing file (a codec in compressors/sign/ may name a
 # header in compressors/quantize/ as quantize/NAME).

@@ -67,7 +67,7 @@ WireHeader CommunicatorImpl::header_for(const Call& call, uint64_t seq) const {
       header.op = OpKind::kAllreduce;
       set_reduction(header, call);
       // A compressor that views the tensor as matrices: ranks must agree on the shapes.
-      if (family_of(call.spec->id).collective == Collective::kLowRank) header.fused_digest = call.parts_digest;
+      if (family_of(call.spec->id).reads_shapes) header.fused_digest = call.parts_digest;
       break;
     case Call::Kind::kAllgather:
       header.op = OpKind::kAllgather;

@@ -111,8 +111,8 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
         throw InvalidArgument(fmt::format("rank {}: {}: key '{}' holds state for {} {} elements, called with {}",
                                           rank(), what, options.key, key.numel, dtype_name(key.dtype), t.numel));
       }
-      if (family_of(spec.id).collective == Collective::kLowRank) {  // its Q is sized by the shapes
-        call.parts_digest = parts_digest(call.parts);  // only the low-rank family reads the shapes
+      if (family_of(spec.id).reads_shapes) {  // e.g. a factor sized by the shapes
+        call.parts_digest = parts_digest(call.parts);  // only such a family reads the shapes
         if (key.parts_digest != 0 && key.parts_digest != call.parts_digest) {
           throw InvalidArgument(fmt::format("rank {}: {}: key '{}' was used with other shapes before (now "
                                             "{}); a key's shapes must not change",
@@ -223,8 +223,8 @@ std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in,
     if (collective != Collective::kDense && collective != Collective::kCodecRing) {
       throw InvalidArgument(fmt::format("rank {}: reduce_scatter: compressor '{}' is not available for "
                                         "reduce_scatter, which compresses with the codecs of the compressed ring "
-                                        "(fp16, bf16, quant, qsgd, sign); allreduce takes '{}'",
-                                        rank(), text, text));
+                                        "({}); allreduce takes '{}'",
+                                        rank(), text, family_names(Collective::kCodecRing), text));
     }
     if (collective == Collective::kCodecRing && in.device.type == DeviceType::kCuda) {
       throw Unsupported(fmt::format("rank {}: reduce_scatter: compressor '{}' on CUDA tensors is not available "

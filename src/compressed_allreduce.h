@@ -46,8 +46,8 @@
 #include "collectives/collectives.h"
 #include "compressors/family.h"
 #include "compressors/philox.h"
-#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
+#include "compressors/tensor_part.h"
 #include "gradcomm/types.h"
 #include "state.h"
 
@@ -58,7 +58,7 @@ struct CompressedCall {
   const CompressorSpec& spec;
   KeyState* key;                             // null for a stateless spec without a key
   uint64_t key_hash;                         // seeds the Philox streams
-  const std::vector<powersgd::Part>* parts;  // the tensor's shapes (powersgd); may be null
+  const std::vector<TensorPart>* parts;  // the tensor's shapes (Family::reads_shapes); may be null
   int rank;                                  // this rank, of `ranks`
   int ranks;
 

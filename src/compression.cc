@@ -100,10 +100,10 @@ class HostPrimitives {
   void sparse_allreduce(SparseAlgo algo, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
     const SparseFormat format = sparse_format(spec_);
     if (algo == SparseAlgo::kReduceScatter) {
-      sparse_reduce_scatter_allreduce(op_, data, numel, reduce_op, selected_, format, k, residual_, output_);
+      sparse_reduce_scatter_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, format, k, residual_, output_);
     } else {
-      sparse_allgather_allreduce(op_, data, numel, reduce_op, selected_, format, spec_.select == TopkSelect::kExact,
-                                 output_);
+      sparse_allgather_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, format,
+                                 spec_.select == TopkSelect::kExact, output_);
     }
   }
 
@@ -151,7 +151,7 @@ class HostPrimitives {
 
   void low_rank(float* data, int64_t numel, ReduceOp reduce_op) {
     powersgd_allreduce(op_, data, numel, reduce_op, spec_,
-                       call_.parts != nullptr ? *call_.parts : std::vector<powersgd::Part>{}, call_.key,
+                       call_.parts != nullptr ? *call_.parts : std::vector<TensorPart>{}, call_.key,
                        call_.key_hash, residual_);
   }
 
@@ -215,7 +215,7 @@ const DenseCodec& HostCompression::codec(const CompressorSpec& spec) {
 }
 
 void HostCompression::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
-                                  KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts) {
+                                  KeyState* key, uint64_t key_hash, const std::vector<TensorPart>* parts) {
   const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);
   compressed_allreduce(host, call, data, numel, reduce_op);

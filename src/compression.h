@@ -25,8 +25,8 @@
 
 #include "collectives/ring_schedule.h"  // RingPhases
 #include "compressors/codec.h"
-#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
+#include "compressors/tensor_part.h"
 #include "gradcomm/types.h"
 #include "state.h"
 
@@ -50,7 +50,7 @@ class HostCompression {
   // stateless specs) provides the residual and step; `key_hash` seeds the streams;
   // `parts` (may be null) the tensor's shapes, for powersgd.
   void allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
-                 KeyState* key, uint64_t key_hash, const std::vector<powersgd::Part>* parts = nullptr);
+                 KeyState* key, uint64_t key_hash, const std::vector<TensorPart>* parts = nullptr);
   // The reduce-scatter of data[0, numel) (fp32, numel = N x count, in place: rank r's
   // segment r becomes its share) with a codec-ring spec (compressed_allreduce.h).
   void reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
@@ -75,6 +75,6 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
                                RingPhases phases = RingPhases::kAllreduce);
 // `residual` (null without error feedback) still holds last step's; data becomes the result.
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
-                        const std::vector<powersgd::Part>& parts, KeyState* key, uint64_t key_hash, float* residual);
+                        const std::vector<TensorPart>& parts, KeyState* key, uint64_t key_hash, float* residual);
 
 }  // namespace gradcomm::detail

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
+#include "compressors/tensor_part.h"
 #include "gradcomm/types.h"
 #include "state.h"
 
@@ -35,7 +35,7 @@ class DevicePath {
     KeyState* key;  // null for stateless specs without a key
     uint64_t key_hash;
     const std::function<void(float* host)>* host_engine;
-    const std::vector<powersgd::Part>* parts;  // the tensor's shapes (powersgd)
+    const std::vector<TensorPart>* parts;  // the tensor's shapes (Family::reads_shapes)
   };
 
   virtual ~DevicePath() = default;

@@ -20,7 +20,7 @@ std::string dims_text(const std::vector<int64_t>& dims) {
 }
 
 // The part for one shape, InvalidArgument for a negative dimension or an overflow.
-powersgd::Part part_of(const std::vector<int64_t>& dims, const char* what) {
+TensorPart part_of(const std::vector<int64_t>& dims, const char* what) {
   int64_t numel = 1;
   for (int64_t d : dims) {
     if (d < 0) throw InvalidArgument(fmt::format("{} {} has a negative dimension", what, dims_text(dims)));
@@ -29,29 +29,29 @@ powersgd::Part part_of(const std::vector<int64_t>& dims, const char* what) {
     }
     numel *= d;
   }
-  return powersgd::Part{numel, dims.size() >= 2 ? dims[0] : 0};
+  return TensorPart{numel, dims.size() >= 2 ? dims[0] : 0};
 }
 
 }  // namespace
 
-std::vector<powersgd::Part> tensor_parts(const std::vector<int64_t>& shape,
-                                         const std::vector<std::vector<int64_t>>& parts, int64_t numel) {
+std::vector<TensorPart> tensor_parts(const std::vector<int64_t>& shape,
+                                     const std::vector<std::vector<int64_t>>& parts, int64_t numel) {
   if (!shape.empty() && !parts.empty()) {
     throw InvalidArgument("CompressOptions: give shape or parts, not both");
   }
   if (!shape.empty()) {
-    const powersgd::Part p = part_of(shape, "shape");
+    const TensorPart p = part_of(shape, "shape");
     if (p.numel != numel) {
       throw InvalidArgument(
           fmt::format("shape {} has {} elements but the tensor has {}", dims_text(shape), p.numel, numel));
     }
     return {p};
   }
-  std::vector<powersgd::Part> out;
+  std::vector<TensorPart> out;
   out.reserve(parts.size());
   int64_t total = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const powersgd::Part p = part_of(parts[i], fmt::format("parts[{}]", i).c_str());
+    const TensorPart p = part_of(parts[i], fmt::format("parts[{}]", i).c_str());
     if (p.numel > kMaxNumel - total) throw InvalidArgument("parts: more than 2^63 elements in all");
     total += p.numel;
     out.push_back(p);
@@ -63,7 +63,7 @@ std::vector<powersgd::Part> tensor_parts(const std::vector<int64_t>& shape,
   return out;
 }
 
-uint32_t parts_digest(const std::vector<powersgd::Part>& parts) {
+uint32_t parts_digest(const std::vector<TensorPart>& parts) {
   if (parts.empty()) return 0;
   std::string text;
   for (const auto& p : parts) text += fmt::format("{}:{};", p.numel, p.rows);
@@ -71,7 +71,7 @@ uint32_t parts_digest(const std::vector<powersgd::Part>& parts) {
   return h != 0 ? h : 1;
 }
 
-std::string describe_parts(const std::vector<powersgd::Part>& parts) {
+std::string describe_parts(const std::vector<TensorPart>& parts) {
   std::string out;
   for (size_t i = 0; i < parts.size() && i < kMaxShownParts; ++i) {
     if (i > 0) out += ", ";

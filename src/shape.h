@@ -8,20 +8,20 @@
 #include <string>
 #include <vector>
 
-#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/tensor_part.h"
 
 namespace gradcomm::detail {
 
 // The parts of a tensor of `numel` elements: one part for `shape`, one per entry of
 // `parts`, none when neither is given. InvalidArgument (without the rank prefix)
 // when both are given, a dimension is negative, or the sizes do not add up.
-std::vector<powersgd::Part> tensor_parts(const std::vector<int64_t>& shape,
-                                         const std::vector<std::vector<int64_t>>& parts, int64_t numel);
+std::vector<TensorPart> tensor_parts(const std::vector<int64_t>& shape,
+                                     const std::vector<std::vector<int64_t>>& parts, int64_t numel);
 
 // A 32-bit fingerprint of the parts; 0 only when there are none.
-uint32_t parts_digest(const std::vector<powersgd::Part>& parts);
+uint32_t parts_digest(const std::vector<TensorPart>& parts);
 
 // "2048x2048, 2048" for error messages (at most a few dozen parts shown).
-std::string describe_parts(const std::vector<powersgd::Part>& parts);
+std::string describe_parts(const std::vector<TensorPart>& parts);
 
 }  // namespace gradcomm::detail

@@ -112,7 +112,7 @@ std::string WireHeader::describe() const {
   }
   switch (op) {
     case OpKind::kAllreduce:
-      if (compressor != "none") {  // compressed calls also agree on the key's step (and shapes, for powersgd)
+      if (compressor != "none") {  // compressed calls also agree on the key's step (and shapes: Family::reads_shapes)
         // A plain call's digest is its shapes' (powersgd); a planned group of one carries its member's.
         const std::string shapes = fused == 0 && fused_digest != 0 ? fmt::format(", shapes {:08x}", fused_digest) : "";
         return fmt::format("allreduce(numel={}, {}, {}, {}, step={}{}) #{}", numel, dtype_name(dtype),
@@ -154,8 +154,8 @@ std::optional<std::string> check_sample_counts(std::span<const uint64_t> counts,
                                                int64_t k) {
   for (size_t p = 0; p < counts.size(); ++p) {
     if (counts[p] > capacity) {
-      return fmt::format("top-k count {} from rank {} exceeds the bound {} (select=sample, numel {}, k {})", counts[p],
-                         p, capacity, numel, k);
+      return fmt::format("sampled selection count {} from rank {} exceeds the bound {} (select=sample, numel {}, k {})",
+                         counts[p], p, capacity, numel, k);
     }
   }
   return std::nullopt;

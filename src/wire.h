@@ -11,7 +11,7 @@
 // A fused group (fusion.h) is one collective for `fused` consecutive calls, numbered
 // from `seq`; its digest fingerprints every member (numel, key, spec), so ranks
 // whose members differ disagree even when the totals match.
-// A plain call (fused = 0) of a compressor that views tensors as matrices (powersgd)
+// A plain call (fused = 0) of a compressor that views tensors as matrices (Family::reads_shapes)
 // puts the fingerprint of its shapes (shape.h) in fused_digest instead.
 #pragma once
 

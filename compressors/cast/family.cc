@@ -4,7 +4,7 @@
 #include "compressors/quantize/dense_util.h"
 
 #if GRADCOMM_WITH_CUDA
-#include "compressors/quantize/gpu_dense_launch.h"
+#include "compressors/cast/gpu_cast_logic.h"  // kCastGpuKernels
 #endif
 
 namespace gradcomm::detail {

@@ -1,7 +1,8 @@
 // fp16 and bf16 on the GPU: one thread per 8 elements narrows them with base/half.h
 // (the CPU's rounding, bit for bit) and stores the 16 bytes; decode widens back.
-// Kernels and launchers: compressors/quantize/gpu_dense_kernels.cuh.
-#include "compressors/quantize/gpu_dense_kernels.cuh"
+// Layout and policy: gpu_cast_logic.h; kernels and launchers: ../gpu_dense_kernels.cuh.
+#include "compressors/cast/gpu_cast_logic.h"
+#include "compressors/gpu_dense_kernels.cuh"
 
 namespace gradcomm::detail {
 

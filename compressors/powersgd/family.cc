@@ -46,7 +46,8 @@ constexpr Family kPowersgdFamily{.id = CompressorId::kPowersgd,
                                  .parse = parse,
                                  .canonical = canonical,
                                  .keeps_state = always,
-                                 .fusable = never};
+                                 .fusable = never,
+                                 .reads_shapes = true};  // P and Q are sized by the shapes
 
 }  // namespace
 

@@ -17,12 +17,12 @@
 // Tolerance: for a well-conditioned input (a gradient whose leading r singular values
 // are separated from each other and from the rest, so the rank-r subspace is stable),
 // the output, the residual and the kept Q are each within 1e-4 relative Frobenius
-// error of the CPU engine's, over several warm-started steps. Reordering an fp32 sum
+// error of the CPU path's, over several warm-started steps. Reordering an fp32 sum
 // of `cols` products moves it by a few ulps (relative 1e-7 to 1e-6; the host test's
 // emulated step, products summed backwards, lands there); 1e-4 leaves two orders of
 // magnitude for its amplification by Gram-Schmidt and the power iteration. Near-equal
 // singular values have no such bound on either device: there the chosen subspace
-// itself is ill-posed, and the two engines may keep different ones.
+// itself is ill-posed, and the two paths may keep different ones.
 //
 // Ranks: every kernel here is deterministic (fixed reduction order, no atomics) and the
 // inputs of orthonormalize and reconstruct are the allreduced P and Q, identical on all

@@ -1,4 +1,4 @@
-// PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019): the rules both engines
+// PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019): the rules both paths
 // (CPU: powersgd.cc; CUDA: gpu_powersgd.cu) follow, so they choose the same
 // matrices, ranks, buffer offsets and initial Q. GRADCOMM_HD where a kernel needs it.
 //
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "compressors/philox.h"
+#include "compressors/tensor_part.h"
 #include "half.h"  // GRADCOMM_HD
 
 namespace gradcomm::detail::powersgd {
@@ -52,13 +53,9 @@ inline constexpr double kRankTolerance = 1e-4;
 // error: its norm `now` against its norm `before` any projection was removed.
 GRADCOMM_HD bool only_rounding_left(double now, double before) { return now <= kRankTolerance * before; }
 
-// One part of a call's tensor, as the caller described it: `rows` = shape[0] for a
-// tensor of 2 or more dimensions, 0 for one of fewer.
-struct Part {
-  int64_t numel = 0;
-  int64_t rows = 0;
-  bool operator==(const Part&) const = default;
-};
+// One part of a call's tensor, as the caller described it (compressors/tensor_part.h):
+// `rows` = shape[0] for a tensor of 2 or more dimensions, 0 for one of fewer.
+using Part = TensorPart;
 
 // Where one part goes in a step: a matrix (rank > 0) or dense (rank == 0).
 struct Entry {

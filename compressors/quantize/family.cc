@@ -8,7 +8,8 @@
 #include "gradcomm/errors.h"
 
 #if GRADCOMM_WITH_CUDA
-#include "compressors/quantize/gpu_dense_launch.h"
+#include "compressors/quantize/gpu_qsgd_logic.h"   // kQsgdGpuKernels
+#include "compressors/quantize/gpu_quant_logic.h"  // kQuantGpuKernels
 #endif
 
 namespace gradcomm::detail {

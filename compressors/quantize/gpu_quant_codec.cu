@@ -1,16 +1,21 @@
 // quant:bits=b,bucket=B,round=... on the GPU: per-bucket order-key min/max (8 threads
 // a bucket), then one thread per 8 elements for the codes. The width and the rounding
 // are run-time fields of the policy (uniform branches), which keeps one instantiation.
-// Kernels and launchers: gpu_dense_kernels.cuh; formulas: gpu_dense_logic.h.
-#include "compressors/quantize/gpu_dense_kernels.cuh"
+// Layout and policy: gpu_quant_logic.h; kernels and launchers: ../gpu_dense_kernels.cuh.
+#include "compressors/gpu_dense_kernels.cuh"
+#include "compressors/quantize/gpu_quant_logic.h"
 
 namespace gradcomm::detail {
 
-namespace {
-
-QuantPolicy quant_policy(const DenseLayout& l, bool stochastic) {
-  return QuantPolicy{(1u << l.code_bits) - 1u, l.code_bits, stochastic};
+// The bucket pass's lane combine moves each lane's accumulator down the warp
+// (bucket_scales_kernel calls shfl_down, which finds this by argument-dependent
+// lookup): QuantAcc field by field.
+__device__ __forceinline__ QuantAcc shfl_down(QuantAcc a, unsigned delta) {
+  return {__shfl_down_sync(gpu_dense::kFullMask, a.lo, delta), __shfl_down_sync(gpu_dense::kFullMask, a.hi, delta),
+          __shfl_down_sync(gpu_dense::kFullMask, a.bad, delta)};
 }
+
+namespace {
 
 DenseLayout layout(const CompressorSpec& spec, uint64_t n) { return quant_layout(spec.bits, spec.bucket, n); }
 

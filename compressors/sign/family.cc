@@ -7,7 +7,7 @@
 #include "compressors/quantize/dense_util.h"
 
 #if GRADCOMM_WITH_CUDA
-#include "compressors/quantize/gpu_dense_launch.h"
+#include "compressors/sign/gpu_sign_logic.h"  // kSignGpuKernels
 #endif
 
 namespace gradcomm::detail {

@@ -1,7 +1,8 @@
 // sign:bucket=B on the GPU: per-bucket mean |x| in the CPU's lane order (8 threads a
 // bucket), then one thread per 8 elements packing the 8 sign bits into one byte.
-// Kernels and launchers: ../quantize/gpu_dense_kernels.cuh; formulas: ../quantize/gpu_dense_logic.h.
-#include "compressors/quantize/gpu_dense_kernels.cuh"
+// Layout and policy: gpu_sign_logic.h; kernels and launchers: ../gpu_dense_kernels.cuh.
+#include "compressors/gpu_dense_kernels.cuh"
+#include "compressors/sign/gpu_sign_logic.h"
 
 namespace gradcomm::detail {
 

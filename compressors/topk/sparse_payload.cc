@@ -282,7 +282,13 @@ void decode_sum_sparse(CompressorId id, std::span<const std::span<const uint8_t>
                        int64_t divisor, SparseOutput output) {
   std::vector<SparseView> views;
   views.reserve(payloads.size());
-  for (const auto& p : payloads) views.push_back(validate_sparse(id, p, n, "decode_sum_sparse"));
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    try {
+      views.push_back(validate_sparse(id, payloads[i], n, "decode_sum_sparse"));
+    } catch (const CorruptPayload& e) {
+      throw CorruptPayload(fmt::format("payload {} of {}: {}", i, payloads.size(), e.what()));
+    }
+  }
   // Tile by tile: zero the tile (it stays in cache), then each payload in order adds
   // its entries that fall inside. Every element gets +0.0f, then its values in
   // payload order: the arithmetic of zeroing `out` and calling decode_add_sparse

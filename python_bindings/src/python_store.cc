@@ -83,7 +83,7 @@ constexpr char kAbsent[] = "\x01gradcomm: no such key\x01";
 }  // namespace
 
 // torch's TCPStore cannot wait() with a short deadline: one that expires leaves the
-// connection out of step (src/store/poll.h says how). Stores with compare_set (all of
+// connection out of step (store/poll.h says how). Stores with compare_set (all of
 // torch's) are polled instead: compare_set(key, absent, absent) changes nothing and
 // answers at once, with the value when the key is there and `absent` when it is not.
 // Other store objects (a user's own) are waited on, as torch's own code does.

@@ -1,4 +1,4 @@
-// C10dStore: gradcomm's rendezvous Store (src/store/store.h) over a c10d::Store,
+// C10dStore: gradcomm's rendezvous Store (store/store.h) over a c10d::Store,
 // the store torch.distributed hands a backend's creator (a PrefixStore over the
 // job's TCPStore or FileStore). The process group's communicator exchanges its
 // transport addresses through it, so a torch job opens no second port.

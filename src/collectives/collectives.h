@@ -60,16 +60,19 @@ void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, s
 // (bytes per rank) are exchanged first. CorruptPayload for absurd announced sizes.
 std::vector<uint8_t> ring_allgatherv_bytes(Op& op, std::span<const uint8_t> mine, std::vector<int64_t>& sizes);
 
-// Top-k's collectives (sparse_allreduce.cc). Both write the sum (or, for kAvg, the
-// average) of every rank's selection into data[0, numel), bitwise the same on every rank.
+// The sparse-selection collectives (sparse_allreduce.cc). Both write the sum (or, for
+// kAvg, the average) of every rank's selection into data[0, numel), bitwise the same on
+// every rank. Their payloads carry `id`, the family of the call (spec.id); a payload
+// with another id is a CorruptPayload saying whose it was.
 // The sparse allgather: every payload to every rank (fixed_size: every rank's selection
 // has the same count, so no sizes are exchanged). output = kZeroed: data is +0.0 on
 // entry (the selection zeroed it), so only the entries are written (decode_sum_sparse).
-void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const SparseVector& selected,
-                                SparseFormat format, bool fixed_size, SparseOutput output = SparseOutput::kFill);
+void sparse_allgather_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
+                                const SparseVector& selected, SparseFormat format, bool fixed_size,
+                                SparseOutput output = SparseOutput::kFill);
 // The sparse reduce-scatter: region owners sum, keep their region's top ceil(k/N), put
 // what they drop (and the kept sums' rounding) into `residual` (may be null), allgather.
-void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
                                      const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
                                      SparseOutput output = SparseOutput::kFill);
 // spec.algo, or for algo=auto the one the α–β model (constants in sparse_allreduce.cc)

@@ -30,7 +30,7 @@
 
 #include "op.h"
 #include "compressors/powersgd/gpu_powersgd.h"
-#include "compressors/quantize/gpu_dense_codec.h"
+#include "compressors/gpu_dense_codec.h"
 #include "compressors/spec.h"
 #include "compressors/topk/gpu_sparse.h"
 #include "cuda/buffer.h"

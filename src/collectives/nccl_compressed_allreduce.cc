@@ -207,14 +207,14 @@ class DevicePrimitives {
     }
     DeviceStatus* status = this->status();
     uint8_t* base = gpu_.payload_scratch(block * static_cast<size_t>(n)).as<uint8_t>();
-    gpu_encode_sparse(CompressorId::kTopk, numel, ks_.sparse.indices(), ks_.sparse.values(), ks_.sparse.count(),
+    gpu_encode_sparse(spec_.id, numel, ks_.sparse.indices(), ks_.sparse.values(), ks_.sparse.count(),
                       capacity, format, base + offsets[r], nullptr, status + r, stream_);
     nccl_allgatherv_blocks(op_, gpu_, base, offsets, sizes, stream_);
     // Every rank decodes every payload in rank order: bitwise identical sums (coded
     // indices through ks.sparse's decode scratch).
     GRADCOMM_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(numel) * sizeof(float), stream_));
     for (int p = 0; p < n; ++p) {
-      gpu_decode_add_sparse(CompressorId::kTopk, base + offsets[p], sizes[p], numel, format, data, ks_.sparse,
+      gpu_decode_add_sparse(spec_.id, base + offsets[p], sizes[p], numel, format, data, ks_.sparse,
                             status + p, stream_);
     }
     if (reduce_op == ReduceOp::kAvg) divide(data, numel, n);

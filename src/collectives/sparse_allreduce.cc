@@ -1,4 +1,4 @@
-// Top-k's two collectives, and the choice between them.
+// The sparse-selection collectives (top-k's), and the choice between them.
 //
 // Sparse allgather: every rank's payload to every rank (ring_allgatherv), each rank sums
 // all N payloads in rank order. A rank receives (N-1) payloads of k entries: cheap at
@@ -171,13 +171,14 @@ SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t num
   return reduce_scatter < allgather ? SparseAlgo::kReduceScatter : SparseAlgo::kAllgather;
 }
 
-void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const SparseVector& selected,
-                                SparseFormat format, bool fixed_size, SparseOutput output) {
+void sparse_allgather_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
+                                const SparseVector& selected, SparseFormat format, bool fixed_size,
+                                SparseOutput output) {
   const int n = op.size();
   std::vector<uint8_t> payload;
   {
     Op::PhaseTimer timer(op, &Stats::encode_s);
-    payload = encode_sparse(CompressorId::kTopk, numel, selected, format);
+    payload = encode_sparse(id, numel, selected, format);
   }
   std::vector<int64_t> sizes;
   std::vector<uint8_t> all;
@@ -196,10 +197,14 @@ void sparse_allgather_allreduce(Op& op, float* data, int64_t numel, ReduceOp red
   Op::PhaseTimer timer(op, &Stats::decode_s);
   const std::vector<std::span<const uint8_t>> payloads = split_blocks(all, sizes);
   // The average divides each tile as it is written, not in a pass after.
-  decode_sum_sparse(CompressorId::kTopk, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1, output);
+  try {
+    decode_sum_sparse(id, payloads, numel, data, reduce_op == ReduceOp::kAvg ? n : 1, output);
+  } catch (const CorruptPayload& e) {
+    op.fail(ErrorCode::kCorruptPayload, fmt::format("sparse allgather (payload r is rank r's): {}", e.what()));
+  }
 }
 
-void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
                                      const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
                                      SparseOutput output) {
   const int n = op.size();
@@ -225,7 +230,7 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
           out_offset[s] + sparse_payload_bytes(len(s), static_cast<int64_t>(parts[s].indices.size()), format);
     }
     outgoing.resize(out_offset[n]);
-    for (int s = 0; s < n; ++s) encode_sparse_into(CompressorId::kTopk, len(s), parts[s], format, &outgoing[out_offset[s]]);
+    for (int s = 0; s < n; ++s) encode_sparse_into(id, len(s), parts[s], format, &outgoing[out_offset[s]]);
   }
 
   // Sizes, then payloads, to and from every peer.
@@ -273,7 +278,12 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
       const std::span<const uint8_t> bytes =
           s == r ? std::span<const uint8_t>(&outgoing[out_offset[r]], out_size[r])
                  : std::span<const uint8_t>(&incoming[in_offset[s]], in_size[s]);
-      got[s] = decode_sparse(CompressorId::kTopk, bytes, region_len);
+      try {
+        got[s] = decode_sparse(id, bytes, region_len);
+      } catch (const CorruptPayload& e) {
+        op.fail(ErrorCode::kCorruptPayload,
+                fmt::format("sparse reduce-scatter: rank {}'s payload for region {}: {}", s, r, e.what()));
+      }
     }
     const SparseVector sum = merge_sum(got, region_len);
     const std::vector<bool> keep = top_magnitudes(sum.values, region_budget(k, n));
@@ -291,7 +301,7 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
         region_residual[sum.indices[j]] += x;
       }
     }
-    kept_payload = encode_sparse(CompressorId::kTopk, region_len, kept, format);
+    kept_payload = encode_sparse(id, region_len, kept, format);
   }
 
   // 4. Every region's kept entries to every rank; each decodes them into its region.
@@ -300,8 +310,13 @@ void sparse_reduce_scatter_allreduce(Op& op, float* data, int64_t numel, ReduceO
   Op::PhaseTimer timer(op, &Stats::decode_s);
   const std::vector<std::span<const uint8_t>> payloads = split_blocks(all, sizes);
   for (int s = 0; s < n; ++s) {
-    decode_sum_sparse(CompressorId::kTopk, std::span(&payloads[s], 1), len(s), data + begin[s],
-                      reduce_op == ReduceOp::kAvg ? n : 1, output);
+    try {
+      decode_sum_sparse(id, std::span(&payloads[s], 1), len(s), data + begin[s], reduce_op == ReduceOp::kAvg ? n : 1,
+                        output);
+    } catch (const CorruptPayload& e) {
+      op.fail(ErrorCode::kCorruptPayload,
+              fmt::format("sparse reduce-scatter: the kept entries of rank {}'s region: {}", s, e.what()));
+    }
   }
 }
 

@@ -16,9 +16,9 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/quantize/gpu_dense_codec.h"
-#include "compressors/quantize/gpu_dense_launch.h"
-#include "compressors/quantize/gpu_dense_logic.h"
+#include "compressors/gpu_dense_codec.h"
+#include "compressors/gpu_dense_launch.h"
+#include "compressors/gpu_dense_logic.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"
 #include "cuda/device.h"

@@ -1,4 +1,4 @@
-// The TCP store's frame parsers (src/store/tcp_store_protocol.h), which the server
+// The TCP store's frame parsers (store/tcp_store_protocol.h), which the server
 // runs on every client's bytes and the client on the server's, on arbitrary bytes.
 //
 // Input: kind u8 | body. kind % 5 picks the parser:

@@ -1,4 +1,4 @@
-// A live TcpStoreServer (src/store/tcp_store_server.cc) on 127.0.0.1, fed each
+// A live TcpStoreServer (store/tcp_store_server.cc) on 127.0.0.1, fed each
 // input over a fresh connection: the whole server path (frame assembly, header
 // checks, SET/GET/ADD/ERASE_PREFIX/WILL, parked GETs, auth, drops), not just the parsers that
 // fuzz_store_protocol calls directly.

@@ -84,11 +84,11 @@ read -r -a extra <<< "${GRADCOMM_FUZZ_CXXFLAGS:-}"
 flags+=("${extra[@]}")
 # Host code only: the CUDA codecs' host halves (compressors/*/gpu_*.cc) need the CUDA
 # headers and have no CPU path to fuzz.
-lib_sources=(src/errors.cc src/types.cc src/state.cc base/env.cc base/logging.cc src/wire.cc src/gpu_plan.cc base/half_bulk.cc
+lib_sources=(base/errors.cc base/types.cc src/state.cc base/env.cc base/logging.cc src/wire.cc src/gpu_plan.cc base/half_bulk.cc
              base/reduce.cc
              transport/ucx/ucx_wire.cc trainer/checkpoint.cc
-             src/store/tcp_store_protocol.cc src/store/tcp_store_server.cc src/store/tcp_store_client.cc
-             src/store/socket_util.cc src/store/auth.cc tests/fuzz/fmt_once.cc)
+             store/tcp_store_protocol.cc store/tcp_store_server.cc store/tcp_store_client.cc
+             store/socket_util.cc store/auth.cc tests/fuzz/fmt_once.cc)
 # Every host source of the compressors layer, found rather than listed, so a new file
 # there cannot leave this build short of a symbol.
 while IFS= read -r f; do lib_sources+=("$f"); done < <(cd "$root" && find compressors -name '*.cc' \

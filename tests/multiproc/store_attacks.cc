@@ -16,7 +16,7 @@ namespace gradcomm::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kGreetingBytes = 40;  // src/store/tcp_store_protocol.h: magic, version, flags, nonce[32]
+constexpr size_t kGreetingBytes = 40;  // store/tcp_store_protocol.h: magic, version, flags, nonce[32]
 constexpr size_t kWelcomeBytes = 24;
 constexpr const char* kAuthContext = "gradcomm-store-auth-v1";
 

@@ -280,7 +280,7 @@ def test_python_store_failure_is_transport_error_naming_the_call():
         def wait(self, keys, timeout):
             pass
 
-    # The first set is this rank's join record in generation 1 (src/store/rendezvous.h).
+    # The first set is this rank's join record in generation 1 (store/rendezvous.h).
     with pytest.raises(gradcomm.TransportError, match=r"set\('gradcomm/init\d+/gradcomm/g1/join/0'\) raised: "
                                                       r"OSError: disk full$"):
         gradcomm.init(rank=0, world_size=2, store=FailingStore(), timeout=1)

@@ -308,6 +308,8 @@ TEST(CompressedReduceScatter, OtherFamiliesAndBadUsesAreRefused) {
       }
     };
     refused("topk:ratio=0.1", "k", false, "not available for reduce_scatter");
+    // The families that are, from the registry: every codec-ring family.
+    refused("topk:ratio=0.1", "k", false, "compressed ring (fp16, bf16, qsgd, quant, sign)");
     refused("powersgd", "k", false, "not available for reduce_scatter");
     refused("sign", "", false, "name this tensor");
     refused("quant:bits=8", "q", true, "takes float32 tensors");

@@ -1,9 +1,12 @@
-// The logic of the CUDA dense codecs (compressors/quantize/gpu_dense_logic.h), run on
-// the CPU the way the kernels run it: 8 lanes per bucket combined with the kernel's
-// shuffle tree, then independent groups of 8 elements. Held to the CPU codecs (the
-// reference) byte for byte: payloads, decoded values, error-feedback residuals, and
-// the decoder's verdict on corrupted payloads. Needs no GPU, so the GPU codecs' logic
-// is tested on every machine; tests/cuda/test_gpu_dense_codecs.cc runs the kernels.
+// The logic of the CUDA dense codecs (compressors/gpu_dense_logic.h, and each family's
+// layout and policy in its folder: compressors/cast/gpu_cast_logic.h,
+// compressors/quantize/gpu_quant_logic.h, compressors/quantize/gpu_qsgd_logic.h,
+// compressors/sign/gpu_sign_logic.h), run on the CPU the way the kernels run it: 8 lanes
+// per bucket combined with the kernel's shuffle tree, then independent groups of 8
+// elements. Held to the CPU codecs (the reference) byte for byte: payloads, decoded
+// values, error-feedback residuals, and the decoder's verdict on corrupted payloads.
+// Needs no GPU, so the GPU codecs' logic is tested on every machine;
+// tests/cuda/test_gpu_dense_codecs.cc runs the kernels.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,8 +21,12 @@
 #include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "compressors/philox.h"
+#include "compressors/cast/gpu_cast_logic.h"
+#include "compressors/gpu_dense_logic.h"
 #include "compressors/quantize/bitpack.h"
-#include "compressors/quantize/gpu_dense_logic.h"
+#include "compressors/quantize/gpu_qsgd_logic.h"
+#include "compressors/quantize/gpu_quant_logic.h"
+#include "compressors/sign/gpu_sign_logic.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
@@ -96,8 +103,8 @@ void visit_policy(const CompressorSpec& s, const DenseLayout& l, F&& f) {
   switch (s.id) {
     case CompressorId::kFp16: return f(CastPolicy<false>{});
     case CompressorId::kBf16: return f(CastPolicy<true>{});
-    case CompressorId::kQuant: return f(QuantPolicy{(1u << l.code_bits) - 1u, l.code_bits, s.round == Rounding::kStochastic});
-    case CompressorId::kQsgd: return f(QsgdPolicy{l.param0, l.code_bits});
+    case CompressorId::kQuant: return f(quant_policy(l, s.round == Rounding::kStochastic));
+    case CompressorId::kQsgd: return f(qsgd_policy(l));
     case CompressorId::kSign: return f(SignPolicy{});
     default: FAIL() << "not dense";
   }

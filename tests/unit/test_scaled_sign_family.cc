@@ -89,6 +89,11 @@ TEST(ScaledSignFamily, RegistrationRefusesTakenIdsNamesAndIncompleteFamilies) {
   refused(other, "needs make_codec");
   other = example::kScaledSignFamily;
   other.id = static_cast<detail::CompressorId>(201);
+  other.name = "low_rank";
+  other.collective = detail::Collective::kLowRank;
+  refused(other, "reads the shapes");
+  other = example::kScaledSignFamily;
+  other.id = static_cast<detail::CompressorId>(201);
   other.name = "Bad Name";
   refused(other, "lower-case");
   constexpr std::string_view kNoWarmup[] = {"bucket", "ef", "min_numel", "seed"};

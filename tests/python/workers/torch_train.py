@@ -31,7 +31,7 @@ gradcomm.init()
 r, n = gradcomm.rank(), gradcomm.size()
 assert (r, n) == (dist.get_rank(), dist.get_world_size())
 # The rendezvous went through torch's store (no second port): our keys are there
-# (communicator generation 1's namespace, src/store/rendezvous.h).
+# (communicator generation 1's namespace, store/rendezvous.h).
 assert gradcomm._init_source == "torch.distributed", gradcomm._init_source
 store = dist.distributed_c10d._get_default_store()
 for q in range(n):

@@ -1,18 +1,18 @@
 // Internal: the launchers behind GpuDenseCodec. Each dense family with GPU kernels
-// defines a GpuDenseKernels table in its .cu file (compressors/cast/gpu_cast_codec.cu,
-// quantize/gpu_quant_codec.cu, quantize/gpu_qsgd_codec.cu, sign/gpu_sign_codec.cu),
-// and its Family points at it (Family::gpu_dense). Host-only declarations. The
-// arguments are already validated (gpu_dense_codec.cc); the launchers only compute
-// grids, launch on the stream and check the launches.
+// defines a GpuDenseKernels table in its own folder's .cu file (e.g.
+// sign/gpu_sign_codec.cu, declared in sign/gpu_sign_logic.h), and its Family points
+// at it (Family::gpu_dense). Host-only declarations. The arguments are already
+// validated (gpu_dense_codec.cc); the launchers only compute grids, launch on the
+// stream and check the launches.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "compressors/gpu_dense_codec.h"
+#include "compressors/gpu_dense_logic.h"
 #include "compressors/philox.h"
-#include "compressors/quantize/gpu_dense_codec.h"
-#include "compressors/quantize/gpu_dense_logic.h"
 #include "cuda/device_status.h"
 
 namespace gradcomm::detail {
@@ -44,11 +44,5 @@ struct GpuDenseKernels {
   void (*encode)(const GpuEncodeArgs& args, const CompressorSpec& spec);
   void (*decode)(const GpuDecodeArgs& args);
 };
-
-// The built-in tables (their families' family.cc point at them).
-extern const GpuDenseKernels kCastGpuKernels;  // fp16 and bf16 (layout.id says which)
-extern const GpuDenseKernels kQuantGpuKernels;
-extern const GpuDenseKernels kQsgdGpuKernels;
-extern const GpuDenseKernels kSignGpuKernels;
 
 }  // namespace gradcomm::detail

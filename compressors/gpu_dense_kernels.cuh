@@ -1,7 +1,7 @@
-// The CUDA kernels of the dense codecs, templated on a codec policy of
-// gpu_dense_logic.h (which holds every formula; this file adds only the thread
-// mapping, memory access and warp shuffles), and their launchers. Included by the
-// per-family .cu files, each instantiating its policies.
+// The CUDA kernels of the dense codecs, templated on a family's codec policy (the
+// family's gpu_NAME_logic.h and the shared gpu_dense_logic.h hold every formula;
+// this file adds only the thread mapping, memory access and warp shuffles), and their
+// launchers. Included by each family's .cu file, which instantiates its policies.
 //
 // Layers (as CUB): thread helpers (group loads and stores at whatever alignment the
 // pointers allow), kernels (grid-stride loops, 64-bit indices), launchers (grid from
@@ -27,8 +27,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "compressors/quantize/gpu_dense_launch.h"
-#include "compressors/quantize/gpu_dense_logic.h"
+#include "compressors/gpu_dense_launch.h"
+#include "compressors/gpu_dense_logic.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/device_status.h"
@@ -147,11 +147,10 @@ __device__ __forceinline__ void load_group_bytes(const uint8_t* src, unsigned nb
   }
 }
 
+// A float accumulator moved down `delta` lanes. A policy whose Acc is a struct
+// provides its own shfl_down(Acc, unsigned) beside its kernels (found by
+// argument-dependent lookup), e.g. quantize/gpu_quant_codec.cu.
 __device__ __forceinline__ float shfl_down(float v, unsigned delta) { return __shfl_down_sync(kFullMask, v, delta); }
-__device__ __forceinline__ QuantAcc shfl_down(QuantAcc a, unsigned delta) {
-  return {__shfl_down_sync(kFullMask, a.lo, delta), __shfl_down_sync(kFullMask, a.hi, delta),
-          __shfl_down_sync(kFullMask, a.bad, delta)};
-}
 
 // ---- encode kernels -----------------------------------------------------------------------
 // Thread t works on bucket t / 8 as lane t % 8. The loop bound is rounded up to a

@@ -1,6 +1,6 @@
 // GpuDenseCodec: argument checks, then the family's own GPU codec (its
 // GpuDenseKernels table, gpu_dense_launch.h). Host code only; the kernels live in the .cu files.
-#include "compressors/quantize/gpu_dense_codec.h"
+#include "compressors/gpu_dense_codec.h"
 
 #include <fmt/format.h>
 
@@ -8,10 +8,10 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
+#include "compressors/gpu_dense_launch.h"
+#include "compressors/gpu_dense_logic.h"
 #include "compressors/payload.h"
 #include "compressors/quantize/dense_util.h"
-#include "compressors/quantize/gpu_dense_launch.h"
-#include "compressors/quantize/gpu_dense_logic.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

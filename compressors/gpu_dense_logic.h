@@ -1,10 +1,12 @@
-// The steps of the CUDA dense codecs (fp16, bf16, quant, qsgd, sign) as GRADCOMM_HD
-// functions on plain arrays: payload layout, header writing and checking, the
-// per-bucket reduction (one lane of it), the per-element code and value formulas,
-// and the encode/decode of one group of 8 elements. The kernels
-// (gpu_dense_kernels.cuh) only add thread indexing, vector loads/stores and warp
-// shuffles around them, so a CPU unit test (tests/unit/test_gpu_dense_logic.cc) can
-// run exactly this logic and hold it to the CPU codecs byte for byte.
+// The family-neutral steps of the CUDA dense codecs as GRADCOMM_HD functions on
+// plain arrays: payload layout, header writing and checking, the per-bucket
+// reduction (one lane of it), and the encode/decode of one group of 8 elements,
+// each templated on a family's policy. A family's own layout and policy (its scales,
+// its per-element code and value formulas, what a decoder rejects) live in its
+// folder, e.g. sign/gpu_sign_logic.h. The kernels (gpu_dense_kernels.cuh) only add
+// thread indexing, vector loads/stores and warp shuffles around these, so a CPU unit
+// test (tests/unit/test_gpu_dense_logic.cc) can run exactly this logic and hold it
+// to the CPU codecs byte for byte.
 //
 // Work decomposition (FORMAT.md "Packed codes"): with b-bit codes, the 8 elements
 // of group g = [8g, 8g + 8) of a run fill exactly b whole bytes at byte 8g*b/8 = g*b
@@ -13,13 +15,12 @@
 // the bucket in increasing j: exactly the lanes of dense_math.h's lane order.
 #pragma once
 
-#include <climits>
 #include <cstdint>
 
 #include "compressors/philox.h"
 #include "compressors/quantize/dense_math.h"
 #include "compressors/spec.h"
-#include "half.h"
+#include "half.h"  // GRADCOMM_HD, float_bits, bits_float
 
 // Full unrolling of the fixed 8-element loops on the GPU (keeps the group arrays in
 // registers); the host compiler decides for itself.
@@ -97,23 +98,6 @@ struct DenseLayout {
   GRADCOMM_HD uint64_t total_bytes() const { return codes_offset() + code_bytes(); }
   GRADCOMM_HD uint64_t groups() const { return (n + kGroupElems - 1) / kGroupElems; }
 };
-
-// The layout each family's validated spec writes (quant: param0 = bits; qsgd:
-// param0 = levels; both take the bucket; the casts neither). No validation here: the
-// caller has run the spec through its family's make_codec checks. Each family's GPU
-// codec (GpuDenseKernels, gpu_dense_launch.h) names its own.
-inline DenseLayout cast_layout(CompressorId id, uint64_t n) { return DenseLayout{id, n, 0, 0, 0, 0, 16}; }
-inline DenseLayout quant_layout(int bits, int64_t bucket, uint64_t n) {
-  return DenseLayout{CompressorId::kQuant,          n, static_cast<uint32_t>(bits), static_cast<uint32_t>(bucket),
-                     static_cast<uint64_t>(bucket), 8, static_cast<unsigned>(bits)};
-}
-inline DenseLayout qsgd_layout(int levels, int64_t bucket, uint64_t n) {
-  return DenseLayout{CompressorId::kQsgd,           n, static_cast<uint32_t>(levels), static_cast<uint32_t>(bucket),
-                     static_cast<uint64_t>(bucket), 4, qsgd_code_bits(static_cast<uint32_t>(levels))};
-}
-inline DenseLayout sign_layout(int64_t bucket, uint64_t n) {
-  return DenseLayout{CompressorId::kSign, n, 0, static_cast<uint32_t>(bucket), static_cast<uint64_t>(bucket), 4, 1};
-}
 
 // The 24-byte header (payload.h): flags always 0 for the dense codecs.
 GRADCOMM_HD void write_dense_header(const DenseLayout& l, uint8_t* out) {
@@ -207,146 +191,16 @@ struct UniformCache {
 };
 
 // ---- the codecs as policies ---------------------------------------------------------------
-// Each policy: Acc / identity / accumulate / combine / finalize (the bucket reduction
-// and the scale bytes it writes), Params / encode_params / decode_params (what one
-// bucket's scale bytes mean), code / value (per element), scale_valid / check_codes /
-// code_valid (what a decoder rejects), bits and stochastic.
-
-// quant: order-key min and max plus a non-finite flag (order-free, so lanes combine in any order).
-struct QuantAcc {
-  int32_t lo, hi;
-  uint32_t bad;
-};
-struct QuantPolicy {
-  static constexpr bool kBucketed = true;
-  uint32_t levels;  // 2^bits - 1
-  unsigned bits;
-  bool stochastic;
-
-  using Acc = QuantAcc;
-  struct Params {
-    float lo, inv, step;
-  };
-  GRADCOMM_HD Acc identity() const { return {INT32_MAX, INT32_MIN, 0u}; }
-  GRADCOMM_HD Acc accumulate(Acc a, float x) const {
-    const int32_t key = float_order_key(x);
-    a.lo = key < a.lo ? key : a.lo;
-    a.hi = key > a.hi ? key : a.hi;
-    a.bad |= (float_bits(x) & 0x7FFFFFFFu) >= 0x7F800000u ? 1u : 0u;
-    return a;
-  }
-  GRADCOMM_HD Acc combine(Acc a, Acc b) const {
-    return {b.lo < a.lo ? b.lo : a.lo, b.hi > a.hi ? b.hi : a.hi, a.bad | b.bad};
-  }
-  // quant_codec.cc: a bucket with a non-finite element or range stores (NaN, NaN).
-  GRADCOMM_HD void finalize(Acc a, uint64_t, uint8_t* scale) const {
-    float lo = order_key_float(a.lo), hi = order_key_float(a.hi);
-    if (a.bad != 0 || !is_finite(add_rn(hi, -lo))) lo = hi = bits_float(kCanonicalNanBits);
-    store_f32le(scale, lo);
-    store_f32le(scale + 4, hi);
-  }
-  GRADCOMM_HD Params encode_params(const uint8_t* scale) const {
-    const float lo = load_f32le(scale), hi = load_f32le(scale + 4);
-    return {lo, quant_inverse_step(lo, hi, levels), quant_step(lo, hi, levels)};
-  }
-  GRADCOMM_HD Params decode_params(const uint8_t* scale) const {
-    const float lo = load_f32le(scale), hi = load_f32le(scale + 4);
-    return {lo, 0.0f, quant_step(lo, hi, levels)};
-  }
-  GRADCOMM_HD uint32_t code(float x, const Params& p, float u) const {
-    const float s = quant_position(x, p.lo, p.inv, static_cast<float>(levels));
-    return stochastic ? round_stochastic(s, u) : round_half_up(s);
-  }
-  GRADCOMM_HD float value(uint32_t code, const Params& p) const { return quant_value(p.lo, p.step, code); }
-  // (NaN, NaN), or finite lo <= hi with a finite range.
-  GRADCOMM_HD bool scale_valid(const uint8_t* scale) const {
-    const float lo = load_f32le(scale), hi = load_f32le(scale + 4);
-    const bool poisoned = is_nan(lo) && is_nan(hi);
-    const bool valid = is_finite(lo) && is_finite(hi) && lo <= hi && is_finite(add_rn(hi, -lo));
-    return poisoned || valid;
-  }
-  GRADCOMM_HD bool check_codes() const { return false; }  // every b-bit code is on the grid
-  GRADCOMM_HD bool code_valid(uint32_t) const { return true; }
-};
+// A family's policy (in its folder) provides kBucketed, bits and stochastic; Params,
+// encode_params / decode_params (what one bucket's scale bytes mean; empty for an
+// unbucketed codec) and code / value (per element). A bucketed policy adds Acc,
+// identity / accumulate / combine / finalize (the bucket reduction and the scale bytes
+// it writes; an Acc that is not a float comes with its own device shfl_down, see
+// gpu_dense_kernels.cuh) and scale_valid / check_codes / code_valid (what a decoder
+// rejects).
 
 // A norm or mean |x| as an encoder writes it: NaN (poisoned) or finite >= 0.
 GRADCOMM_HD bool nonnegative_scale_valid(float s) { return is_nan(s) || (is_finite(s) && s >= 0.0f); }
-
-// qsgd: lane sums of x*x, then the correctly rounded square root.
-struct QsgdPolicy {
-  static constexpr bool kBucketed = true;
-  static constexpr bool stochastic = true;
-  uint32_t levels;
-  unsigned bits;  // qsgd_code_bits(levels)
-
-  using Acc = float;
-  struct Params {
-    float scale, unit;
-  };
-  GRADCOMM_HD Acc identity() const { return 0.0f; }
-  GRADCOMM_HD Acc accumulate(Acc a, float x) const { return add_rn(a, mul_rn(x, x)); }
-  GRADCOMM_HD Acc combine(Acc a, Acc b) const { return add_rn(a, b); }
-  GRADCOMM_HD void finalize(Acc sum, uint64_t, uint8_t* scale) const {
-    float norm = sqrt_rn(sum);
-    if (!is_finite(norm)) norm = bits_float(kCanonicalNanBits);
-    store_f32le(scale, norm);
-  }
-  GRADCOMM_HD Params encode_params(const uint8_t* scale) const {
-    const float norm = load_f32le(scale);
-    return {qsgd_scale(norm, levels), qsgd_unit(norm, levels)};
-  }
-  GRADCOMM_HD Params decode_params(const uint8_t* scale) const { return {0.0f, qsgd_unit(load_f32le(scale), levels)}; }
-  GRADCOMM_HD uint32_t code(float x, const Params& p, float u) const {
-    return qsgd_code(x, round_stochastic(qsgd_position(x, p.scale, static_cast<float>(levels)), u), bits);
-  }
-  GRADCOMM_HD float value(uint32_t code, const Params& p) const { return qsgd_value(code, p.unit, bits); }
-  GRADCOMM_HD bool scale_valid(const uint8_t* scale) const { return nonnegative_scale_valid(load_f32le(scale)); }
-  // A level field above s is possible only when s + 1 is not a power of two.
-  GRADCOMM_HD bool check_codes() const { return ((levels + 1) & levels) != 0; }
-  GRADCOMM_HD bool code_valid(uint32_t code) const { return (code & ((1u << (bits - 1)) - 1u)) <= levels; }
-};
-
-// sign: lane sums of |x|, divided by the bucket's element count.
-struct SignPolicy {
-  static constexpr bool kBucketed = true;
-  static constexpr bool stochastic = false;
-  static constexpr unsigned bits = 1;
-
-  using Acc = float;
-  struct Params {
-    float scale;
-  };
-  GRADCOMM_HD Acc identity() const { return 0.0f; }
-  GRADCOMM_HD Acc accumulate(Acc a, float x) const { return add_rn(a, bits_float(float_bits(x) & 0x7FFFFFFFu)); }
-  GRADCOMM_HD Acc combine(Acc a, Acc b) const { return add_rn(a, b); }
-  GRADCOMM_HD void finalize(Acc sum, uint64_t m, uint8_t* scale) const {
-    float s = sum / static_cast<float>(m);
-    if (!is_finite(s)) s = bits_float(kCanonicalNanBits);
-    store_f32le(scale, s);
-  }
-  GRADCOMM_HD Params encode_params(const uint8_t* scale) const { return {load_f32le(scale)}; }
-  GRADCOMM_HD Params decode_params(const uint8_t* scale) const { return {load_f32le(scale)}; }
-  GRADCOMM_HD uint32_t code(float x, const Params&, float) const { return sign_bit(x); }
-  GRADCOMM_HD float value(uint32_t code, const Params& p) const { return sign_value(p.scale, code); }
-  GRADCOMM_HD bool scale_valid(const uint8_t* scale) const { return nonnegative_scale_valid(load_f32le(scale)); }
-  GRADCOMM_HD bool check_codes() const { return false; }
-  GRADCOMM_HD bool code_valid(uint32_t) const { return true; }
-};
-
-// fp16 / bf16: a 16-bit "code" per element, no buckets, every pattern valid.
-template <bool kBf16>
-struct CastPolicy {
-  static constexpr bool kBucketed = false;
-  static constexpr bool stochastic = false;
-  static constexpr unsigned bits = 16;
-  struct Params {};
-  GRADCOMM_HD Params encode_params(const uint8_t*) const { return {}; }
-  GRADCOMM_HD Params decode_params(const uint8_t*) const { return {}; }
-  GRADCOMM_HD uint32_t code(float x, const Params&, float) const { return kBf16 ? float_to_bf16(x) : float_to_half(x); }
-  GRADCOMM_HD float value(uint32_t code, const Params&) const {
-    return kBf16 ? bf16_to_float(static_cast<uint16_t>(code)) : half_to_float(static_cast<uint16_t>(code));
-  }
-};
 
 // ---- one bucket: lane `lane` (0..7) of the reduction --------------------------------------
 // load(j) gives element j of the bucket (the accumulator: input, plus the residual

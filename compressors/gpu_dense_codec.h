@@ -1,7 +1,7 @@
-// The CUDA dense codecs (fp16, bf16, quant, qsgd, sign): the same payload bytes as
+// The CUDA dense codecs (each codec-ring family with GPU kernels): the same payload bytes as
 // the CPU reference (compressors/codec.h DenseCodec, FORMAT.md) behind the same spec,
 // on device memory, stream-ordered. Host-only header (cuda_runtime_api.h, no device
-// code), so .cc files can use it. Kernels: compressors/{cast,quantize,sign}/*.cu.
+// code), so .cc files can use it. Kernels: each family's own .cu (Family::gpu_dense).
 //
 // Stream semantics: every method enqueues its kernels on `stream` (null = the legacy
 // default stream) on the calling thread's current device, which must own all the
