@@ -10,7 +10,6 @@
 #include "compressed_allreduce.h"
 #include "compressors/family.h"
 #include "compressors/topk/sparse_code.h"
-#include "comm_impl.h"
 #include "half.h"
 #include "reduce.h"
 

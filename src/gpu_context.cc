@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "collectives/collectives.h"
-#include "comm_impl.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "logging.h"
