@@ -45,7 +45,7 @@ export ASAN_OPTIONS="$common:detect_leaks=1:fast_unwind_on_malloc=0:detect_stack
 ASAN_OPTIONS+=":strict_init_order=1:check_initialization_order=1:detect_odr_violation=2"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="$common:print_stacktrace=1"
-export TSAN_OPTIONS="$common:second_deadlock_stack=1"
+export TSAN_OPTIONS="$common:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
 # mpirun refuses root without these (nothing here uses MPI today; harmless).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
