@@ -50,7 +50,7 @@ class CodecSteps {
  public:
   CodecSteps(Op& op, const CompressedRingPlan& plan, float* data, const DenseCodec& codec,
              const PhiloxStream& rng, float* residual, int divisor, bool allgather)
-      : op_(op), plan_(plan), C_(plan.chunks()), data_(data), codec_(codec), rng_(rng), residual_(residual),
+      : op_(op), plan_(plan), data_(data), codec_(codec), rng_(rng), residual_(residual),
         divisor_(divisor), allgather_(allgather),
         payloads_(std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(plan.buffer_bytes(), 1))),
         scratch_(static_cast<size_t>(std::max<int64_t>(plan.max_chunk_elems(), 1))) {}
@@ -100,7 +100,7 @@ class CodecSteps {
         Op::PhaseTimer timer(op_, &Stats::decode_s);
         codec_.decode_add(in, e - b, data_ + b);
       }
-      if (!allgather_ && u / C_ == plan_.size() - 2) {  // the reduce-scatter's result: exact, then the average
+      if (!allgather_ && plan_.schedule().last_reduce_step(u)) {  // the reduce-scatter's result: exact, then the average
         Op::PhaseTimer timer(op_, &Stats::reduce_s);
         divide_inplace(data_ + b, e - b, DType::kFloat32, divisor_);
       }
@@ -113,7 +113,6 @@ class CodecSteps {
  private:
   Op& op_;
   const CompressedRingPlan& plan_;
-  const int64_t C_;
   float* data_;
   const DenseCodec& codec_;
   const PhiloxStream& rng_;

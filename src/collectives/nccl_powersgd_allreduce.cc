@@ -37,9 +37,7 @@ class DevicePowerSgd {
 
   void check_key_q(const powersgd::Plan& plan) const {
     if (keep_ && ks_.q_floats != 0 && ks_.q_floats != plan.q_floats) {
-      throw InvalidArgument(fmt::format(
-          "powersgd: key's Q holds {} floats but this call's shapes ({}) need {}: a key's shapes must not change",
-          ks_.q_floats, describe_parts(parts_), plan.q_floats));
+      throw key_q_mismatch(ks_.q_floats, describe_parts(parts_), plan.q_floats);
     }
   }
   void fold_residual() {

@@ -51,9 +51,8 @@ class HostPowerSgd {
   void check_key_q(const powersgd::Plan& plan) const {
     const size_t q_bytes = static_cast<size_t>(plan.q_floats) * sizeof(float);
     if (keep_ && !key_->extra.empty() && key_->extra.size() != q_bytes) {
-      throw InvalidArgument(fmt::format(
-          "powersgd: key's Q holds {} floats but this call's shapes ({}) need {}: a key's shapes must not change",
-          key_->extra.size() / sizeof(float), describe_parts(parts_), plan.q_floats));
+      throw key_q_mismatch(static_cast<int64_t>(key_->extra.size() / sizeof(float)), describe_parts(parts_),
+                           plan.q_floats);
     }
   }
   void fold_residual() {

@@ -33,14 +33,25 @@
 //   void reconstruct(const Plan&, const float* p_buf, const float* q)   (q null: all dense)
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <string>
 
 #include "collectives/collectives.h"  // kSecondPhaseUnits
 #include "compressors/philox.h"
 #include "compressors/powersgd/powersgd_logic.h"
 #include "compressors/spec.h"
+#include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
+
+// A warm-start key's Q was sized by other shapes: what both paths' check_key_q throw.
+inline InvalidArgument key_q_mismatch(int64_t held_floats, const std::string& shapes, int64_t needed_floats) {
+  return InvalidArgument(fmt::format(
+      "powersgd: key's Q holds {} floats but this call's shapes ({}) need {}: a key's shapes must not change",
+      held_floats, shapes, needed_floats));
+}
 
 struct QPlace {
   float* p_buf = nullptr;

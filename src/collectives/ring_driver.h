@@ -41,17 +41,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "collectives/ring_schedule.h"  // RingShape
+
 
 namespace gradcomm::detail {
-
-// What the driver and its channels know of a ring: C chunks per step, and which units
-// belong to the reduce-scatter (the first rs_units; an allgather alone has none).
-// RingSchedule::shape() for the allreduce rings; the allgather makes its own.
-struct RingShape {
-  int64_t chunks = 1;
-  int64_t rs_units = 0;
-  bool reduce_scatter(int64_t u) const { return u < rs_units; }
-};
 
 // One message of a unit: where it is read from or lands, and its length.
 struct RingMessage {

@@ -25,14 +25,21 @@
 #include <cstdint>
 #include <utility>
 
-#include "collectives/ring_driver.h"  // RingShape
-
 namespace gradcomm::detail {
 
 // What a ring runs: both phases (allreduce), or the reduce-scatter alone, with the
 // schedule's ranks shifted by one so that rank r ends holding segment r
 // (ring_allreduce.cc, compressed_ring.cc).
 enum class RingPhases : uint8_t { kAllreduce, kReduceScatter };
+
+// What the driver and its channels know of a ring: C chunks per step, and which units
+// belong to the reduce-scatter (the first rs_units; an allgather alone has none).
+// RingSchedule::shape() for the allreduce rings; the allgather makes its own.
+struct RingShape {
+  int64_t chunks = 1;
+  int64_t rs_units = 0;
+  bool reduce_scatter(int64_t u) const { return u < rs_units; }
+};
 
 class RingSchedule {
  public:
