@@ -82,9 +82,13 @@ void Op::spin(const std::function<bool()>& ready, const Request* request, const 
     const bool done = ready();
     const bool failed = request != nullptr && !request->pending() && request->state() != RequestState::kDone;
     if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
+    // Checked before `done`: a refusal aborts every call in flight, even one whose
+    // data has just arrived. Otherwise a call running when another thread was
+    // refused could complete, paired with whatever the peer issued after learning
+    // of the refusal (a single atomic load while none was refused).
+    if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
     if (done) return;
     if (comm_.stopping()) fail_destroyed();
-    if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
     if (deadline_.expired()) {
       const std::string whom = peer >= 0 ? fmt::format("rank {}", peer) : std::string("the other ranks");
       fail(ErrorCode::kTimeout, fmt::format("timed out after {:.1f} s waiting for {} ({})",
