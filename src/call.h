@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/auto_spec.h"
 #include "compressors/spec.h"
 #include "compressors/tensor_part.h"
 #include "env.h"
@@ -71,6 +72,9 @@ struct Call {
   ReduceOp reduce_op = ReduceOp::kSum;  // allreduce, reduce_scatter
   int root = 0;
   const CompressorSpec* spec = nullptr;  // allreduce: parsed once, owned by the communicator
+  // compressor=auto (owned by the communicator): the engine sets `spec` to the key's
+  // choice before the call's header is made (auto_choice.h); until then spec is a placeholder.
+  const AutoSpec* auto_spec = nullptr;
   KeyState* key = nullptr;               // allreduce with a key
   std::string key_name;
   uint64_t key_hash = 0;

@@ -52,7 +52,10 @@ void set_reduction(WireHeader& header, const Call& call) {
   header.reduce_op = call.reduce_op;
   header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
   header.compressor_hash = fnv1a32(header.compressor);
-  if (call.spec->id != CompressorId::kNone && call.key != nullptr) header.step = call.key->step;
+  // (auto: whatever it chose, the key's step decides its reviews, so ranks agree on it.)
+  if ((call.spec->id != CompressorId::kNone || call.auto_spec != nullptr) && call.key != nullptr) {
+    header.step = call.key->step;
+  }
 }
 
 }  // namespace
@@ -102,6 +105,7 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
           break;
         }
         dense_allreduce(op, t.data, t.numel, t.dtype, call.reduce_op);
+        if (call.auto_spec != nullptr) call.key->step += 1;  // auto's steps count every call
         break;
       }
       if (cuda) {
@@ -178,11 +182,18 @@ void CommunicatorImpl::execute(Call& call) {
   if (call.tensor.device.type == DeviceType::kCuda && call.kind != Call::Kind::kBarrier) {
     open_device(call.tensor.device.index);
   }
+  if (call.auto_spec != nullptr) auto_.choose(*this, call);  // may run its review first
+  const Stats before = call.auto_spec != nullptr ? stats_ : Stats{};
   run_op(header_for(call, next_seq_), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     run_body(op, call);
     return 1;
   });
   stats_.ops += 1;
+  if (call.auto_spec != nullptr) auto_.observe(call, before, stats_, size());
+}
+
+void CommunicatorImpl::set_auto_test_override(double compute_scale, std::optional<LinkModel> link) {
+  run_local([&] { auto_.set_test_override(compute_scale, link); });
 }
 
 void CommunicatorImpl::open_device(int device) {

@@ -44,6 +44,7 @@ Stats CommunicatorImpl::stats() const {
     s = published_stats_;
   }
   if (engine_) s.engine_cpu_s = engine_->cpu_seconds();
+  s.auto_choices = auto_.report();
   return s;
 }
 

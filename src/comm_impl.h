@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "auto_choice.h"
 #include "call.h"
 #include "call_context.h"
 #include "compression.h"
@@ -84,6 +86,10 @@ class CommunicatorImpl final : public CallExecutor {
   // Runs `fn` on the engine thread after every call issued before it; blocking.
   void run_local(std::function<void()> fn);
 
+  // Test hook (auto_choice.h, AutoChooser::set_test_override), applied on the engine
+  // after every call issued before it.
+  void set_auto_test_override(double compute_scale, std::optional<LinkModel> link);
+
   // Communicator::plan_allreduce and sent_mask (introspect.cc).
   AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
   bool sent_mask(const std::string& key, TensorView mask, void* stream);
@@ -116,6 +122,7 @@ class CommunicatorImpl final : public CallExecutor {
   // Parses and checks the compressor of an allreduce or reduce_scatter (`what`) of
   // call.tensor, binding its key; caller holds issue_mutex_.
   void resolve_compression(Call& call, const CompressOptions& options, const char* what);
+  void resolve_auto(Call& call, const CompressOptions& options, const std::string& text, const char* what);
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
   std::shared_ptr<WorkState> submit(Call call, const char* op);
@@ -136,6 +143,7 @@ class CommunicatorImpl final : public CallExecutor {
   std::mutex issue_mutex_;  // compression_.spec() and the keys' numel/dtype (and map insertions)
   int cuda_device_ = -1;  // the device of the first CUDA call, under issue_mutex_
   std::string transport_preference_ = "auto";
+  std::map<std::string, AutoSpec> auto_specs_;  // by spec text; nodes never move: calls point at them
 
   // Shared.
   mutable std::mutex failure_mutex_;
@@ -149,6 +157,7 @@ class CommunicatorImpl final : public CallExecutor {
   Stats stats_;
   CompressionState state_;  // keys: see call.h for who touches which field
   HostCompression compression_;
+  AutoChooser auto_;  // compressor=auto's choices (its report: any thread)
   std::optional<ControlMessage> pending_abort_;
   std::unique_ptr<DevicePath> device_;  // chosen at the first CUDA call
 

@@ -77,6 +77,10 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
   const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
   call.key_name = options.key;
   call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+  if (is_auto_spec(text)) {
+    resolve_auto(call, options, text, what);
+    return;
+  }
   try {
     call.spec = &compression_.spec(text);
   } catch (const InvalidArgument& e) {
@@ -125,6 +129,56 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
       call.key = &key;
     }
   }
+}
+
+// compressor=auto (auto_choice.h): the engine chooses a candidate per call; here the
+// spec is parsed (once per text), the call checked as any compressed call, and its key
+// bound. Caller holds issue_mutex_.
+void CommunicatorImpl::resolve_auto(Call& call, const CompressOptions& options, const std::string& text,
+                                    const char* what) {
+  const TensorView& t = call.tensor;
+  if (std::string_view(what) != "allreduce") {
+    throw InvalidArgument(fmt::format("rank {}: {}: compressor 'auto' chooses per allreduce; {} takes a fixed "
+                                      "codec ({})",
+                                      rank(), what, what, family_names(Collective::kCodecRing)));
+  }
+  auto it = auto_specs_.find(text);
+  if (it == auto_specs_.end()) {
+    try {
+      it = auto_specs_.emplace(text, parse_auto_spec(text)).first;
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("rank {}: {}: {}", rank(), what, e.what()));
+    }
+  }
+  if (t.dtype != DType::kFloat32) {
+    throw InvalidArgument(fmt::format("rank {}: {}: compressor 'auto' takes float32 tensors, got {}", rank(), what,
+                                      dtype_name(t.dtype)));
+  }
+  if (call.reduce_op != ReduceOp::kSum && call.reduce_op != ReduceOp::kAvg) {
+    throw InvalidArgument(fmt::format("rank {}: {}: compressor 'auto' supports sum and avg, not {}", rank(), what,
+                                      reduce_op_name(call.reduce_op)));
+  }
+  if (t.device.type == DeviceType::kCuda) {
+    throw Unsupported(fmt::format("rank {}: {}: compressor 'auto' on CUDA tensors is not available (it runs on host "
+                                  "tensors); name a compressor for CUDA tensors",
+                                  rank(), what));
+  }
+  if (options.key.empty()) {
+    throw InvalidArgument(fmt::format("rank {}: {}: compressor 'auto' keeps per-tensor state (its choice and error "
+                                      "feedback): name this tensor uniquely (Python: {}(..., name=\"...\"); C++: "
+                                      "CompressOptions::key)",
+                                      rank(), what, what));
+  }
+  KeyState& key = state_.keys[options.key];  // map nodes never move: the engine may hold &key
+  if (key.numel != 0 && (key.numel != t.numel || key.dtype != t.dtype)) {
+    throw InvalidArgument(fmt::format("rank {}: {}: key '{}' holds state for {} {} elements, called with {}", rank(),
+                                      what, options.key, key.numel, dtype_name(key.dtype), t.numel));
+  }
+  key.numel = t.numel;
+  key.dtype = t.dtype;
+  call.key = &key;
+  call.auto_spec = &it->second;
+  call.spec = &it->second.candidates.front();  // a placeholder until the engine chooses
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, ReduceOp reduce_op,
@@ -213,6 +267,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in,
     std::lock_guard lock(issue_mutex_);
     // Checked before resolve_compression binds a key: a refused call leaves no state.
     const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
+    if (is_auto_spec(text)) resolve_auto(call, options, text, "reduce_scatter");  // refuses it, saying why
     const CompressorSpec* spec = nullptr;
     try {
       spec = &compression_.spec(text);

@@ -74,6 +74,7 @@ bool FusionClass::operator==(const FusionClass& o) const {
 
 std::optional<FusionClass> fusion_class(const Call& call, int64_t limit) {
   if (call.kind != Call::Kind::kAllreduce || call.tensor.device.type != DeviceType::kCpu) return std::nullopt;
+  if (call.auto_spec != nullptr) return std::nullopt;  // its spec is chosen when it runs (auto_choice.h)
   if (call.tensor.numel == 0 || call_bytes(call) > limit) return std::nullopt;
   FusionClass cls;
   cls.reduce_op = call.reduce_op;

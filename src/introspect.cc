@@ -27,10 +27,25 @@ std::span<const float> residual_view(Communicator& comm, const std::string& key)
 }
 
 AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOptions& options) {
-  const CompressorSpec spec = parse_compressor_spec(options.compressor.empty() ? "none" : options.compressor);
+  const std::string text = options.compressor.empty() ? "none" : options.compressor;
+  CompressorSpec spec;
   uint64_t step = 0;
   std::lock_guard lock(issue_mutex_);
-  if (const auto it = state_.keys.find(options.key); it != state_.keys.end()) step = it->second.step;
+  const auto it = state_.keys.find(options.key);
+  if (it != state_.keys.end()) step = it->second.step;
+  if (is_auto_spec(text)) {
+    // The key's current choice (its last call has completed: introspect.h); none
+    // before its first call chose. A review at the next call may change it.
+    const AutoSpec parsed = parse_auto_spec(text);
+    const auto record = it != state_.keys.end() ? AutoRecord::parse(it->second.extra) : std::nullopt;
+    if (!record || record->choice < 0 || static_cast<size_t>(record->choice) >= parsed.candidates.size() ||
+        record->spec_hash != fnv1a32(parsed.canonical())) {
+      return AllreducePlan{};
+    }
+    spec = parsed.candidates[static_cast<size_t>(record->choice)];
+  } else {
+    spec = parse_compressor_spec(text);
+  }
   AllreducePlan plan;
   // The engine's own test (compressed_allreduce.h).
   const Collective collective = family_of(spec.id).collective;

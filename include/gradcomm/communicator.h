@@ -37,6 +37,20 @@ struct InitOptions {  // unset fields come from the environment (see README, "La
 
 // Counters since the communicator was created. Wire bytes count everything this
 // rank put on (or took off) the transport: headers, payloads and control messages.
+// compressor=auto: a key's latest choice and why (Stats::auto_choices;
+// docs/does-compression-pay.md).
+struct AutoChoice {
+  std::string key;
+  int64_t numel = 0;
+  std::string chosen;                   // the chosen candidate's canonical spec
+  uint64_t step = 0;                    // the key's step when it was decided
+  std::vector<std::string> candidates;  // canonical specs, in the spec's order
+  std::vector<double> predicted_s;      // per candidate, predicted seconds per call; negative: left out
+  std::vector<std::string> left_out;    // per candidate: why it was left out ("" when priced)
+  double alpha_s = 0;                   // the link the decision assumed: seconds per message,
+  double bytes_per_s = 0;               // and bytes per second
+};
+
 struct Stats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -52,6 +66,8 @@ struct Stats {
   // decode, reduction and transport work runs: the library's CPU cost, which wall
   // times like total_s cannot show when that thread shares a core with training.
   double engine_cpu_s = 0;
+  // compressor=auto: each key's latest choice (empty when no call used auto).
+  std::vector<AutoChoice> auto_choices;
 };
 
 // How the next allreduce of a float32 tensor will travel (Communicator::plan_allreduce).

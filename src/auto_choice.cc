@@ -1,0 +1,402 @@
+#include "auto_choice.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "call.h"
+#include "call_context.h"
+#include "collectives/collectives.h"
+#include "compression.h"
+#include "compressors/codec.h"
+#include "compressors/family.h"
+#include "compressors/philox.h"
+#include "env.h"
+#include "logging.h"
+#include "reduce.h"
+#include "wire.h"
+
+namespace gradcomm::detail {
+
+// ---- the model -------------------------------------------------------------------------
+
+AutoShape auto_shape(const CompressorSpec& spec) {
+  switch (family_of(spec.id).collective) {
+    case Collective::kDense:
+      return AutoShape::kDenseRing;
+    case Collective::kSparseSelection:
+      return AutoShape::kAllgather;
+    default:
+      return AutoShape::kCodecRing;  // the only other kind parse_auto_spec admits
+  }
+}
+
+double predict_compute_s(AutoShape shape, const CandidateCost& cost, int ranks) {
+  if (ranks <= 1) return 0.0;
+  const double n = ranks;
+  switch (shape) {
+    case AutoShape::kDenseRing:
+      return cost.encode_s * (n - 1) / n;
+    case AutoShape::kCodecRing:
+      return cost.encode_s + cost.decode_s * 2 * (n - 1) / n;
+    case AutoShape::kAllgather:
+      return cost.encode_s + cost.decode_s * n;
+  }
+  return 0.0;
+}
+
+double predict_wire_s(AutoShape shape, double payload_bytes, const LinkModel& link, int ranks) {
+  if (ranks <= 1) return 0.0;
+  const double n = ranks;
+  const double spb = link.seconds_per_byte;
+  switch (shape) {
+    case AutoShape::kDenseRing:
+      if (payload_bytes <= static_cast<double>(small_allreduce_bytes())) {  // recursive doubling
+        return std::ceil(std::log2(n)) * (link.alpha_s + payload_bytes * spb);
+      }
+      [[fallthrough]];
+    case AutoShape::kCodecRing:
+      return 2 * (n - 1) * (link.alpha_s + payload_bytes / n * spb);
+    case AutoShape::kAllgather:
+      return 2 * (n - 1) * link.alpha_s + (n - 1) * payload_bytes * spb;
+  }
+  return 0.0;
+}
+
+AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> costs, const LinkModel& link,
+                         int64_t numel, int ranks, int current) {
+  AutoDecision d;
+  const size_t count = spec.candidates.size();
+  d.predicted_s.assign(count, -1.0);
+  d.left_out.assign(count, "");
+  const double dense_bytes = 4.0 * static_cast<double>(numel);
+  int best = -1;
+  for (size_t i = 0; i < count; ++i) {
+    const CompressorSpec& c = spec.candidates[i];
+    const AutoShape shape = auto_shape(c);
+    const double bytes = costs[i].payload_bytes;
+    if (numel < spec.small && shape != AutoShape::kDenseRing && auto_candidate_bits(c) < 16) {
+      d.left_out[i] = fmt::format("small key (< {} elements): 16 bits or more", spec.small);
+      continue;
+    }
+    if (spec.max_ratio > 0 && bytes > 0 && dense_bytes / bytes > spec.max_ratio) {
+      d.left_out[i] = fmt::format("compresses {:.0f}x, above max_ratio={}", dense_bytes / bytes, spec.max_ratio);
+      continue;
+    }
+    d.predicted_s[i] = predict_compute_s(shape, costs[i], ranks) + predict_wire_s(shape, bytes, link, ranks);
+    if (best < 0 || d.predicted_s[i] < d.predicted_s[best]) best = static_cast<int>(i);
+  }
+  if (best < 0) best = 0;  // nothing priced (every candidate left out): the first, as listed
+  // Hysteresis: the current choice stays unless beaten by 10 %.
+  if (current >= 0 && static_cast<size_t>(current) < count && d.predicted_s[current] >= 0 &&
+      d.predicted_s[best] > 0.9 * d.predicted_s[current]) {
+    best = current;
+  }
+  d.choice = best;
+  return d;
+}
+
+// ---- the record ------------------------------------------------------------------------
+
+namespace {
+
+void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<uint8_t> AutoRecord::serialize() const {
+  std::vector<uint8_t> out(kBytes, 0);
+  put32(out.data(), kMagic);
+  put32(out.data() + 4, spec_hash);
+  put32(out.data() + 8, static_cast<uint32_t>(choice));
+  // bytes 12..15 reserved
+  put64(out.data() + 16, next_review);
+  put64(out.data() + 24, decided_at);
+  return out;
+}
+
+std::optional<AutoRecord> AutoRecord::parse(std::span<const uint8_t> bytes) {
+  if (bytes.size() != kBytes || get32(bytes.data()) != kMagic) return std::nullopt;
+  AutoRecord r;
+  r.spec_hash = get32(bytes.data() + 4);
+  r.choice = static_cast<int32_t>(get32(bytes.data() + 8));
+  r.next_review = get64(bytes.data() + 16);
+  r.decided_at = get64(bytes.data() + 24);
+  return r;
+}
+
+// ---- on the engine ---------------------------------------------------------------------
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The least of two timed runs of fn (the first also warms caches and allocations).
+template <class Fn>
+double time_min2(Fn&& fn) {
+  double best = 0;
+  for (int i = 0; i < 2; ++i) {
+    const auto start = Clock::now();
+    fn();
+    const double t = seconds_since(start);
+    best = i == 0 ? t : std::min(best, t);
+  }
+  return best;
+}
+
+// Units of the review call's exchanges, apart from one another.
+constexpr uint32_t kProbeSmallUnits = 0;
+constexpr uint32_t kProbeLargeUnits = 1u << 24;
+constexpr uint32_t kReduceUnits = 2u << 24;
+constexpr uint32_t kRelinkUnits = 3u << 24;
+constexpr int kProbeSmallRounds = 5;
+constexpr int64_t kProbeLargeBytes = int64_t{2} << 20;
+constexpr double kDriftBand = 2.0;
+
+}  // namespace
+
+std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call& call, CallExecutor& exec) const {
+  const int64_t n = call.tensor.numel;
+  const auto* grad = static_cast<const float*>(call.tensor.data);
+  std::vector<float> work(grad, grad + n), other(grad, grad + n);
+  const double pass_s = time_min2([&] { reduce_inplace(work.data(), other.data(), n, DType::kFloat32, ReduceOp::kSum); });
+  const PhiloxStream rng{0, philox_stream_id(call.key_hash, 0, exec.rank())};
+  std::vector<CandidateCost> costs;
+  for (const CompressorSpec& c : spec.candidates) {
+    CandidateCost cost;
+    switch (auto_shape(c)) {
+      case AutoShape::kDenseRing:
+        cost.encode_s = pass_s;
+        cost.payload_bytes = 4.0 * static_cast<double>(n);
+        break;
+      case AutoShape::kCodecRing: {
+        const DenseCodec& codec = exec.compression().codec(c);
+        std::vector<uint8_t> payload(codec.encoded_bytes(n));
+        cost.encode_s = time_min2([&] { codec.encode(grad, n, payload.data(), rng, 0); });
+        cost.decode_s = time_min2([&] { codec.decode_add(payload, n, work.data()); });
+        cost.payload_bytes = static_cast<double>(payload.size());
+        break;
+      }
+      case AutoShape::kAllgather: {
+        const int64_t k = selection_count(c.ratio, c.k, n);
+        std::vector<uint8_t> payload;
+        cost.encode_s = time_min2([&] {
+          const SparseVector selected = topk_select_accumulate(grad, nullptr, n, k, c.select, rng);
+          payload = encode_sparse(c.id, n, selected, sparse_format(c));
+        });
+        const std::span<const uint8_t> one(payload);
+        cost.decode_s = time_min2([&] { decode_sum_sparse(c.id, std::span(&one, 1), n, work.data()); });
+        cost.payload_bytes = static_cast<double>(payload.size());
+        break;
+      }
+    }
+    if (c.ef) cost.encode_s += pass_s;  // the residual's fold
+    cost.encode_s *= test_compute_scale_;
+    cost.decode_s *= test_compute_scale_;
+    costs.push_back(cost);
+  }
+  return costs;
+}
+
+LinkModel AutoChooser::probe(Op& op) const {
+  const int ranks = op.size();
+  double small[kProbeSmallRounds];
+  for (int i = 0; i < kProbeSmallRounds; ++i) {
+    double x = 1.0;
+    const auto start = Clock::now();
+    dense_allreduce(op, &x, 1, DType::kFloat64, ReduceOp::kMax, kProbeSmallUnits + static_cast<uint32_t>(i) * 64);
+    small[i] = seconds_since(start);
+  }
+  std::sort(small, small + kProbeSmallRounds);
+  LinkModel link;
+  link.alpha_s = small[kProbeSmallRounds / 2] / std::max(1.0, std::ceil(std::log2(static_cast<double>(ranks))));
+  std::vector<float> big(static_cast<size_t>(kProbeLargeBytes / 4), 1.0f);
+  double large = 0;
+  for (int i = 0; i < 2; ++i) {
+    const auto start = Clock::now();
+    dense_allreduce(op, big.data(), static_cast<int64_t>(big.size()), DType::kFloat32, ReduceOp::kMax,
+                    kProbeLargeUnits + static_cast<uint32_t>(i) * (1u << 20));
+    const double t = seconds_since(start);
+    large = i == 0 ? t : std::min(large, t);
+  }
+  // The ring: 2(N-1) steps of (α + B/N at β).
+  const double steps = 2.0 * (ranks - 1);
+  const double per_step_bytes = static_cast<double>(kProbeLargeBytes) / ranks;
+  link.seconds_per_byte = std::max(1e-12, (large / steps - link.alpha_s) / per_step_bytes);
+  return link;
+}
+
+void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
+  const AutoSpec& spec = *call.auto_spec;
+  const int ranks = exec.size();
+  const uint32_t spec_hash = fnv1a32(spec.canonical());
+  KeyCosts& mine = measured_[call.key_name];
+  const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel;
+  const size_t count = spec.candidates.size();
+  // [α, 1/β, -drift, then per candidate: encode, decode, payload bytes]
+  std::vector<double> v(3 + 3 * count);
+  const bool probe_now = !link_known_ && !test_link_;
+  const double drift = drift_count_ > 0 ? std::exp(drift_log_sum_ / static_cast<double>(drift_count_)) : 1.0;
+  WireHeader header;
+  header.op = OpKind::kAllreduce;
+  header.dtype = DType::kFloat64;
+  header.reduce_op = ReduceOp::kMax;
+  header.numel = static_cast<int64_t>(v.size());
+  header.seq = exec.next_seq();
+  header.compressor = "auto-review";
+  header.compressor_hash = fnv1a32(header.compressor);
+  header.fused_digest = spec_hash;  // ranks must review with the same auto spec
+  header.step = call.key->step;
+  bool relinked = false;
+  exec.run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+    // Inside the call: a failure here reaches the other ranks as any call's does.
+    if (measure_now) mine = KeyCosts{spec_hash, call.tensor.numel, measure(spec, call, exec)};
+    for (size_t i = 0; i < count; ++i) {
+      v[3 + 3 * i] = mine.costs[i].encode_s;
+      v[4 + 3 * i] = mine.costs[i].decode_s;
+      v[5 + 3 * i] = mine.costs[i].payload_bytes;
+    }
+    LinkModel link = test_link_ ? *test_link_ : link_;
+    if (probe_now) link = probe(op);
+    v[0] = link.alpha_s;
+    v[1] = link.seconds_per_byte;
+    v[2] = -drift;
+    dense_allreduce(op, v.data(), static_cast<int64_t>(v.size()), DType::kFloat64, ReduceOp::kMax, kReduceUnits);
+    // The rates moved (every rank sees the same reduced drift): measure the link again.
+    const double shared_drift = -v[2];
+    if (!test_link_ && !probe_now && drift_baseline_ > 0 &&
+        (shared_drift > drift_baseline_ * kDriftBand || shared_drift < drift_baseline_ / kDriftBand)) {
+      const LinkModel fresh = probe(op);
+      double w[2] = {fresh.alpha_s, fresh.seconds_per_byte};
+      dense_allreduce(op, w, 2, DType::kFloat64, ReduceOp::kMax, kRelinkUnits);
+      v[0] = w[0];
+      v[1] = w[1];
+      relinked = true;
+    }
+    return 1;  // numbered, internal: Stats::ops counts the user's collectives
+  });
+  if (probe_now || relinked) {
+    drift_baseline_ = 0;  // the next review's drift becomes the baseline
+  } else if (drift_baseline_ == 0 && drift_count_ > 0) {
+    drift_baseline_ = -v[2];
+  }
+  drift_log_sum_ = 0;
+  drift_count_ = 0;
+  link_known_ = true;
+  link_ = LinkModel{v[0], v[1]};
+
+  std::vector<CandidateCost> shared(count);
+  for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[3 + 3 * i], v[4 + 3 * i], v[5 + 3 * i]};
+  const AutoDecision d = decide_auto(spec, shared, link_, call.tensor.numel, ranks, record.choice);
+  const bool changed = d.choice != record.choice;
+  record.spec_hash = spec_hash;
+  record.choice = d.choice;
+  record.decided_at = call.key->step;
+  record.next_review = call.key->step + static_cast<uint64_t>(spec.review);
+
+  AutoChoice report;
+  report.key = call.key_name;
+  report.numel = call.tensor.numel;
+  report.step = call.key->step;
+  for (const CompressorSpec& c : spec.candidates) {
+    report.candidates.push_back(c.id == CompressorId::kNone ? std::string("none") : c.canonical());
+  }
+  report.chosen = report.candidates[d.choice];
+  report.predicted_s = d.predicted_s;
+  report.left_out = d.left_out;
+  report.alpha_s = link_.alpha_s;
+  report.bytes_per_s = 1.0 / link_.seconds_per_byte;
+  if (changed && exec.rank() == 0) {
+    std::string times;
+    for (size_t i = 0; i < count; ++i) {
+      times += fmt::format("{}{} {}", i == 0 ? "" : ", ", spec.candidates[i].id == CompressorId::kNone
+                                                               ? std::string("none")
+                                                               : compressor_name(spec.candidates[i].id),
+                           d.predicted_s[i] >= 0 ? fmt::format("{:.3f} ms", d.predicted_s[i] * 1e3)
+                                                 : std::string("left out"));
+    }
+    log(LogLevel::kInfo, "gradcomm: auto: key '{}' ({} elements) at step {}: {} (predicted {}; link {:.0f} us, "
+        "{:.1f} MB/s)",
+        call.key_name, call.tensor.numel, call.key->step, report.chosen, times, link_.alpha_s * 1e6,
+        report.bytes_per_s / 1e6);
+  }
+  std::lock_guard lock(report_mutex_);
+  report_[call.key_name] = std::move(report);
+}
+
+void AutoChooser::choose(CallExecutor& exec, Call& call) {
+  KeyState& key = *call.key;
+  const AutoSpec& spec = *call.auto_spec;
+  const uint32_t spec_hash = fnv1a32(spec.canonical());
+  AutoRecord record = AutoRecord::parse(key.extra).value_or(AutoRecord{});
+  if (record.spec_hash != spec_hash || record.choice < 0 || static_cast<size_t>(record.choice) >= spec.candidates.size()) {
+    record = AutoRecord{};
+  }
+  // After load_state the record's choice holds until its review (costs are measured then).
+  if (record.choice < 0 || key.step >= record.next_review) {
+    if (exec.size() > 1) {
+      review(exec, call, record);
+    } else {  // one rank: nothing travels, nothing to choose
+      record = AutoRecord{spec_hash, 0, key.step + static_cast<uint64_t>(spec.review), key.step};
+    }
+  }
+  key.extra = record.serialize();
+  call.spec = &spec.candidates[record.choice];
+  // A choice without error feedback sends what the residual kept (flushes it).
+  if (!call.spec->ef && !key.residual.empty()) {
+    auto* data = static_cast<float*>(call.tensor.data);
+    const auto* residual = reinterpret_cast<const float*>(key.residual.data());
+    for (int64_t i = 0; i < call.tensor.numel; ++i) data[i] += residual[i];
+    key.residual.clear();
+  }
+}
+
+void AutoChooser::observe(const Call& call, const Stats& before, const Stats& after, int ranks) {
+  if (ranks <= 1 || !link_known_ || call.spec == nullptr) return;
+  const double wire = (after.total_s - before.total_s) - (after.encode_s - before.encode_s) -
+                      (after.decode_s - before.decode_s) - (after.reduce_s - before.reduce_s);
+  const auto it = measured_.find(call.key_name);
+  if (it == measured_.end()) return;
+  const size_t i = static_cast<size_t>(call.spec - call.auto_spec->candidates.data());
+  if (i >= it->second.costs.size()) return;
+  const double predicted = predict_wire_s(auto_shape(*call.spec), it->second.costs[i].payload_bytes, link_, ranks);
+  if (!(wire > 0) || !(predicted > 0)) return;
+  drift_log_sum_ += std::log(wire / predicted);
+  drift_count_ += 1;
+}
+
+void AutoChooser::set_test_override(double compute_scale, std::optional<LinkModel> link) {
+  test_compute_scale_ = compute_scale;
+  test_link_ = link;
+  measured_.clear();  // measured again, scaled, at each key's next review
+}
+
+std::vector<AutoChoice> AutoChooser::report() const {
+  std::lock_guard lock(report_mutex_);
+  std::vector<AutoChoice> out;
+  out.reserve(report_.size());
+  for (const auto& [key, choice] : report_) out.push_back(choice);
+  return out;
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,149 @@
+// `compressor=auto` on the engine (docs/does-compression-pay.md; the spec:
+// compressors/auto_spec.h). Per key, the candidate whose predicted call time is least:
+//
+//   t(c) = compute(c) + wire(c),   wire at the job's measured α (seconds per message)
+//                                  and β (bytes per second); compute measured on this host
+//
+//   none       (N-1)/N reduce passes            + 2(N-1) (α + 4n / (N β))
+//   codec ring encode + 2(N-1)/N decode passes  + 2(N-1) (α + B / (N β))
+//   top-k      encode + N decodes               + 2(N-1) α + (N-1) B / β
+//
+// for n elements on N ranks, B the candidate's payload of the whole tensor. A candidate
+// with error feedback adds one pass (the residual's fold).
+//
+// Agreement. A key's choice is made at a review: an internal call numbered like any
+// other ("auto-review" in its header), run by every rank at the same step of the key
+// (the step is in every header, so ranks cannot drift apart unseen). It allreduces,
+// taking the maximum, one vector of this rank's measurements: α and 1/β, each
+// candidate's compute and payload bytes (the slowest rank's cost is the step's), and
+// the calls' drift (negated: the least drifted rank's). Every rank then computes the
+// choice from the same numbers, in the same order: the same choice, whatever its own
+// clock said. The chosen candidate's spec then travels in each call's header, checked
+// like any call's.
+//
+// Measuring. Compute costs: each candidate's encode and decode timed on a copy of the
+// key's gradient at its first review (again after load_state). α and β: a probe at the
+// job's first review (small and 2 MiB allreduces inside the review call), and again
+// when the calls' measured wire times drift from the model's prediction by more than
+// 2x (in the geometric mean since the last review, against the first mean after the
+// probe).
+//
+// Switching (at a review, only when the new candidate is predicted at least 10 % faster
+// than the current one): a candidate with error feedback inherits the residual as it is
+// (it holds what was not yet sent, in the gradient's units, whichever codec dropped
+// it); one without flushes it, adding it to the gradient of the first call after the
+// switch, which then sends it (exactly for none, rounded for 16 bits).
+//
+// State. The choice, the step of the next review and its period live in the key's
+// KeyState::extra (AutoRecord), so save_state/load_state carry them with the residual.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "compressors/auto_spec.h"
+#include "gradcomm/communicator.h"
+#include "state.h"
+
+namespace gradcomm::detail {
+
+struct Call;
+class CallExecutor;
+class Op;
+
+// ---- the model (pure: tests/unit/test_auto_choice.cc) -------------------------------
+
+enum class AutoShape : uint8_t { kDenseRing, kCodecRing, kAllgather };
+AutoShape auto_shape(const CompressorSpec& spec);
+
+struct LinkModel {
+  double alpha_s = 30e-6;           // per message
+  double seconds_per_byte = 8e-10;  // 1 / β
+};
+
+// One candidate on one key, in seconds per call of the whole tensor (this rank's, or
+// after the review's reduction the slowest rank's).
+struct CandidateCost {
+  double encode_s = 0;  // none: one reduce pass; else encode (+ the residual's fold with ef)
+  double decode_s = 0;  // one decode(-add) of a whole-tensor payload; none: 0
+  double payload_bytes = 0;
+};
+
+double predict_compute_s(AutoShape shape, const CandidateCost& cost, int ranks);
+double predict_wire_s(AutoShape shape, double payload_bytes, const LinkModel& link, int ranks);
+
+struct AutoDecision {
+  int choice = 0;
+  std::vector<double> predicted_s;  // per candidate; negative: left out (see reason)
+  std::vector<std::string> left_out;  // per candidate: why ("" when priced)
+};
+
+// The candidate with the least predicted time among those allowed: all for keys of at
+// least spec.small elements, else those of 16 bits or more; none above max_ratio.
+// `current` (-1: none yet) keeps its place unless another is predicted at least 10 %
+// faster. Ties go to the earlier candidate. Pure: equal inputs give equal outputs.
+AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> costs, const LinkModel& link,
+                         int64_t numel, int ranks, int current);
+
+// ---- the persisted part of a key's choice (KeyState::extra) -------------------------
+
+struct AutoRecord {
+  static constexpr uint32_t kMagic = 0x31414347;  // "GCA1"
+  static constexpr size_t kBytes = 32;
+  uint32_t spec_hash = 0;  // fnv1a32 of the AutoSpec's canonical form: a new spec starts over
+  int32_t choice = -1;     // candidate index; -1: none yet
+  uint64_t next_review = 0;  // the key's step of its next review
+  uint64_t decided_at = 0;
+
+  std::vector<uint8_t> serialize() const;
+  // nullopt for bytes that are not a record (an empty extra: a key auto has not used).
+  static std::optional<AutoRecord> parse(std::span<const uint8_t> bytes);
+};
+
+// ---- on the engine -------------------------------------------------------------------
+
+class AutoChooser {
+ public:
+  // On the engine thread, before the call's header is made: sets call.spec to the
+  // key's choice, reviewing it first when due (an internal numbered call, run through
+  // `exec`), and flushes the residual into the gradient when the choice has no error
+  // feedback. Errors are the review call's (every rank's view of it).
+  void choose(CallExecutor& exec, Call& call);
+  // After the call: its measured wire time against the model's (the drift).
+  void observe(const Call& call, const Stats& before, const Stats& after, int ranks);
+  // Test hook: from the next review on, this rank's measurements are multiplied by
+  // `compute` (compute costs) and the link is taken as `link` instead of probed.
+  void set_test_override(double compute_scale, std::optional<LinkModel> link);
+
+  // The latest decision per key (any thread).
+  std::vector<AutoChoice> report() const;
+
+ private:
+  struct KeyCosts {
+    uint32_t spec_hash = 0;
+    int64_t numel = 0;
+    std::vector<CandidateCost> costs;  // this rank's, measured
+  };
+  void review(CallExecutor& exec, Call& call, AutoRecord& record);
+  std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, CallExecutor& exec) const;
+  LinkModel probe(Op& op) const;
+
+  std::map<std::string, KeyCosts> measured_;  // engine thread
+  bool link_known_ = false;
+  LinkModel link_;
+  double drift_log_sum_ = 0;
+  int64_t drift_count_ = 0;
+  double drift_baseline_ = 0;  // the first reduced drift after a probe; 0: none yet
+  double test_compute_scale_ = 1.0;
+  std::optional<LinkModel> test_link_;
+
+  mutable std::mutex report_mutex_;
+  std::map<std::string, AutoChoice> report_;
+};
+
+}  // namespace gradcomm::detail
