@@ -146,6 +146,7 @@ AutoSpec parse_auto_spec(std::string_view text) {
     }
     canonical.push_back(name);
     spec.candidates.push_back(c);
+    spec.names.emplace_back(given);
     if (bar == std::string_view::npos) break;
     begin = bar + 1;
   }

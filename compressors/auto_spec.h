@@ -30,7 +30,8 @@
 namespace gradcomm::detail {
 
 struct AutoSpec {
-  std::vector<CompressorSpec> candidates;  // in the user's order: ties go to the earlier one
+  std::vector<CompressorSpec> candidates;  // in the user's order: near-ties go to the earlier one
+  std::vector<std::string> names;          // each candidate as the spec wrote it (logs, reports)
   int min_bits = 4;
   double max_ratio = 0.0;  // 0: no cap
   int64_t review = 50;

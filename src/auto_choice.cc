@@ -89,13 +89,25 @@ AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> co
     d.predicted_s[i] = predict_compute_s(shape, costs[i], ranks) + predict_wire_s(shape, bytes, link, ranks);
     if (best < 0 || d.predicted_s[i] < d.predicted_s[best]) best = static_cast<int>(i);
   }
-  if (best < 0) best = 0;  // nothing priced (every candidate left out): the first, as listed
-  // Hysteresis: the current choice stays unless beaten by 10 %.
-  if (current >= 0 && static_cast<size_t>(current) < count && d.predicted_s[current] >= 0 &&
-      d.predicted_s[best] > 0.9 * d.predicted_s[current]) {
-    best = current;
+  if (best < 0) {  // nothing priced (every candidate left out): the first, as listed
+    d.choice = 0;
+    return d;
   }
-  d.choice = best;
+  // Within 10 % of the best, predictions do not separate the candidates (the clocks
+  // behind them are noisier than that): the current choice stays, else the earliest,
+  // i.e. the least lossy as the candidates are listed.
+  const double near = d.predicted_s[best] / 0.9;
+  if (current >= 0 && static_cast<size_t>(current) < count && d.predicted_s[current] >= 0 &&
+      d.predicted_s[current] <= near) {
+    d.choice = current;
+    return d;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (d.predicted_s[i] >= 0 && d.predicted_s[i] <= near) {
+      d.choice = static_cast<int>(i);
+      break;
+    }
+  }
   return d;
 }
 
@@ -172,6 +184,7 @@ constexpr uint32_t kRelinkUnits = 3u << 24;
 constexpr int kProbeSmallRounds = 5;
 constexpr int64_t kProbeLargeBytes = int64_t{2} << 20;
 constexpr double kDriftBand = 2.0;
+constexpr double kDriftCalls = 16;  // calls observed (on every rank) before the drift is judged
 
 }  // namespace
 
@@ -253,8 +266,9 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   KeyCosts& mine = measured_[call.key_name];
   const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel;
   const size_t count = spec.candidates.size();
-  // [α, 1/β, -drift, then per candidate: encode, decode, payload bytes]
-  std::vector<double> v(3 + 3 * count);
+  // [α, 1/β, -drift, -observations, then per candidate: encode, decode, payload bytes]
+  constexpr size_t kHead = 4;
+  std::vector<double> v(kHead + 3 * count);
   const bool probe_now = !link_known_ && !test_link_;
   const double drift = drift_count_ > 0 ? std::exp(drift_log_sum_ / static_cast<double>(drift_count_)) : 1.0;
   WireHeader header;
@@ -267,25 +281,36 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   header.compressor_hash = fnv1a32(header.compressor);
   header.fused_digest = spec_hash;  // ranks must review with the same auto spec
   header.step = call.key->step;
-  bool relinked = false;
+  bool relinked = false, judged = false;
   exec.run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     // Inside the call: a failure here reaches the other ranks as any call's does.
     if (measure_now) mine = KeyCosts{spec_hash, call.tensor.numel, measure(spec, call, exec)};
     for (size_t i = 0; i < count; ++i) {
-      v[3 + 3 * i] = mine.costs[i].encode_s;
-      v[4 + 3 * i] = mine.costs[i].decode_s;
-      v[5 + 3 * i] = mine.costs[i].payload_bytes;
+      v[kHead + 3 * i] = mine.costs[i].encode_s;
+      v[kHead + 3 * i + 1] = mine.costs[i].decode_s;
+      v[kHead + 3 * i + 2] = mine.costs[i].payload_bytes;
     }
     LinkModel link = test_link_ ? *test_link_ : link_;
     if (probe_now) link = probe(op);
     v[0] = link.alpha_s;
     v[1] = link.seconds_per_byte;
     v[2] = -drift;
+    v[3] = -static_cast<double>(drift_count_);
     dense_allreduce(op, v.data(), static_cast<int64_t>(v.size()), DType::kFloat64, ReduceOp::kMax, kReduceUnits);
-    // The rates moved (every rank sees the same reduced drift): measure the link again.
+    // Everything below reads reduced values only, so every rank takes the same branch.
+    // The drift (the least drifted rank's) is judged once enough calls were seen since
+    // the last judgement: the first judgement after a probe is the baseline; two in a
+    // row more than 2x away from it mean the rates moved: the link is probed again.
     const double shared_drift = -v[2];
-    if (!test_link_ && !probe_now && drift_baseline_ > 0 &&
-        (shared_drift > drift_baseline_ * kDriftBand || shared_drift < drift_baseline_ / kDriftBand)) {
+    judged = -v[3] >= kDriftCalls;
+    if (!judged || test_link_ || probe_now) return 1;
+    if (drift_baseline_ == 0) {
+      drift_baseline_ = shared_drift;
+      return 1;
+    }
+    const bool moved = shared_drift > drift_baseline_ * kDriftBand || shared_drift < drift_baseline_ / kDriftBand;
+    drift_moved_ = moved ? drift_moved_ + 1 : 0;
+    if (drift_moved_ >= 2) {
       const LinkModel fresh = probe(op);
       double w[2] = {fresh.alpha_s, fresh.seconds_per_byte};
       dense_allreduce(op, w, 2, DType::kFloat64, ReduceOp::kMax, kRelinkUnits);
@@ -296,17 +321,18 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
     return 1;  // numbered, internal: Stats::ops counts the user's collectives
   });
   if (probe_now || relinked) {
-    drift_baseline_ = 0;  // the next review's drift becomes the baseline
-  } else if (drift_baseline_ == 0 && drift_count_ > 0) {
-    drift_baseline_ = -v[2];
+    drift_baseline_ = 0;  // the next judgement becomes the baseline
+    drift_moved_ = 0;
   }
-  drift_log_sum_ = 0;
-  drift_count_ = 0;
+  if (probe_now || relinked || judged) {
+    drift_log_sum_ = 0;
+    drift_count_ = 0;
+  }
   link_known_ = true;
   link_ = LinkModel{v[0], v[1]};
 
   std::vector<CandidateCost> shared(count);
-  for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[3 + 3 * i], v[4 + 3 * i], v[5 + 3 * i]};
+  for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[kHead + 3 * i], v[kHead + 3 * i + 1], v[kHead + 3 * i + 2]};
   const AutoDecision d = decide_auto(spec, shared, link_, call.tensor.numel, ranks, record.choice);
   const bool changed = d.choice != record.choice;
   record.spec_hash = spec_hash;
@@ -318,9 +344,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   report.key = call.key_name;
   report.numel = call.tensor.numel;
   report.step = call.key->step;
-  for (const CompressorSpec& c : spec.candidates) {
-    report.candidates.push_back(c.id == CompressorId::kNone ? std::string("none") : c.canonical());
-  }
+  report.candidates = spec.names;
   report.chosen = report.candidates[d.choice];
   report.predicted_s = d.predicted_s;
   report.left_out = d.left_out;
@@ -329,9 +353,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   if (changed && exec.rank() == 0) {
     std::string times;
     for (size_t i = 0; i < count; ++i) {
-      times += fmt::format("{}{} {}", i == 0 ? "" : ", ", spec.candidates[i].id == CompressorId::kNone
-                                                               ? std::string("none")
-                                                               : compressor_name(spec.candidates[i].id),
+      times += fmt::format("{}{} {}", i == 0 ? "" : ", ", spec.names[i],
                            d.predicted_s[i] >= 0 ? fmt::format("{:.3f} ms", d.predicted_s[i] * 1e3)
                                                  : std::string("left out"));
     }

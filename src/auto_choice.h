@@ -22,14 +22,17 @@
 // like any call's.
 //
 // Measuring. Compute costs: each candidate's encode and decode timed on a copy of the
-// key's gradient at its first review (again after load_state). α and β: a probe at the
-// job's first review (small and 2 MiB allreduces inside the review call), and again
-// when the calls' measured wire times drift from the model's prediction by more than
-// 2x (in the geometric mean since the last review, against the first mean after the
-// probe).
+// key's gradient at its first review (once per key name and size). α and β: a probe at
+// the job's first review (small and 2 MiB allreduces inside the review call), and again
+// when the calls' measured wire times have drifted from the model's prediction: their
+// geometric mean over at least 16 calls (on every rank; the least drifted rank's), two
+// judgements in a row more than 2x from the first judgement after the last probe.
 //
-// Switching (at a review, only when the new candidate is predicted at least 10 % faster
-// than the current one): a candidate with error feedback inherits the residual as it is
+// Near-ties. Predictions within 10 % of the best do not separate candidates (the clocks
+// behind them are noisier than that): the current choice stays, else the earliest
+// listed (the least lossy, in the default order) among them is taken.
+//
+// Switching: a candidate with error feedback inherits the residual as it is
 // (it holds what was not yet sent, in the gradient's units, whichever codec dropped
 // it); one without flushes it, adding it to the gradient of the first call after the
 // switch, which then sends it (exactly for none, rounded for 16 bits).
@@ -83,10 +86,10 @@ struct AutoDecision {
   std::vector<std::string> left_out;  // per candidate: why ("" when priced)
 };
 
-// The candidate with the least predicted time among those allowed: all for keys of at
-// least spec.small elements, else those of 16 bits or more; none above max_ratio.
-// `current` (-1: none yet) keeps its place unless another is predicted at least 10 %
-// faster. Ties go to the earlier candidate. Pure: equal inputs give equal outputs.
+// The candidate with the least predicted time among those allowed (all for keys of at
+// least spec.small elements, else those of 16 bits or more; none above max_ratio), but
+// among those within 10 % of it: `current` (-1: none yet) if it is one, else the
+// earliest listed. Pure: equal inputs give equal outputs.
 AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> costs, const LinkModel& link,
                          int64_t numel, int ranks, int current);
 
@@ -138,7 +141,8 @@ class AutoChooser {
   LinkModel link_;
   double drift_log_sum_ = 0;
   int64_t drift_count_ = 0;
-  double drift_baseline_ = 0;  // the first reduced drift after a probe; 0: none yet
+  double drift_baseline_ = 0;  // the first judged drift after a probe; 0: none yet
+  int drift_moved_ = 0;        // judgements in a row more than 2x from the baseline
   double test_compute_scale_ = 1.0;
   std::optional<LinkModel> test_link_;
 

@@ -202,7 +202,9 @@ void Trainer::setup() {
   // Validate the compressor (and momentum correction's needs) before any step.
   for (const ParamRange& r : layout_.ranges) {
     const AllreducePlan plan = comm_.plan_allreduce(r.numel, options_for(r));
-    if (c_.momentum_correction && !plan.sparse_with_feedback) {
+    // compressor=auto decides per step whether a layer sparsifies (step() asks each time).
+    const bool chooses = c_.compressor == "auto" || c_.compressor.rfind("auto:", 0) == 0;
+    if (c_.momentum_correction && !plan.sparse_with_feedback && !chooses) {
       throw InvalidArgument(fmt::format("--momentum-correction needs a sparsifier with error feedback (topk, randomk "
                                         "or sketch, ef=1); --compressor is '{}'",
                                         c_.compressor));
@@ -410,7 +412,7 @@ bool Trainer::step_blocking(double& loss) {
     const ParamRange& r = layout_.ranges[i];
     // Momentum correction only where the allreduce really sparsifies; dense keys
     // (min_numel, warm-up) use plain momentum on the averaged gradient.
-    dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).compressed;
+    dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).sparse_with_feedback;
     if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
   }
   compute_s_ += seconds_since(t0);
@@ -448,7 +450,7 @@ bool Trainer::step_overlapped(double& loss) {
     const size_t ranges[] = {2 * layer, 2 * layer + 1};
     for (size_t i : ranges) {
       const ParamRange& r = layout_.ranges[i];
-      dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).compressed;
+      dgc_mode_[i] = c_.momentum_correction && comm_.plan_allreduce(r.numel, options_for(r)).sparse_with_feedback;
       if (dgc_mode_[i]) backend_->dgc_accumulate(r, sgd_);
       backend_->zero_nonfinite(r);  // no NaN leaves; forward_backward's finite says if there was one
     }
@@ -586,6 +588,13 @@ void Trainer::end_epoch() {
       {"device", c_.device},
   };
   if (std::isnan(train_loss)) line["train_loss"] = nullptr;  // every step of the epoch skipped
+  // compressor=auto: what each layer's allreduce runs now (Stats::auto_choices).
+  const Stats now = comm_.stats();
+  if (!now.auto_choices.empty()) {
+    nlohmann::json chosen = nlohmann::json::object();
+    for (const AutoChoice& a : now.auto_choices) chosen[a.key] = a.chosen;
+    line["auto_choices"] = chosen;
+  }
   if (!log_path_.empty()) {
     std::ofstream out(log_path_, std::ios::app);
     out << line.dump() << '\n';
@@ -596,6 +605,13 @@ void Trainer::end_epoch() {
     fmt::print("epoch {:>3}/{}: train_loss {:.4f}  test_accuracy {:.4f}  {}  {}, step {:.1f} ms median\n", s_.epoch + 1,
                c_.epochs, train_loss, accuracy, describe_bytes(), describe_time(time_s, eval_s),
                1e3 * percentile(step_s_, 0.5));
+    if (!now.auto_choices.empty()) {
+      std::string chosen;
+      for (const AutoChoice& a : now.auto_choices) {
+        chosen += fmt::format(" {}={}", a.key, a.chosen);
+      }
+      fmt::print("  auto:{}\n", chosen);
+    }
     std::fflush(stdout);
   }
   s_.epoch += 1;

@@ -42,9 +42,9 @@ struct InitOptions {  // unset fields come from the environment (see README, "La
 struct AutoChoice {
   std::string key;
   int64_t numel = 0;
-  std::string chosen;                   // the chosen candidate's canonical spec
+  std::string chosen;                   // the chosen candidate, as the auto spec names it
   uint64_t step = 0;                    // the key's step when it was decided
-  std::vector<std::string> candidates;  // canonical specs, in the spec's order
+  std::vector<std::string> candidates;  // as the auto spec names them, in its order
   std::vector<double> predicted_s;      // per candidate, predicted seconds per call; negative: left out
   std::vector<std::string> left_out;    // per candidate: why it was left out ("" when priced)
   double alpha_s = 0;                   // the link the decision assumed: seconds per message,

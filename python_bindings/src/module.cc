@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "communicator_factory.h"
+#include "compressors/auto_spec.h"
 #include "compressors/spec.h"
 #include "gradcomm/gradcomm.h"
 #include "python_store.h"
@@ -346,7 +347,7 @@ PYBIND11_MODULE(_gradcomm, m) {
   });
   // Parses a spec as the engine will at its first compressed call: InvalidArgument
   // (gradcomm.InvalidArgument, a ValueError) naming the problem and what is accepted.
-  m.def("check_compression", [](const std::string& spec) { (void)detail::parse_compressor_spec(spec); },
+  m.def("check_compression", [](const std::string& spec) { detail::check_compressor_spec(spec); },
         py::arg("spec"));
   m.def("stats", [] {
     Stats st;
@@ -367,6 +368,31 @@ PYBIND11_MODULE(_gradcomm, m) {
     d["comm_s"] = st.comm_s();
     d["fused_calls"] = st.fused_calls;
     d["engine_cpu_s"] = st.engine_cpu_s;
+    // compressor=auto: per key, the latest choice and the predicted seconds per call of
+    // every candidate (None: left out, with the reason in "left_out").
+    py::list choices;
+    for (const AutoChoice& c : st.auto_choices) {
+      py::dict e;
+      e["key"] = c.key;
+      e["numel"] = c.numel;
+      e["chosen"] = c.chosen;
+      e["step"] = c.step;
+      py::dict predicted, left_out;
+      for (size_t i = 0; i < c.candidates.size(); ++i) {
+        if (c.predicted_s[i] >= 0) {
+          predicted[py::str(c.candidates[i])] = c.predicted_s[i];
+        } else {
+          predicted[py::str(c.candidates[i])] = py::none();
+          left_out[py::str(c.candidates[i])] = c.left_out[i];
+        }
+      }
+      e["predicted_s"] = predicted;
+      e["left_out"] = left_out;
+      e["alpha_s"] = c.alpha_s;
+      e["bytes_per_s"] = c.bytes_per_s;
+      choices.append(e);
+    }
+    d["auto_choices"] = choices;
     return d;
   });
 }

@@ -11,6 +11,7 @@
 #include "c10d_store.h"
 #include "communicator_factory.h"
 #include "compressors/family.h"
+#include "compressors/auto_spec.h"
 #include "compressors/spec.h"
 #include "gradcomm/errors.h"
 #include "introspect.h"  // forget_keys
@@ -184,8 +185,10 @@ void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   // (the codec-ring families).
   bool codec_ring = false;
   try {
-    codec_ring = detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective ==
-                 detail::Collective::kCodecRing;
+    detail::check_compressor_spec(compression.spec);  // auto's too: it chooses per allreduce
+    codec_ring = !detail::is_auto_spec(compression.spec) &&
+                 detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective ==
+                     detail::Collective::kCodecRing;
   } catch (...) {
     rethrow_as_torch_error();
   }

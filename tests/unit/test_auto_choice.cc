@@ -133,7 +133,7 @@ TEST(AutoModel, ChoosesByTheLinkAsTheModelSays) {
   EXPECT_NE(c.left_out[4].find("max_ratio=10"), std::string::npos) << c.left_out[4];
 }
 
-TEST(AutoModel, SmallKeysStayDenseOr16BitAndTheCurrentChoiceNeedsTenPercentToLose) {
+TEST(AutoModel, SmallKeysStayDenseOr16BitAndNearTiesGoToTheCurrentThenTheEarliest) {
   const AutoSpec s = parse_auto_spec("auto");
   const int64_t n = 1000;
   const auto costs = default_costs(s, n);
@@ -145,8 +145,9 @@ TEST(AutoModel, SmallKeysStayDenseOr16BitAndTheCurrentChoiceNeedsTenPercentToLos
   const AutoSpec two = parse_auto_spec("auto:among=none|bf16");
   std::vector<CandidateCost> near{{0.0, 0, 100}, {0.0, 0, 95}};
   const LinkModel link{0, 1e-3};  // wire time only, proportional to bytes
-  EXPECT_EQ(detail::decide_auto(two, near, link, 1 << 20, 2, -1).choice, 1);
+  EXPECT_EQ(detail::decide_auto(two, near, link, 1 << 20, 2, -1).choice, 0);  // the earlier, less lossy
   EXPECT_EQ(detail::decide_auto(two, near, link, 1 << 20, 2, 0).choice, 0);
+  EXPECT_EQ(detail::decide_auto(two, near, link, 1 << 20, 2, 1).choice, 1);  // the current one stays
   std::vector<CandidateCost> far{{0.0, 0, 100}, {0.0, 0, 80}};
   EXPECT_EQ(detail::decide_auto(two, far, link, 1 << 20, 2, 0).choice, 1);
 }
