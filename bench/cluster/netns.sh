@@ -3,7 +3,8 @@
 # every rank's egress shaped with tc.
 #
 #   source bench/cluster/netns.sh     # installs the cleanup trap
-#   netns_up RANKS RATE [DELAY]       # bridge, namespaces, veth pairs, tbf (netem delay where the kernel has it)
+#   netns_up RANKS RATE [DELAY]       # bridge, namespaces, veth pairs, tbf (netem delay where the kernel has it);
+#                                     # RATE "unshaped": no tbf (veth at the speed of the host's copies)
 #   netns_exec R [VAR=value...] CMD   # CMD in rank R's namespace with the rank's environment
 #   netns_free_port                   # a TCP port free on rank 0's address right now
 #   netns_wait_ranks PID...           # wait for a run's ranks; the first to fail ends the run
@@ -65,7 +66,7 @@ netns_up() {
   command -v tc >/dev/null || netns_die "'tc' not found (Debian: iproute2)"
   [[ $ranks =~ ^[0-9]+$ && $ranks -ge 1 && $ranks -le 64 ]] || netns_die "ranks must be 1..64, got '$ranks'"
   [[ ${#_netns_made_ns[@]} -eq 0 ]] || netns_die "netns_up called twice without netns_down"
-  NETNS_RATE_BYTES=$(netns_rate_bytes "$rate")
+  if [[ $rate == unshaped ]]; then NETNS_RATE_BYTES=0; else NETNS_RATE_BYTES=$(netns_rate_bytes "$rate"); fi
   # A /24 in 10.0.0.0/8 that nothing on the host routes yet.
   NETNS_SUBNET=""
   for a in $(seq 200 250); do
@@ -98,7 +99,9 @@ netns_up() {
     ip -n "$n" addr add "$NETNS_SUBNET.$((r + 1))/24" dev eth0
     ip -n "$n" link set eth0 up
     ip -n "$n" link set lo up
-    if [[ $delay != 0 ]] && ip netns exec "$n" tc qdisc add dev eth0 root handle 1: netem delay "$delay" 2>/dev/null; then
+    if [[ $rate == unshaped ]]; then
+      :  # no qdisc of ours: the veth pair's own speed
+    elif [[ $delay != 0 ]] && ip netns exec "$n" tc qdisc add dev eth0 root handle 1: netem delay "$delay" 2>/dev/null; then
       ip netns exec "$n" tc qdisc add dev eth0 parent 1: handle 2: tbf rate "$rate" burst "$NETNS_BURST" latency 100ms
       NETNS_DELAY_APPLIED=true
     else
