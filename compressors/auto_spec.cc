@@ -15,14 +15,14 @@ namespace {
 constexpr std::string_view kDefaultAmong = "none|bf16|quant:bits=8,ef=1|quant:bits=4,ef=1|topk:ratio=0.01";
 
 [[noreturn]] void refuse(std::string_view text, std::string_view problem) {
-  throw InvalidArgument(fmt::format("compressor spec '{}': auto: {}", text, problem));
+  throw InvalidArgument(fmt::format("compressor spec '{}': auto: {}", shown_spec_text(text), problem));
 }
 
 int64_t parse_int(std::string_view text, std::string_view key, std::string_view value, int64_t lo, int64_t hi) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc() || end != value.data() + value.size() || v < lo || v > hi) {
-    refuse(text, fmt::format("{}='{}' is not an integer in [{}, {}]", key, value, lo, hi));
+    refuse(text, fmt::format("{}='{}' is not an integer in [{}, {}]", key, shown_spec_text(value), lo, hi));
   }
   return v;
 }
@@ -31,13 +31,14 @@ double parse_double(std::string_view text, std::string_view key, std::string_vie
   double v = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc() || end != value.data() + value.size() || !std::isfinite(v) || v < lo || v > hi) {
-    refuse(text, fmt::format("{}='{}' is not a number in [{}, {}]", key, value, lo, hi));
+    refuse(text, fmt::format("{}='{}' is not a number in [{}, {}]", key, shown_spec_text(value), lo, hi));
   }
   return v;
 }
 
 // The candidate's family runs on a collective auto can price, and passes the guard.
-void check_candidate(std::string_view text, std::string_view given, const CompressorSpec& c, int min_bits) {
+void check_candidate(std::string_view text, std::string_view candidate, const CompressorSpec& c, int min_bits) {
+  const std::string given = shown_spec_text(candidate);
   const Family& family = family_of(c.id);
   switch (family.collective) {
     case Collective::kDense:
@@ -95,10 +96,10 @@ AutoSpec parse_auto_spec(std::string_view text) {
   std::vector<std::string_view> seen;
   while (!rest.empty()) {
     const size_t eq = rest.find('=');
-    if (eq == std::string_view::npos) refuse(text, fmt::format("'{}' is not key=value", rest.substr(0, rest.find(','))));
+    if (eq == std::string_view::npos) refuse(text, fmt::format("'{}' is not key=value", shown_spec_text(rest.substr(0, rest.find(',')))));
     const std::string_view key = rest.substr(0, eq);
     for (std::string_view s : seen) {
-      if (s == key) refuse(text, fmt::format("key '{}' given twice", key));
+      if (s == key) refuse(text, fmt::format("key '{}' given twice", shown_spec_text(key)));
     }
     seen.push_back(key);
     if (key == "among") {  // the rest of the string
@@ -119,7 +120,8 @@ AutoSpec parse_auto_spec(std::string_view text) {
     } else if (key == "small") {
       spec.small = parse_int(text, key, value, 0, int64_t{1} << 40);
     } else {
-      refuse(text, fmt::format("unknown key '{}'; accepted: min_bits, max_ratio, review, small, among (last)", key));
+      refuse(text, fmt::format("unknown key '{}'; accepted: min_bits, max_ratio, review, small, among (last)",
+                               shown_spec_text(key)));
     }
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -137,12 +139,12 @@ AutoSpec parse_auto_spec(std::string_view text) {
     try {
       c = parse_compressor_spec(given);
     } catch (const InvalidArgument& e) {
-      refuse(text, fmt::format("candidate '{}': {}", given, e.what()));
+      throw InvalidArgument(fmt::format("auto: candidate {}", e.what()));  // it quotes the candidate
     }
     check_candidate(text, given, c, spec.min_bits);
     const std::string name = c.canonical();
     for (const std::string& s : canonical) {
-      if (s == name) refuse(text, fmt::format("candidate '{}' given twice", given));
+      if (s == name) refuse(text, fmt::format("candidate '{}' given twice", shown_spec_text(given)));
     }
     canonical.push_back(name);
     spec.candidates.push_back(c);

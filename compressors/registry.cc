@@ -199,6 +199,8 @@ void parse_common(const SpecReader& r, const Family& family, CompressorSpec& s) 
 
 }  // namespace
 
+std::string shown_spec_text(std::string_view text) { return shown(text); }
+
 // ---- SpecReader -------------------------------------------------------------------
 
 void SpecReader::fail(std::string_view problem) const {

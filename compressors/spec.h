@@ -103,6 +103,10 @@ inline int sketch_columns(const CompressorSpec& spec, int64_t k) {
   return spec.cols > 0 ? spec.cols : static_cast<int>(std::clamp<int64_t>(4 * k, 16, int64_t{1} << 26));
 }
 
+// User text as error messages quote it: at most 100 characters, control and non-ASCII
+// bytes escaped (\xNN), so a message stays one short line whatever the input.
+std::string shown_spec_text(std::string_view text);
+
 // Parses a spec string. InvalidArgument naming the problem and listing what is
 // accepted: unknown compressor, unknown key, bad value, missing required key,
 // key given twice.

@@ -67,7 +67,7 @@ double predict_wire_s(AutoShape shape, double payload_bytes, const LinkModel& li
 }
 
 AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> costs, const LinkModel& link,
-                         int64_t numel, int ranks, int current) {
+                         int64_t numel, int ranks, int current, double overlap_s) {
   AutoDecision d;
   const size_t count = spec.candidates.size();
   d.predicted_s.assign(count, -1.0);
@@ -86,7 +86,8 @@ AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> co
       d.left_out[i] = fmt::format("compresses {:.0f}x, above max_ratio={}", dense_bytes / bytes, spec.max_ratio);
       continue;
     }
-    d.predicted_s[i] = predict_compute_s(shape, costs[i], ranks) + predict_wire_s(shape, bytes, link, ranks);
+    d.predicted_s[i] = predict_compute_s(shape, costs[i], ranks) +
+                       std::max(0.0, predict_wire_s(shape, bytes, link, ranks) - overlap_s);
     if (best < 0 || d.predicted_s[i] < d.predicted_s[best]) best = static_cast<int>(i);
   }
   if (best < 0) {  // nothing priced (every candidate left out): the first, as listed
@@ -159,6 +160,8 @@ std::optional<AutoRecord> AutoRecord::parse(std::span<const uint8_t> bytes) {
 
 namespace {
 
+const CompressorSpec kDenseSpec{};  // id none
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -184,6 +187,7 @@ constexpr uint32_t kRelinkUnits = 3u << 24;
 constexpr int kProbeSmallRounds = 5;
 constexpr int64_t kProbeLargeBytes = int64_t{2} << 20;
 constexpr double kDriftBand = 2.0;
+constexpr uint64_t kFirstReview = 10;  // steps after a key's first choice to its second
 constexpr double kDriftCalls = 16;  // calls observed (on every rank) before the drift is judged
 
 }  // namespace
@@ -266,8 +270,8 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   KeyCosts& mine = measured_[call.key_name];
   const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel;
   const size_t count = spec.candidates.size();
-  // [α, 1/β, -drift, -observations, then per candidate: encode, decode, payload bytes]
-  constexpr size_t kHead = 4;
+  // [α, 1/β, -drift, -observations, -overlap, then per candidate: encode, decode, payload bytes]
+  constexpr size_t kHead = 5;
   std::vector<double> v(kHead + 3 * count);
   const bool probe_now = !link_known_ && !test_link_;
   const double drift = drift_count_ > 0 ? std::exp(drift_log_sum_ / static_cast<double>(drift_count_)) : 1.0;
@@ -281,6 +285,8 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   header.compressor_hash = fnv1a32(header.compressor);
   header.fused_digest = spec_hash;  // ranks must review with the same auto spec
   header.step = call.key->step;
+  KeyOverlap& overlap = overlap_[call.key_name];
+  const double overlap_mean = overlap.count > 0 ? overlap.sum_s / static_cast<double>(overlap.count) : 0.0;
   bool relinked = false, judged = false;
   exec.run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     // Inside the call: a failure here reaches the other ranks as any call's does.
@@ -296,6 +302,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
     v[1] = link.seconds_per_byte;
     v[2] = -drift;
     v[3] = -static_cast<double>(drift_count_);
+    v[4] = -overlap_mean;
     dense_allreduce(op, v.data(), static_cast<int64_t>(v.size()), DType::kFloat64, ReduceOp::kMax, kReduceUnits);
     // Everything below reads reduced values only, so every rank takes the same branch.
     // The drift (the least drifted rank's) is judged once enough calls were seen since
@@ -330,15 +337,21 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   }
   link_known_ = true;
   link_ = LinkModel{v[0], v[1]};
+  const double shared_overlap = -v[4];  // the least of the ranks'
+  overlap.sum_s = 0;
+  overlap.count = 0;
 
   std::vector<CandidateCost> shared(count);
   for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[kHead + 3 * i], v[kHead + 3 * i + 1], v[kHead + 3 * i + 2]};
-  const AutoDecision d = decide_auto(spec, shared, link_, call.tensor.numel, ranks, record.choice);
+  const AutoDecision d = decide_auto(spec, shared, link_, call.tensor.numel, ranks, record.choice, shared_overlap);
   const bool changed = d.choice != record.choice;
+  // The first choice knows no overlap yet (nothing was waited on): it is revisited after
+  // a few calls have measured it.
+  const uint64_t period = record.choice < 0 ? std::min<uint64_t>(kFirstReview, spec.review) : spec.review;
   record.spec_hash = spec_hash;
   record.choice = d.choice;
   record.decided_at = call.key->step;
-  record.next_review = call.key->step + static_cast<uint64_t>(spec.review);
+  record.next_review = call.key->step + period;
 
   AutoChoice report;
   report.key = call.key_name;
@@ -347,9 +360,14 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   report.candidates = spec.names;
   report.chosen = report.candidates[d.choice];
   report.predicted_s = d.predicted_s;
+  for (size_t i = 0; i < count; ++i) {
+    report.compute_s.push_back(predict_compute_s(auto_shape(spec.candidates[i]), shared[i], ranks));
+    report.payload_bytes.push_back(shared[i].payload_bytes);
+  }
   report.left_out = d.left_out;
   report.alpha_s = link_.alpha_s;
   report.bytes_per_s = 1.0 / link_.seconds_per_byte;
+  report.overlap_s = shared_overlap;
   if (changed && exec.rank() == 0) {
     std::string times;
     for (size_t i = 0; i < count; ++i) {
@@ -358,9 +376,9 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
                                                  : std::string("left out"));
     }
     log(LogLevel::kInfo, "gradcomm: auto: key '{}' ({} elements) at step {}: {} (predicted {}; link {:.0f} us, "
-        "{:.1f} MB/s)",
+        "{:.1f} MB/s; overlap {:.3f} ms)",
         call.key_name, call.tensor.numel, call.key->step, report.chosen, times, link_.alpha_s * 1e6,
-        report.bytes_per_s / 1e6);
+        report.bytes_per_s / 1e6, shared_overlap * 1e3);
   }
   std::lock_guard lock(report_mutex_);
   report_[call.key_name] = std::move(report);
@@ -369,11 +387,16 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
 void AutoChooser::choose(CallExecutor& exec, Call& call) {
   KeyState& key = *call.key;
   const AutoSpec& spec = *call.auto_spec;
+  if (call.tensor.numel == 0) {  // nothing to send: the dense ring's empty call, no review
+    call.spec = &kDenseSpec;
+    return;
+  }
   const uint32_t spec_hash = fnv1a32(spec.canonical());
   AutoRecord record = AutoRecord::parse(key.extra).value_or(AutoRecord{});
   if (record.spec_hash != spec_hash || record.choice < 0 || static_cast<size_t>(record.choice) >= spec.candidates.size()) {
     record = AutoRecord{};
   }
+  note_overlap(call);
   // After load_state the record's choice holds until its review (costs are measured then).
   if (record.choice < 0 || key.step >= record.next_review) {
     if (exec.size() > 1) {
@@ -393,8 +416,22 @@ void AutoChooser::choose(CallExecutor& exec, Call& call) {
   }
 }
 
+void AutoChooser::note_overlap(const Call& call) {
+  KeyOverlap& o = overlap_[call.key_name];
+  if (o.last) {
+    const int64_t waited = o.last->first_wait_ns.load(std::memory_order_relaxed);
+    const Clock::time_point until =
+        waited != 0 ? Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(waited)))
+                    : call.issued;  // never waited on before the key's next call: all of it
+    o.sum_s += std::max(0.0, std::chrono::duration<double>(until - o.last_issued).count());
+    o.count += 1;
+  }
+  o.last = call.work;
+  o.last_issued = call.issued;
+}
+
 void AutoChooser::observe(const Call& call, const Stats& before, const Stats& after, int ranks) {
-  if (ranks <= 1 || !link_known_ || call.spec == nullptr) return;
+  if (ranks <= 1 || !link_known_ || call.tensor.numel == 0) return;
   const double wire = (after.total_s - before.total_s) - (after.encode_s - before.encode_s) -
                       (after.decode_s - before.decode_s) - (after.reduce_s - before.reduce_s);
   const auto it = measured_.find(call.key_name);

@@ -1,25 +1,38 @@
 // `compressor=auto` on the engine (docs/does-compression-pay.md; the spec:
 // compressors/auto_spec.h). Per key, the candidate whose predicted call time is least:
 //
-//   t(c) = compute(c) + wire(c),   wire at the job's measured α (seconds per message)
-//                                  and β (bytes per second); compute measured on this host
+//   t(c) = compute(c) + max(0, wire(c) - overlap)
+//
+// wire at the job's measured α (seconds per message) and β (bytes per second), compute
+// measured on this host, overlap the time the caller goes on computing after issuing the
+// key's call before it waits on it (measured from the calls, below):
 //
 //   none       (N-1)/N reduce passes            + 2(N-1) (α + 4n / (N β))
 //   codec ring encode + 2(N-1)/N decode passes  + 2(N-1) (α + B / (N β))
 //   top-k      encode + N decodes               + 2(N-1) α + (N-1) B / β
 //
 // for n elements on N ranks, B the candidate's payload of the whole tensor. A candidate
-// with error feedback adds one pass (the residual's fold).
+// with error feedback adds one pass (the residual's fold). Compute is charged in full:
+// where a rank's threads share its cores (a rank per core), the engine's encode takes
+// its time from the training computation, while waiting on the wire does not, and hides
+// behind it for as long as the caller computes before it waits. A caller that waits at
+// once (a blocking call, a hook whose thread waits for it) has no overlap: t = compute +
+// wire.
 //
 // Agreement. A key's choice is made at a review: an internal call numbered like any
 // other ("auto-review" in its header), run by every rank at the same step of the key
 // (the step is in every header, so ranks cannot drift apart unseen). It allreduces,
 // taking the maximum, one vector of this rank's measurements: α and 1/β, each
 // candidate's compute and payload bytes (the slowest rank's cost is the step's), and
-// the calls' drift (negated: the least drifted rank's). Every rank then computes the
+// the calls' drift and the key's overlap (negated: the least drifted rank's, and the
+// least overlap: the rank that waits first). Every rank then computes the
 // choice from the same numbers, in the same order: the same choice, whatever its own
 // clock said. The chosen candidate's spec then travels in each call's header, checked
 // like any call's.
+//
+// Overlap: for each call of the key, the time from its issue to the first Work::wait on
+// it (WorkState::first_wait_ns), read at the key's next call; a call nobody waited on
+// before then counts the interval between the two issues. The mean since the last review.
 //
 // Measuring. Compute costs: each candidate's encode and decode timed on a copy of the
 // key's gradient at its first review (once per key name and size). α and β: a probe at
@@ -43,6 +56,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -50,12 +64,14 @@
 #include <vector>
 
 #include "compressors/auto_spec.h"
+#include "env.h"
 #include "gradcomm/communicator.h"
 #include "state.h"
 
 namespace gradcomm::detail {
 
 struct Call;
+struct WorkState;
 class CallExecutor;
 class Op;
 
@@ -91,7 +107,7 @@ struct AutoDecision {
 // among those within 10 % of it: `current` (-1: none yet) if it is one, else the
 // earliest listed. Pure: equal inputs give equal outputs.
 AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> costs, const LinkModel& link,
-                         int64_t numel, int ranks, int current);
+                         int64_t numel, int ranks, int current, double overlap_s = 0.0);
 
 // ---- the persisted part of a key's choice (KeyState::extra) -------------------------
 
@@ -132,11 +148,19 @@ class AutoChooser {
     int64_t numel = 0;
     std::vector<CandidateCost> costs;  // this rank's, measured
   };
+  struct KeyOverlap {
+    std::shared_ptr<WorkState> last;  // the key's previous call, to read when it was first waited on
+    Clock::time_point last_issued{};
+    double sum_s = 0;
+    int64_t count = 0;
+  };
+  void note_overlap(const Call& call);
   void review(CallExecutor& exec, Call& call, AutoRecord& record);
   std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, CallExecutor& exec) const;
   LinkModel probe(Op& op) const;
 
   std::map<std::string, KeyCosts> measured_;  // engine thread
+  std::map<std::string, KeyOverlap> overlap_;  // engine thread
   bool link_known_ = false;
   LinkModel link_;
   double drift_log_sum_ = 0;

@@ -58,6 +58,17 @@ struct WorkState {
   bool done = false;
   std::exception_ptr error;
 
+  // When a caller first blocked on the call (Work::wait, wait_for; steady-clock ns, 0:
+  // not yet): how long it computed after issuing, which compressor=auto reads as the
+  // time a call's wire may hide behind (auto_choice.h).
+  std::atomic<int64_t> first_wait_ns{0};
+  void note_wait() {
+    int64_t none = 0;
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    first_wait_ns.compare_exchange_strong(none, now, std::memory_order_relaxed);
+  }
+
   void complete(std::exception_ptr e);
   void ask_to_start() const {
     if (doorbell) doorbell->ring(ticket);

@@ -113,6 +113,7 @@ class Waiting {
 }  // namespace
 
 void Work::wait() {
+  state_->note_wait();
   state_->ask_to_start();  // a fused group holding this call stops waiting for more
   const Waiting waiting(state_->doorbell);
   // Poll before sleeping on the condition variable (src/spin.h).
@@ -127,6 +128,7 @@ void Work::wait() {
 }
 
 bool Work::wait_for(std::chrono::milliseconds timeout) {
+  state_->note_wait();
   state_->ask_to_start();
   const Waiting waiting(state_->doorbell);
   std::unique_lock lock(state_->mutex);

@@ -47,8 +47,11 @@ struct AutoChoice {
   std::vector<std::string> candidates;  // as the auto spec names them, in its order
   std::vector<double> predicted_s;      // per candidate, predicted seconds per call; negative: left out
   std::vector<std::string> left_out;    // per candidate: why it was left out ("" when priced)
+  std::vector<double> compute_s;        // per candidate: the predicted CPU part of predicted_s
+  std::vector<double> payload_bytes;    // per candidate: what one rank's encode of the tensor sends
   double alpha_s = 0;                   // the link the decision assumed: seconds per message,
   double bytes_per_s = 0;               // and bytes per second
+  double overlap_s = 0;                 // how long callers computed before waiting on the key's calls
 };
 
 struct Stats {

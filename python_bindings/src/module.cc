@@ -377,8 +377,10 @@ PYBIND11_MODULE(_gradcomm, m) {
       e["numel"] = c.numel;
       e["chosen"] = c.chosen;
       e["step"] = c.step;
-      py::dict predicted, left_out;
+      py::dict predicted, left_out, compute, payload;
       for (size_t i = 0; i < c.candidates.size(); ++i) {
+        compute[py::str(c.candidates[i])] = c.compute_s[i];
+        payload[py::str(c.candidates[i])] = c.payload_bytes[i];
         if (c.predicted_s[i] >= 0) {
           predicted[py::str(c.candidates[i])] = c.predicted_s[i];
         } else {
@@ -388,8 +390,11 @@ PYBIND11_MODULE(_gradcomm, m) {
       }
       e["predicted_s"] = predicted;
       e["left_out"] = left_out;
+      e["compute_s"] = compute;
+      e["payload_bytes"] = payload;
       e["alpha_s"] = c.alpha_s;
       e["bytes_per_s"] = c.bytes_per_s;
+      e["overlap_s"] = c.overlap_s;
       choices.append(e);
     }
     d["auto_choices"] = choices;

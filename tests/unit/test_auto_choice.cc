@@ -71,7 +71,7 @@ TEST(AutoSpec, TheGuardAndBadSpecsAreRefusedSayingWhy) {
   expect_refused("auto:among=none||bf16", "empty candidate");
   expect_refused("auto:among=", "no candidate");
   expect_refused("auto:among=none|auto", "its own candidate");
-  expect_refused("auto:among=none|nope", "candidate 'nope'");
+  expect_refused("auto:among=none|nope", "compressor 'nope' unknown");
   expect_refused("auto:review=0", "review='0'");
   expect_refused("auto:speed=1", "unknown key 'speed'");
   expect_refused("auto:review=5,review=6", "given twice");
@@ -107,6 +107,23 @@ TEST(AutoModel, PredictionsAreTheDocumentedFormulas) {
   EXPECT_DOUBLE_EQ(detail::predict_wire_s(AutoShape::kAllgather, 1e6, link, 4), 6 * 50e-6 + 3 * 1e6 * 1e-8);
   EXPECT_DOUBLE_EQ(detail::predict_wire_s(AutoShape::kDenseRing, 4e7, link, 2), 2 * (50e-6 + 2e7 * 1e-8));
   EXPECT_EQ(detail::predict_wire_s(AutoShape::kDenseRing, 4e7, link, 1), 0.0);
+}
+
+TEST(AutoModel, WireHidesBehindTheCallersOverlapButComputeDoesNot) {
+  const AutoSpec s = parse_auto_spec("auto:among=none|quant:bits=4,ef=1");
+  const int64_t n = 1 << 22;
+  // none: a 2 ms reduce pass, 16 MiB; quant: 4 ms encode, 1 ms decode, 2 MiB.
+  const std::vector<CandidateCost> costs{{2e-3, 0, 4.0 * n}, {4e-3, 1e-3, 0.5 * n}};
+  const LinkModel link{50e-6, 1.0 / 1e9};  // 8 Gbit/s
+  const auto alone = detail::decide_auto(s, costs, link, n, 2, -1, 0.0);
+  EXPECT_EQ(alone.choice, 1);  // no overlap: none's 1 + 16.9 ms lose to quant's 5 + 2.2 ms
+  const auto hidden = detail::decide_auto(s, costs, link, n, 2, -1, 0.020);
+  EXPECT_EQ(hidden.choice, 0);  // 20 ms of backward after the issue hide all of none's wire
+  EXPECT_DOUBLE_EQ(hidden.predicted_s[0], 1e-3);
+  EXPECT_DOUBLE_EQ(hidden.predicted_s[1], 4e-3 + 1e-3);
+  const auto partly = detail::decide_auto(s, costs, link, n, 2, -1, 0.010);
+  EXPECT_DOUBLE_EQ(partly.predicted_s[0],
+                   1e-3 + detail::predict_wire_s(AutoShape::kDenseRing, 4.0 * n, link, 2) - 0.010);
 }
 
 TEST(AutoModel, ChoosesByTheLinkAsTheModelSays) {
@@ -330,6 +347,11 @@ TEST(AutoOnRanks, BadUsesAreRefusedAtIssueAndDifferentSpecsAreAMismatch) {
     o.compressor = "auto";
     comm.allreduce(TensorView::of(a.data(), 100), ReduceOp::kSum, o);
     EXPECT_EQ(a[0], 2.0f);
+    CompressOptions empty = o;
+    empty.key = "empty";
+    comm.allreduce(TensorView::of(a.data(), 0), ReduceOp::kSum, empty);  // nothing to choose for
+    comm.allreduce(TensorView::of(a.data(), 100), ReduceOp::kSum, o);
+    EXPECT_EQ(a[0], 4.0f);
   });
   std::vector<std::string> errors(2);
   (void)testing::run_ranks_collect(2, [&](Communicator& comm) {
