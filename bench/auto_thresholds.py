@@ -8,9 +8,10 @@ Run on 2 or more ranks (docs/does-compression-pay.md):
 One allreduce with compressor=auto of a gradient-like tensor (normal, heavy-tailed) makes the
 engine measure every candidate's encode and decode on this host and probe the link, exactly
 as in a job. From its report (gradcomm.stats()["auto_choices"]: predicted seconds per
-candidate, their compute part and payload bytes, alpha, beta), rank 0 prints, per candidate, the link rate below which the
-model predicts it beats `none` and beats `bf16` (the 16-bit baseline), for this tensor size
-and world size. --json writes the same as a record.
+candidate, their compute part and payload bytes, alpha, beta), rank 0 prints, per candidate, the
+link rate below which (sending fewer bytes) or above which (sending more) the model predicts it
+beats `none` and `bf16` (the 16-bit baseline), for this tensor size and world size, with no
+overlap (a caller that waits at once). --json writes the same as a record.
 """
 import argparse
 import json
@@ -66,7 +67,8 @@ def main():
     priced = {r["candidate"]: r for r in rows if "compute_s" in r}
 
     def break_even(a, b):
-        """The bytes/s below which a beats b (None: never; inf: always)."""
+        """Where a beats b: ("below", rate) when a sends fewer bytes, ("above", rate) when it
+        sends more; rate in bytes/s, inf: at any rate, None: at none."""
         ra, rb = priced[a], priced[b]
         # t = compute + k_alpha * alpha + bytes_coef * spb; solve t_a = t_b for spb.
         def coef(r):
@@ -75,42 +77,45 @@ def main():
             return r["compute_s"] + c0, c1
         ka, sa = coef(ra)
         kb, sb = coef(rb)
-        if sa >= sb:
-            return None if ka >= kb else math.inf
+        if sa == sb:
+            return ("below", math.inf if ka < kb else None)
         s = (ka - kb) / (sb - sa)  # spb at which they tie
-        return math.inf if s <= 0 else 1.0 / s
+        if sa < sb:  # fewer bytes: a wins on slow links, below the tie
+            return ("below", math.inf if s <= 0 else 1.0 / s)
+        return ("above", None if s <= 0 else 1.0 / s)  # more bytes: a wins on fast links
 
     for r in rows:
         if "compute_s" not in r:
             continue
         for base in ("none", "bf16"):
             if base in priced and base != r["candidate"]:
-                r[f"beats_{base}_below_bytes_per_s"] = break_even(r["candidate"], base)
+                r[f"beats_{base}"] = break_even(r["candidate"], base)
     if gradcomm.rank() == 0:
         print(f"auto_thresholds: {args.numel} float32 elements on {n_ranks} ranks; measured link: "
               f"alpha {alpha * 1e6:.1f} us, {1 / spb / 1e6:.1f} MB/s; chosen here: {choice['chosen']}")
-        print(f"{'candidate':<22} {'compute (ms)':>12} {'payload (MB)':>12} {'beats none below':>18} "
-              f"{'beats bf16 below':>18}")
+        print(f"{'candidate':<22} {'compute (ms)':>12} {'payload (MB)':>12} {'beats none':>22} {'beats bf16':>22}")
 
         def rate(v):
             if v is None:
+                return "-"
+            side, r = v
+            if r is None:
                 return "never"
-            if v == math.inf:
+            if r == math.inf:
                 return "always"
-            return f"{v * 8 / 1e9:.2f} Gbit/s"
+            return f"{side} {r * 8 / 1e9:.2f} Gbit/s"
 
         for r in rows:
             if "compute_s" not in r:
                 print(f"{r['candidate']:<22} left out: {r['left_out']}")
                 continue
             print(f"{r['candidate']:<22} {r['compute_s'] * 1e3:>12.3f} {r['payload_bytes'] / 1e6:>12.3f} "
-                  f"{rate(r.get('beats_none_below_bytes_per_s', None)) if r['candidate'] != 'none' else '-':>18} "
-                  f"{rate(r.get('beats_bf16_below_bytes_per_s', None)) if r['candidate'] != 'bf16' else '-':>18}")
+                  f"{rate(r.get('beats_none')):>22} {rate(r.get('beats_bf16')):>22}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(numel=args.numel, ranks=n_ranks, alpha_s=alpha, bytes_per_s=1 / spb,
                                chosen=choice["chosen"], candidates=rows), f, indent=1,
-                          default=lambda v: None if v == math.inf else v)
+                          default=str)
 
 
 if __name__ == "__main__":
