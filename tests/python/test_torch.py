@@ -99,6 +99,9 @@ def test_bad_specs_are_refused_at_construction():
     with pytest.raises(gradcomm.InvalidArgument, match=r"DistributedOptimizer: compression='qsgd:levels=x'"):
         DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression="qsgd:levels=x")
     CompressionHookState("topk:ratio=0.01")  # a good one still passes
+    CompressionHookState("auto")  # compressor=auto, and its accuracy guard
+    with pytest.raises(gradcomm.InvalidArgument, match=r"compression='auto:among=none\|quant:bits=4'.*error feedback"):
+        CompressionHookState("auto:among=none|quant:bits=4")
 
 
 def test_half_precision_gradients_warn_once_that_they_go_dense():
