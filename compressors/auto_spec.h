@@ -36,6 +36,9 @@ struct AutoSpec {
   double max_ratio = 0.0;  // 0: no cap
   int64_t review = 50;
   int64_t small = 4096;
+  // fnv1a32 of canonical(): what ranks' review calls and saved records compare. Set once
+  // where a communicator caches the parsed spec (CommunicatorImpl::auto_spec).
+  uint32_t hash = 0;
 
   // "auto:min_bits=4,max_ratio=0,review=50,small=4096,among=none|bf16|..." with every
   // candidate canonical: equal specs print equal, and parse(canonical()) gives it back.

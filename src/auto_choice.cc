@@ -266,7 +266,7 @@ LinkModel AutoChooser::probe(Op& op) const {
 void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   const AutoSpec& spec = *call.auto_spec;
   const int ranks = exec.size();
-  const uint32_t spec_hash = fnv1a32(spec.canonical());
+  const uint32_t spec_hash = spec.hash;
   KeyCosts& mine = measured_[call.key_name];
   const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel;
   const size_t count = spec.candidates.size();
@@ -391,7 +391,7 @@ void AutoChooser::choose(CallExecutor& exec, Call& call) {
     call.spec = &kDenseSpec;
     return;
   }
-  const uint32_t spec_hash = fnv1a32(spec.canonical());
+  const uint32_t spec_hash = spec.hash;
   AutoRecord record = AutoRecord::parse(key.extra).value_or(AutoRecord{});
   if (record.spec_hash != spec_hash || record.choice < 0 || static_cast<size_t>(record.choice) >= spec.candidates.size()) {
     record = AutoRecord{};

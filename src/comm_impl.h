@@ -123,6 +123,9 @@ class CommunicatorImpl final : public CallExecutor {
   // call.tensor, binding its key; caller holds issue_mutex_.
   void resolve_compression(Call& call, const CompressOptions& options, const char* what);
   void resolve_auto(Call& call, const CompressOptions& options, const std::string& text, const char* what);
+  // An auto spec parsed once per text, its hash set (InvalidArgument as parse_auto_spec);
+  // caller holds issue_mutex_.
+  const AutoSpec& auto_spec(const std::string& text);
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
   std::shared_ptr<WorkState> submit(Call call, const char* op);

@@ -142,13 +142,11 @@ void CommunicatorImpl::resolve_auto(Call& call, const CompressOptions& options, 
                                       "codec ({})",
                                       rank(), what, what, family_names(Collective::kCodecRing)));
   }
-  auto it = auto_specs_.find(text);
-  if (it == auto_specs_.end()) {
-    try {
-      it = auto_specs_.emplace(text, parse_auto_spec(text)).first;
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("rank {}: {}: {}", rank(), what, e.what()));
-    }
+  const AutoSpec* spec = nullptr;
+  try {
+    spec = &auto_spec(text);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("rank {}: {}: {}", rank(), what, e.what()));
   }
   if (t.dtype != DType::kFloat32) {
     throw InvalidArgument(fmt::format("rank {}: {}: compressor 'auto' takes float32 tensors, got {}", rank(), what,
@@ -177,8 +175,18 @@ void CommunicatorImpl::resolve_auto(Call& call, const CompressOptions& options, 
   key.numel = t.numel;
   key.dtype = t.dtype;
   call.key = &key;
-  call.auto_spec = &it->second;
-  call.spec = &it->second.candidates.front();  // a placeholder until the engine chooses
+  call.auto_spec = spec;
+  call.spec = &spec->candidates.front();  // a placeholder until the engine chooses
+}
+
+const AutoSpec& CommunicatorImpl::auto_spec(const std::string& text) {
+  auto it = auto_specs_.find(text);
+  if (it == auto_specs_.end()) {
+    AutoSpec parsed = parse_auto_spec(text);
+    parsed.hash = fnv1a32(parsed.canonical());
+    it = auto_specs_.emplace(text, std::move(parsed)).first;
+  }
+  return it->second;
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, ReduceOp reduce_op,

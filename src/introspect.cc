@@ -36,10 +36,10 @@ AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOpti
   if (is_auto_spec(text)) {
     // The key's current choice (its last call has completed: introspect.h); none
     // before its first call chose. A review at the next call may change it.
-    const AutoSpec parsed = parse_auto_spec(text);
+    const AutoSpec& parsed = auto_spec(text);
     const auto record = it != state_.keys.end() ? AutoRecord::parse(it->second.extra) : std::nullopt;
     if (!record || record->choice < 0 || static_cast<size_t>(record->choice) >= parsed.candidates.size() ||
-        record->spec_hash != fnv1a32(parsed.canonical())) {
+        record->spec_hash != parsed.hash) {
       return AllreducePlan{};
     }
     spec = parsed.candidates[static_cast<size_t>(record->choice)];
