@@ -1,6 +1,6 @@
 // A compressor family, described in one place: its name and wire id, its spec keys
 // (parsed and printed back by the family itself), whether a key keeps state between
-// steps, the collective the engine runs for it, and its payload codec. The registry
+// steps, the collective the compressed allreduce runs for it, and its payload codec. The registry
 // (registry.cc) parses specs through these descriptors; the CPU and GPU paths
 // dispatch on `collective`, never on the family's id. families.cc registers the
 // built-in families, one line each; docs/adding-a-compressor.md walks through a new one.
@@ -23,8 +23,9 @@ namespace gradcomm::detail {
 class DenseCodec;
 struct GpuDenseKernels;  // compressors/gpu_dense_launch.h (CUDA builds)
 
-// What the engine (src/compressed_allreduce.h, on host and device primitives) does with
-// a family's output. A new family that fits one of these needs no engine change.
+// What the compressed allreduce (src/compressed_allreduce.h, on host and device
+// primitives) does with a family's output. A new family that fits one of these changes
+// nothing there.
 enum class Collective : uint8_t {
   kDense,             // nothing to compress: the dense ring (none)
   kCodecRing,         // a DenseCodec's fixed-size payloads over the compressed ring
@@ -124,7 +125,7 @@ std::string ratio_or_k_text(const CompressorSpec& spec);
 const Family& family_of(CompressorId id);
 // Whether a call with `spec` at a key's `step` over `numel` elements runs the dense
 // allreduce this time: nothing to compress, a warm-up step, or a tensor below min_numel
-// (the engine, src/compressed_allreduce.h; fusion and plan_allreduce ask the same).
+// (the compressed allreduce, src/compressed_allreduce.h; fusion and plan_allreduce ask the same).
 inline bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel) {
   return family_of(spec.id).collective == Collective::kDense || step < static_cast<uint64_t>(spec.warmup) ||
          numel < spec.min_numel;

@@ -109,10 +109,10 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
         break;
       }
       if (cuda) {
-        const std::function<void(float*)> engine = [&](float* host) {
+        const std::function<void(float*)> host_allreduce = [&](float* host) {
           compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash, &call.parts);
         };
-        const DevicePath::Compressed compressed{&spec, call.key, call.key_hash, &engine, &call.parts};
+        const DevicePath::Compressed compressed{&spec, call.key, call.key_hash, &host_allreduce, &call.parts};
         device_->allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
         if (call.key != nullptr) call.key->step += 1;
         break;

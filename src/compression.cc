@@ -16,12 +16,12 @@
 namespace gradcomm::detail {
 namespace {
 
-// The engine's primitives over host memory (compressed_allreduce.h lists them). One
+// The compressed allreduce's primitives over host memory (compressed_allreduce.h lists them). One
 // object a call: the key's residual and the selection of this step.
 class HostPrimitives {
  public:
-  HostPrimitives(HostCompression& engine, Op& op, const CompressedCall& call, int64_t numel)
-      : engine_(engine), call_(call), op_(op), spec_(call.spec) {
+  HostPrimitives(HostCompression& compression, Op& op, const CompressedCall& call, int64_t numel)
+      : compression_(compression), call_(call), op_(op), spec_(call.spec) {
     KeyState* key = call.key;
     if (key == nullptr) return;
     take_back_from_device(*key);  // the key's state was on a GPU (NCCL path)
@@ -54,7 +54,7 @@ class HostPrimitives {
 
   void codec_round_trip(float* data, int64_t numel, const PhiloxStream& rng) {
     fold_and_clear(data, numel);
-    const DenseCodec& c = engine_.codec(spec_);
+    const DenseCodec& c = compression_.codec(spec_);
     std::vector<uint8_t> payload(c.encoded_bytes(numel));
     std::vector<float> decoded(static_cast<size_t>(numel));
     {
@@ -73,7 +73,7 @@ class HostPrimitives {
 
   void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor,
                   RingPhases phases = RingPhases::kAllreduce) {
-    compressed_ring_allreduce(op_, data, numel, engine_.codec(spec_), rng, residual_, divisor, phases);
+    compressed_ring_allreduce(op_, data, numel, compression_.codec(spec_), rng, residual_, divisor, phases);
   }
 
   void dense_reduce_scatter(float* data, int64_t numel, ReduceOp reduce_op) {
@@ -181,7 +181,7 @@ class HostPrimitives {
     for (size_t j = 0; j < values.size(); ++j) values[j] = sparse_widen(narrow[j], type);
   }
 
-  HostCompression& engine_;
+  HostCompression& compression_;
   const CompressedCall& call_;
   Op& op_;
   const CompressorSpec& spec_;

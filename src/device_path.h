@@ -2,8 +2,8 @@
 // communicator's first CUDA call (gpu_plan.h says which and why):
 //  - NCCL: stream-ordered NCCL collectives and the GPU codecs, state on the device
 //    (collectives/gpu_collectives.h, collectives/nccl_compressed.h);
-//  - staging: pinned host copies, the host collectives and the CPU compression
-//    engine over the host transport (collectives/staging.cc).
+//  - staging: pinned host copies, the host collectives and the CPU's compressed
+//    allreduce over the host transport (collectives/staging.cc).
 // CPU tensors never come here. In a build without CUDA no path exists: a CUDA tensor
 // is refused at issue (check_device_tensor), so nothing below is reached.
 //
@@ -34,7 +34,7 @@ class DevicePath {
     const CompressorSpec* spec;
     KeyState* key;  // null for stateless specs without a key
     uint64_t key_hash;
-    const std::function<void(float* host)>* host_engine;
+    const std::function<void(float* host)>* host_allreduce;
     const std::vector<TensorPart>* parts;  // the tensor's shapes (Family::reads_shapes)
   };
 

@@ -113,7 +113,7 @@ class StagingPath final : public GpuPathBase {
       copy.up_bytes = bytes;
       copy.host_bytes = bytes;
       staged_call(op, *gpu_, copy, stream,
-                  [&](uint8_t* host) { (*compressed->host_engine)(reinterpret_cast<float*>(host)); });
+                  [&](uint8_t* host) { (*compressed->host_allreduce)(reinterpret_cast<float*>(host)); });
     });
   }
 

@@ -148,7 +148,7 @@ WireHeader fused_header(std::span<Call* const> members, const FusionClass& cls, 
   return header;
 }
 
-void run_fused(Op& op, HostCompression& engine, std::span<Call* const> members, const FusionClass& cls,
+void run_fused(Op& op, HostCompression& compression, std::span<Call* const> members, const FusionClass& cls,
                std::vector<uint8_t>& buffer) {
   const size_t elem = dtype_size(cls.dtype);
   const int64_t total = op.header().numel;
@@ -190,7 +190,7 @@ void run_fused(Op& op, HostCompression& engine, std::span<Call* const> members, 
       }
     }
     const uint64_t group_hash = (uint64_t{op.header().fused_digest} << 32) | op.header().fused;
-    engine.allreduce(op, reinterpret_cast<float*>(base), total, cls.reduce_op, *cls.spec, &group, group_hash);
+    compression.allreduce(op, reinterpret_cast<float*>(base), total, cls.reduce_op, *cls.spec, &group, group_hash);
     if (cls.spec->ef) {
       size_t at = 0;
       for (const Call* call : members) {

@@ -89,7 +89,7 @@ WireHeader fused_header(std::span<Call* const> members, const FusionClass& cls, 
 
 // Runs the group inside `op` (whose header fused_header() made); `buffer` is the
 // engine's fusion buffer, grown as needed and kept between groups.
-void run_fused(Op& op, HostCompression& engine, std::span<Call* const> members, const FusionClass& cls,
+void run_fused(Op& op, HostCompression& compression, std::span<Call* const> members, const FusionClass& cls,
                std::vector<uint8_t>& buffer);
 
 }  // namespace gradcomm::detail

@@ -47,7 +47,7 @@ AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOpti
     spec = parse_compressor_spec(text);
   }
   AllreducePlan plan;
-  // The engine's own test (compressed_allreduce.h).
+  // The compressed allreduce's own test (compressed_allreduce.h).
   const Collective collective = family_of(spec.id).collective;
   plan.compressed = !runs_dense(spec, step, numel);
   plan.sparse_with_feedback = spec.ef && (collective == Collective::kSparseSelection ||

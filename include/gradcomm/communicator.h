@@ -167,7 +167,7 @@ class Communicator {
   // same stream).
   //
   // How the next allreduce of `numel` float32 elements with `options` (compressor and
-  // key) will travel: the engine's own tests, in its order. InvalidArgument for a bad
+  // key) will travel: the compressed allreduce's own tests, in its order. InvalidArgument for a bad
   // spec, as allreduce would throw.
   AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
   // DGC's momentum-factor masking (Lin et al., 2018): writes 0 into `mask` (float32,

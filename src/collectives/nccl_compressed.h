@@ -8,7 +8,7 @@
 //   sketch                        -> NCCL dense ring on the table, then on the exact values
 //   powersgd                      -> NCCL dense ring on every P (and the dense parts), then
 //                                    on every Q (nccl_powersgd_allreduce.cc)
-// (nccl_compressed_allreduce.cc holds the engine's device primitives.) The steps are
+// (nccl_compressed_allreduce.cc holds the compressed allreduce's device primitives.) The steps are
 // the CPU path's own code (src/compressed_allreduce.h): warm-up and min_numel go
 // dense, the Philox streams are philox_stream_id(key_hash, step, rank) and (key_hash,
 // step, -1), and the EF folds and residual rules are the same element arithmetic

@@ -1,5 +1,5 @@
-// The compressed allreduce on the NCCL path (see nccl_compressed.h): the engine's
-// primitives (src/compressed_allreduce.h) over device memory, stream-ordered on the
+// The compressed allreduce on the NCCL path (see nccl_compressed.h): the compressed
+// allreduce's primitives (src/compressed_allreduce.h) over device memory, stream-ordered on the
 // caller's stream, with the key's state on the GPU. The steps themselves are the
 // CPU path's, the same code: only how each primitive touches memory differs. The
 // dense codecs' ring is nccl_compressed_ring.cc; PowerSGD's step is
@@ -75,7 +75,7 @@ GpuKeyState& key_state(GpuContext& gpu, KeyState* key, int64_t numel, bool ef, c
 }
 
 // The context's cuBLAS handle, made at its first PowerSGD call. It lives in the
-// keyless state: the one piece of per-context storage this engine owns (GpuContext
+// keyless state: the one piece of per-context storage this path owns (GpuContext
 // destroys it with the context).
 GpuBlas& context_blas(GpuContext& gpu, cudaStream_t stream) {
   GpuKeyState& shared = key_state(gpu, nullptr, 0, /*ef=*/false, stream);
@@ -116,7 +116,7 @@ void allreduce_values(Op& op, GpuContext& gpu, GpuKeyState& ks, float* values, i
   codec.decode(payload, bytes, count, values, /*add=*/false, own_status, stream);
 }
 
-// The engine's primitives over device memory (compressed_allreduce.h lists them), on
+// The compressed allreduce's primitives over device memory (compressed_allreduce.h lists them), on
 // `stream`. One object a call; the residual and the selection are the key's GpuKeyState's.
 class DevicePrimitives {
  public:
