@@ -30,9 +30,12 @@
 // clock said. The chosen candidate's spec then travels in each call's header, checked
 // like any call's.
 //
-// Overlap: for each call of the key, the time from its issue to the first Work::wait on
-// it (WorkState::first_wait_ns), read at the key's next call; a call nobody waited on
-// before then counts the interval between the two issues. The mean since the last review.
+// Overlap: for each call of the key, the time from its issue to when the application
+// first needed it (its first Work::wait by the application, or Work::needed: the DDP
+// hook's helper thread waits as Waiter::kHelper and marks its step's calls needed at the
+// last bucket; WorkState::first_wait_ns), read at the key's next call; a call nobody
+// needed before then counts the interval between the two issues. The mean since the
+// last review.
 //
 // Measuring. Compute costs: each candidate's encode and decode timed on a copy of the
 // key's gradient at its first review (once per key name and size). α and β: a probe at

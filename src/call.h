@@ -58,9 +58,10 @@ struct WorkState {
   bool done = false;
   std::exception_ptr error;
 
-  // When a caller first blocked on the call (Work::wait, wait_for; steady-clock ns, 0:
-  // not yet): how long it computed after issuing, which compressor=auto reads as the
-  // time a call's wire may hide behind (auto_choice.h).
+  // When the application first needed the call (its Work::wait or wait_for, or
+  // Work::needed; a helper's wait does not count; steady-clock ns, 0: not yet): how
+  // long it computed after issuing, which compressor=auto reads as the time a call's
+  // wire may hide behind (auto_choice.h).
   std::atomic<int64_t> first_wait_ns{0};
   void note_wait() {
     int64_t none = 0;

@@ -112,8 +112,8 @@ class Waiting {
 };
 }  // namespace
 
-void Work::wait() {
-  state_->note_wait();
+void Work::wait(Waiter waiter) {
+  if (waiter == Waiter::kApplication) state_->note_wait();
   state_->ask_to_start();  // a fused group holding this call stops waiting for more
   const Waiting waiting(state_->doorbell);
   // Poll before sleeping on the condition variable (src/spin.h).
@@ -127,8 +127,8 @@ void Work::wait() {
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
-bool Work::wait_for(std::chrono::milliseconds timeout) {
-  state_->note_wait();
+bool Work::wait_for(std::chrono::milliseconds timeout, Waiter waiter) {
+  if (waiter == Waiter::kApplication) state_->note_wait();
   state_->ask_to_start();
   const Waiting waiting(state_->doorbell);
   std::unique_lock lock(state_->mutex);
@@ -136,6 +136,8 @@ bool Work::wait_for(std::chrono::milliseconds timeout) {
   if (state_->error) std::rethrow_exception(state_->error);
   return true;
 }
+
+void Work::needed() { state_->note_wait(); }
 
 bool Work::is_completed() const {
   state_->ask_to_start();  // polling for completion must not keep a group open

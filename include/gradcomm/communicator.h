@@ -95,6 +95,15 @@ struct WorkState;
 // its stream, exactly as the blocking call returns (stream semantics unchanged).
 // A Work outlives its communicator safely: destroying the communicator first fails
 // the outstanding work with an error that says so.
+//
+// When the application first needs a call's result (its first wait, or needed()), the
+// time since the call was issued is the time the application computed beside it:
+// compressor=auto hides a candidate's wire time behind it (docs/does-compression-pay.md).
+// An integration that completes a framework's future on a thread of its own (the DDP
+// hook) waits there as Waiter::kHelper, which does not count, and calls needed() where
+// the application comes to need the result (DDP: when its last bucket is issued).
+enum class Waiter : uint8_t { kApplication, kHelper };
+
 class Work {
  public:
   explicit Work(std::shared_ptr<detail::WorkState> state);
@@ -104,10 +113,13 @@ class Work {
 
   // Blocks until the call has completed; rethrows its error (the class the
   // blocking call would have thrown: MismatchError, PeerFailure, TimeoutError, ...).
-  void wait();
+  void wait(Waiter waiter = Waiter::kApplication);
   // Waits at most `timeout`: false when it passed (the call goes on), true when
   // the call completed (its error, if any, is rethrown as by wait()).
-  bool wait_for(std::chrono::milliseconds timeout);
+  bool wait_for(std::chrono::milliseconds timeout, Waiter waiter = Waiter::kApplication);
+  // The application needs the result from now on (see above); never blocks. Only the
+  // first of this and the application's waits counts.
+  void needed();
   bool is_completed() const;
   // The call's error once it has failed; null while pending or after success.
   std::exception_ptr error() const;

@@ -258,7 +258,19 @@ class Work:
             if not isinstance(timeout, (int, float)) or timeout < 0:
                 raise ValueError(f"Work.wait: timeout must be a number of seconds >= 0, got {timeout!r}")
             ms = int(round(timeout * 1000))
-        if not self._work.wait(ms):
+        return self._wait(ms, False, timeout)
+
+    def needed(self):
+        """Says that the program needs the result from now on, without waiting
+        (compressor="auto" measures how long a call's wire may hide behind the
+        program's own work up to here, or up to its first wait). For code that waits
+        on a thread of its own on the program's behalf, as the DDP hook does."""
+        self._work.needed()
+
+    def _wait(self, ms, helper, timeout=None):
+        # helper: this thread waits on the program's behalf; its wait is not the
+        # program needing the result (needed()).
+        if not self._work.wait(ms, helper):
             raise _builtins.TimeoutError(f"gradcomm: Work.wait timed out after {timeout} s; the call is still running")
         self._tensors = None
         return self._result

@@ -134,6 +134,7 @@ class CompressionHookState:
         self.start_iter = start_iter
         self.iter = 0  # completed backward passes (counted at each iteration's last bucket)
         self.keys = set()  # the compression-state keys used so far
+        self._backward = []  # this backward's Works, needed once its last bucket is issued
         # Parameter -> ordinal, assigned in the order parameters are first seen.
         # DDP calls the hook in bucket order and its buckets are the same on every
         # rank, so ordinals agree across ranks; they follow the parameter objects,
@@ -215,7 +216,7 @@ class _FutureCompleter:
                     self._release_top_level()
                 continue
             try:
-                outcome = (future, work.wait(), None)
+                outcome = (future, work._wait(-1, True), None)  # on the program's behalf
             except BaseException as e:  # the call's error reaches whoever waits on the future
                 outcome = (future, None, e)
             del work, future
@@ -299,8 +300,15 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
         state.keys.add(key)
         work = gradcomm.allreduce_async(buffer, op="avg", compression=state.compression, name=key,
                                         parts=_bucket_parts(bucket, buffer))
+    # DDP waits on its buckets' futures once backward ends, right after its last bucket:
+    # that is when it needs them (compressor=auto hides wire behind the time until
+    # then); the completer's own wait, at once, does not count.
+    state._backward.append(work)
     if bucket.is_last():
         state.iter += 1
+        for w in state._backward:
+            w.needed()
+        state._backward.clear()
     future = torch.futures.Future()
     _completer.complete(work, future)
     return future

@@ -255,14 +255,16 @@ std::shared_ptr<Work> broadcast_async(uintptr_t data, int64_t numel, const std::
   return communicator("broadcast").broadcast_async(t, root);
 }
 
-// Work.wait(timeout_ms): -1 waits for good; returns False when the time passed.
-bool wait_work(Work& work, int64_t timeout_ms) {
+// Work.wait(timeout_ms, helper): -1 waits for good; returns False when the time passed.
+// helper: the thread waits on the application's behalf (Waiter::kHelper).
+bool wait_work(Work& work, int64_t timeout_ms, bool helper) {
   py::gil_scoped_release release;
+  const Waiter waiter = helper ? Waiter::kHelper : Waiter::kApplication;
   if (timeout_ms < 0) {
-    work.wait();
+    work.wait(waiter);
     return true;
   }
-  return work.wait_for(std::chrono::milliseconds(timeout_ms));
+  return work.wait_for(std::chrono::milliseconds(timeout_ms), waiter);
 }
 
 void barrier() {
@@ -312,7 +314,8 @@ PYBIND11_MODULE(_gradcomm, m) {
     return communicator("size").size();
   });
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
-      .def("wait", &wait_work, py::arg("timeout_ms") = -1)
+      .def("wait", &wait_work, py::arg("timeout_ms") = -1, py::arg("helper") = false)
+      .def("needed", &Work::needed)
       .def("is_completed", [](const Work& w) {
         py::gil_scoped_release release;
         return w.is_completed();

@@ -3,7 +3,8 @@ ranks (parameters bitwise identical across ranks after every step, loss falling,
 compression "none" equal to plain DDP within fp32 tolerance); DistributedOptimizer
 with a layer that has no gradient on one rank only (equal to a reference, fusion on
 and off); callbacks on the hook's futures that wait on the hook again; the hook's
-errors keep their gradcomm class; the examples under
+errors keep their gradcomm class; compressor=auto through the hook measuring the
+overlap DDP gives; the examples under
 gradcomm-run and torchrun."""
 import os
 
@@ -38,6 +39,12 @@ def test_distributed_optimizer_layer_without_gradient_on_one_rank(case, fusion):
 
 def test_hook_futures_chain_and_keep_error_class():
     expect_ok(launch(2, os.path.join(WORKERS, "torch_hook_futures.py"), timeout=90), 2, "torch-hook-futures")
+
+
+def test_auto_through_the_hook_measures_the_overlap_ddp_gives():
+    # Backward sleeps between the two buckets: the first is needed that much later, the
+    # last at once (the hook's own thread waits on both at once; that must not count).
+    expect_ok(launch(2, os.path.join(WORKERS, "torch_hook_overlap.py"), timeout=120), 2, "torch-hook-overlap")
 
 
 def test_init_before_torch_leaves_master_port_to_torch():

@@ -2,12 +2,17 @@
 // cost model's choice against hand-computed predictions, the persisted record, and on
 // ranks: the same choice on every rank whatever each rank measured, a switch mid-run
 // that keeps replicas bitwise identical and loses nothing of the residual, and
-// save/load carrying the choice and the residual.
+// save/load carrying the choice and the residual, and the overlap measured from issue to
+// when the application needs a call (its wait, or Work::needed beside a helper's wait).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <random>
+#include <thread>
 
 #include "auto_choice.h"
 #include "comm_impl.h"
@@ -370,6 +375,60 @@ TEST(AutoOnRanks, BadUsesAreRefusedAtIssueAndDifferentSpecsAreAMismatch) {
     }
   });
   for (const auto& e : errors) EXPECT_NE(e.find("auto-review"), std::string::npos) << e;
+}
+
+
+// Overlap runs from a call's issue to when the application first needs it: its own wait,
+// or Work::needed() while a helper thread waits on its behalf (the DDP hook's completer);
+// a helper's wait alone does not count. Each rank computes `gap` between issue and need
+// (or at once) for three keys; the review 10 calls in reports the least of the ranks'
+// means.
+TEST(AutoOnRanks, OverlapRunsFromIssueToWhenTheApplicationNeedsTheCall) {
+  constexpr int kRanks = 2, kCalls = 11;  // reviews at the first call and 10 calls later
+  const char* scale_text = std::getenv("GRADCOMM_TEST_TIME_SCALE");
+  const int scale = scale_text != nullptr && std::atoi(scale_text) > 1 ? std::atoi(scale_text) : 1;
+  const auto gap = std::chrono::milliseconds(60 * scale);
+  const double gap_s = std::chrono::duration<double>(gap).count();
+  std::vector<std::map<std::string, double>> overlap(kRanks);
+  testing::run_ranks(kRanks, [&](Communicator& comm) {
+    const int r = comm.rank();
+    comm.impl().set_auto_test_override(1.0, LinkModel{1e-6, 1.0 / 100e9});
+    auto options = [](const char* key) {
+      CompressOptions o;
+      o.compressor = "auto:among=none|quant:bits=8,ef=1";
+      o.key = key;
+      return o;
+    };
+    // The helper waits at once, as a thread completing a framework's future would.
+    auto helper_waits = [](Work& work) { return std::thread([&work] { work.wait(Waiter::kHelper); }); };
+    for (int step = 0; step < kCalls; ++step) {
+      auto a = gradient(r, step, kBig, 5), b = gradient(r, step, kBig, 6), c = gradient(r, step, kBig, 7);
+      auto own = comm.allreduce_async(TensorView::of(a.data(), kBig), ReduceOp::kSum, options("own_wait"));
+      std::this_thread::sleep_for(gap);
+      own->wait();
+
+      auto later = comm.allreduce_async(TensorView::of(b.data(), kBig), ReduceOp::kSum, options("needed_later"));
+      std::thread helper = helper_waits(*later);
+      std::this_thread::sleep_for(gap);
+      later->needed();
+      helper.join();
+
+      auto at_once = comm.allreduce_async(TensorView::of(c.data(), kBig), ReduceOp::kSum, options("needed_at_once"));
+      at_once->needed();
+      std::thread helper2 = helper_waits(*at_once);
+      std::this_thread::sleep_for(gap);  // the helper's wait ends long before: it does not count
+      helper2.join();
+      at_once->wait();  // the application's own wait after needed(): needed() came first
+    }
+    for (const auto& ch : comm.stats().auto_choices) overlap[r][ch.key] = ch.overlap_s;
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(overlap[r].size(), 3u) << r;
+    EXPECT_EQ(overlap[r], overlap[0]) << r;  // every rank reports the reduced value
+  }
+  EXPECT_GE(overlap[0]["own_wait"], 0.9 * gap_s);
+  EXPECT_GE(overlap[0]["needed_later"], 0.9 * gap_s);
+  EXPECT_LT(overlap[0]["needed_at_once"], 0.5 * gap_s);
 }
 
 }  // namespace
