@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "bytes.h"
 #include "call.h"
 #include "call_context.h"
 #include "collectives/collectives.h"
@@ -114,45 +115,24 @@ AutoDecision decide_auto(const AutoSpec& spec, std::span<const CandidateCost> co
 
 // ---- the record ------------------------------------------------------------------------
 
-namespace {
-
-void put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
-}  // namespace
-
 std::vector<uint8_t> AutoRecord::serialize() const {
   std::vector<uint8_t> out(kBytes, 0);
-  put32(out.data(), kMagic);
-  put32(out.data() + 4, spec_hash);
-  put32(out.data() + 8, static_cast<uint32_t>(choice));
+  put_u32(out.data(), kMagic);
+  put_u32(out.data() + 4, spec_hash);
+  put_u32(out.data() + 8, static_cast<uint32_t>(choice));
   // bytes 12..15 reserved
-  put64(out.data() + 16, next_review);
-  put64(out.data() + 24, decided_at);
+  put_u64(out.data() + 16, next_review);
+  put_u64(out.data() + 24, decided_at);
   return out;
 }
 
 std::optional<AutoRecord> AutoRecord::parse(std::span<const uint8_t> bytes) {
-  if (bytes.size() != kBytes || get32(bytes.data()) != kMagic) return std::nullopt;
+  if (bytes.size() != kBytes || get_u32(bytes.data()) != kMagic) return std::nullopt;
   AutoRecord r;
-  r.spec_hash = get32(bytes.data() + 4);
-  r.choice = static_cast<int32_t>(get32(bytes.data() + 8));
-  r.next_review = get64(bytes.data() + 16);
-  r.decided_at = get64(bytes.data() + 24);
+  r.spec_hash = get_u32(bytes.data() + 4);
+  r.choice = static_cast<int32_t>(get_u32(bytes.data() + 8));
+  r.next_review = get_u64(bytes.data() + 16);
+  r.decided_at = get_u64(bytes.data() + 24);
   return r;
 }
 

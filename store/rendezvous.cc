@@ -11,11 +11,11 @@
 #include <mutex>
 #include <thread>
 
+#include "bytes.h"
 #include "env.h"
 #include "gradcomm/errors.h"
 #include "logging.h"
 #include "store/auth.h"
-#include "store/tcp_store_protocol.h"
 
 namespace gradcomm::detail {
 
@@ -76,8 +76,6 @@ uint64_t rendezvous_process_id() {
 
 std::vector<uint8_t> encode_rendezvous_record(const RendezvousRecord& record, std::string_view key,
                                               std::string_view token) {
-  using store_wire::put_u32;
-  using store_wire::put_u64;
   const std::string host = record.host.substr(0, kMaxHostBytes);
   std::vector<uint8_t> out(kHeaderBytes + host.size() + record.payload.size());
   std::copy(std::begin(kMagic), std::end(kMagic), out.begin());
@@ -98,8 +96,6 @@ std::vector<uint8_t> encode_rendezvous_record(const RendezvousRecord& record, st
 
 RendezvousRecord decode_rendezvous_record(std::span<const uint8_t> bytes, std::string_view key,
                                           std::string_view token, std::string_view store_address) {
-  using store_wire::get_u32;
-  using store_wire::get_u64;
   const auto refuse = [&](std::string_view why) {
     throw TransportError(fmt::format(
         "store {}: key {} holds {} bytes that are not a gradcomm rendezvous record ({}); a rank of this job did not "

@@ -18,6 +18,8 @@
 #include <string>
 #include <string_view>
 
+#include "bytes.h"
+
 namespace gradcomm::detail::store_wire {
 
 inline constexpr uint32_t kMagic = 0x54534347;  // bytes "GCST"
@@ -46,22 +48,11 @@ enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
 // Error texts the server sends are at most this long; a client rejects longer ones.
 inline constexpr size_t kMaxErrorBytes = 4096;
 
-inline void put_u32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-inline void put_u64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-inline uint32_t get_u32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-inline uint64_t get_u64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
+// Integers are little-endian (base/bytes.h).
+using detail::get_u32;
+using detail::get_u64;
+using detail::put_u32;
+using detail::put_u64;
 
 // ---- parsing ----------------------------------------------------------------------
 

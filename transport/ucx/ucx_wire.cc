@@ -2,19 +2,9 @@
 
 #include <algorithm>
 
+#include "bytes.h"
+
 namespace gradcomm::detail {
-namespace {
-
-void put_u32(uint8_t* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t get_u32(const uint8_t* in) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(in[i]) << (8 * i);
-  return v;
-}
-
-}  // namespace
 
 std::vector<uint8_t> encode_control(const ControlMessage& message, ControlKind kind, int sender) {
   const size_t text_bytes = std::min(message.text.size(), ControlMessage::kMaxText);
