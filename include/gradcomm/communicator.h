@@ -179,8 +179,8 @@ class Communicator {
   // same stream).
   //
   // How the next allreduce of `numel` float32 elements with `options` (compressor and
-  // key) will travel: the compressed allreduce's own tests, in its order. InvalidArgument for a bad
-  // spec, as allreduce would throw.
+  // key) will travel: the compressed allreduce's own tests, in its order.
+  // InvalidArgument for a bad spec, as allreduce would throw.
   AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
   // DGC's momentum-factor masking (Lin et al., 2018): writes 0 into `mask` (float32,
   // the key's numel) at the coordinates this rank's last sparsified allreduce of `key`
