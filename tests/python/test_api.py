@@ -126,6 +126,10 @@ def test_async_calls_return_work_whose_wait_returns_the_result(world_of_one):
     assert work.wait() is x
     assert work.is_completed()
     assert work.wait(timeout=0) is x  # done: returns at once, again
+    needed = gradcomm.allreduce_async(x)
+    needed.needed()  # never blocks; again after completion is harmless
+    assert needed.wait() is x
+    needed.needed()
     gathered = gradcomm.allgather_async(x).wait()
     assert gathered.shape == (1, 8)
     y = np.ones(3, np.int64)
