@@ -64,6 +64,7 @@ struct WorkState {
   // wire may hide behind (auto_choice.h).
   std::atomic<int64_t> first_wait_ns{0};
   void note_wait() {
+    if (first_wait_ns.load(std::memory_order_relaxed) != 0) return;  // only the first counts
     int64_t none = 0;
     const int64_t now =
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();

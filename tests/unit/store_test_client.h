@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/time_scale.h"
 #include "store/auth.h"
 #include "store/store.h"
 #include "store/tcp_store_protocol.h"
@@ -106,14 +107,7 @@ class RawClient {
   int connect_errno_ = 0;
 };
 
-// How much slower than a plain build this one runs: GRADCOMM_TEST_TIME_SCALE (default
-// 1; scripts/test-sanitizers.sh sets it for TSan). Stretches waits and deadlines that
-// only bound how long the machine takes, never ones a test is about.
-inline int time_scale() {
-  const char* text = std::getenv("GRADCOMM_TEST_TIME_SCALE");
-  const int scale = text != nullptr ? std::atoi(text) : 1;
-  return scale >= 1 ? scale : 1;
-}
+using gradcomm::testing::time_scale;  // common/time_scale.h
 
 // The server publishes its stats at the end of each loop turn, a moment after the
 // effect a client sees: wait a little (or `limit`) for them.

@@ -9,13 +9,13 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <random>
 #include <thread>
 
 #include "auto_choice.h"
 #include "comm_impl.h"
+#include "common/time_scale.h"
 #include "compressors/auto_spec.h"
 #include "introspect.h"
 #include "test_util.h"
@@ -385,9 +385,7 @@ TEST(AutoOnRanks, BadUsesAreRefusedAtIssueAndDifferentSpecsAreAMismatch) {
 // means.
 TEST(AutoOnRanks, OverlapRunsFromIssueToWhenTheApplicationNeedsTheCall) {
   constexpr int kRanks = 2, kCalls = 11;  // reviews at the first call and 10 calls later
-  const char* scale_text = std::getenv("GRADCOMM_TEST_TIME_SCALE");
-  const int scale = scale_text != nullptr && std::atoi(scale_text) > 1 ? std::atoi(scale_text) : 1;
-  const auto gap = std::chrono::milliseconds(60 * scale);
+  const auto gap = std::chrono::milliseconds(60 * testing::time_scale());
   const double gap_s = std::chrono::duration<double>(gap).count();
   std::vector<std::map<std::string, double>> overlap(kRanks);
   testing::run_ranks(kRanks, [&](Communicator& comm) {
