@@ -163,8 +163,9 @@ void Op::check_header() {
     fail(ErrorCode::kCorruptPayload, fmt::format("rank {} sent a malformed call header", left));
   }
   if (!theirs->agrees_with(header_)) {
-    fail(ErrorCode::kMismatch, fmt::format("mismatched collective calls: rank {} called {}; rank {} called {}",
-                                           rank_, header_.describe(), left, theirs->describe()));
+    fail(ErrorCode::kMismatch,
+         fmt::format("mismatched collective calls: rank {} called {}; rank {} called {} (they differ in {})", rank_,
+                     header_.describe(), left, theirs->describe(), header_.differences(*theirs)));
   }
 }
 

@@ -161,6 +161,32 @@ std::optional<std::string> check_sample_counts(std::span<const uint64_t> counts,
   return std::nullopt;
 }
 
+std::string WireHeader::differences(const WireHeader& o) const {
+  std::string out;
+  const auto note = [&](const char* field, const auto& mine, const auto& theirs) {
+    if (mine == theirs) return;
+    out += fmt::format("{}{} {} against {}", out.empty() ? "" : ", ", field, mine, theirs);
+  };
+  note("op", op_kind_name(op), op_kind_name(o.op));
+  note("dtype", dtype_name(dtype), dtype_name(o.dtype));
+  note("reduce op", reduce_op_name(reduce_op), reduce_op_name(o.reduce_op));
+  note("seq", seq, o.seq);
+  note("numel", numel, o.numel);
+  note("root", root, o.root);
+  if (compressor_hash != o.compressor_hash) {
+    out += fmt::format("{}compressor '{}' (hash {:08x}) against '{}' (hash {:08x})", out.empty() ? "" : ", ",
+                       shown_compressor(), compressor_hash, o.shown_compressor(), o.compressor_hash);
+  }
+  note("step", step, o.step);
+  note("payload_bytes", payload_bytes, o.payload_bytes);
+  note("fused calls", fused, o.fused);
+  if (fused_digest != o.fused_digest) {
+    out += fmt::format("{}{} {:08x} against {:08x}", out.empty() ? "" : ", ",
+                       fused > 0 ? "fused members' digest" : "shapes digest", fused_digest, o.fused_digest);
+  }
+  return out;
+}
+
 bool WireHeader::agrees_with(const WireHeader& o) const {
   return op == o.op && dtype == o.dtype && reduce_op == o.reduce_op && seq == o.seq && numel == o.numel &&
          root == o.root && compressor_hash == o.compressor_hash && step == o.step && payload_bytes == o.payload_bytes &&

@@ -61,6 +61,11 @@ struct WireHeader {
   std::string shown_compressor() const;
   // True when both describe the same call (every field that must agree across ranks).
   bool agrees_with(const WireHeader& other) const;
+  // The fields agrees_with compares that differ, this header's value first, e.g.
+  // "step 5 against 4, payload_bytes 1024 against 2048"; empty when they agree. A
+  // mismatch message names them, since describe() shows only what tells calls apart to
+  // a reader, and two calls may differ only in a field it leaves out.
+  std::string differences(const WireHeader& other) const;
 };
 
 // ---- counts peers announce inside a call ------------------------------------------

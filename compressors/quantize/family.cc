@@ -2,6 +2,8 @@
 // dense codecs over the compressed ring (qsgd_codec.cc, quant_codec.cc).
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "compressors/codec.h"
 #include "compressors/family.h"
 #include "compressors/quantize/dense_util.h"
@@ -20,9 +22,47 @@ constexpr int64_t kMaxLevels = int64_t{1} << 15;
 constexpr std::string_view kQsgdKeys[] = {"levels", "bucket", "ef", "min_numel", "warmup", "seed"};
 constexpr std::string_view kQuantKeys[] = {"bits", "bucket", "round", "ef", "min_numel", "warmup", "seed"};
 
+// Error feedback re-sends what a codec dropped: acc = grad + residual, residual = acc -
+// decode(encode(acc)). It stays bounded only when a codec's error is below its input
+// (||acc - decode(encode(acc))|| < ||acc||); otherwise the residual grows geometrically
+// and the output becomes inf, then NaN (issue 42: quant:bits=1,ef=1 and
+// qsgd:levels=2,ef=1 did so within 150 steps). The specs that cannot keep that bound on
+// ordinary gradients are refused here; tests/unit/test_ef_stability.cc runs every
+// accepted shape of spec 500 steps and shows the error-feedback average converging.
+//
+// qsgd: the variance of a bucket of B values at s levels is at most min(B/s^2,
+// sqrt(B)/s) times its squared norm (QSGD, Alistarh et al. 2017, Lemma 3.1), and a
+// quarter of B/s^2 when the values share one magnitude (every position at s/sqrt(B)).
+// Accepted: 4 s^2 > B, where both stay below 1 (about 0.5 sqrt(B)/s for normal values).
+// Measured at B = 512: s = 11 (4 s^2 = 484) still converged, s = 8 diverged.
+void check_qsgd_feedback(const SpecReader& r, const CompressorSpec& s) {
+  if (!s.ef || 4 * int64_t{s.levels} * s.levels > s.bucket) return;
+  const auto fewest = static_cast<int64_t>(std::floor(std::sqrt(static_cast<double>(s.bucket)) / 2)) + 1;
+  r.fail(fmt::format("qsgd: ef=1 needs levels > sqrt(bucket)/2 (levels={}, bucket={}): with fewer levels a bucket's "
+                     "quantization error can exceed its values, and error feedback then grows without bound; use "
+                     "levels={} or more, a bucket of at most {}, or ef=0",
+                     s.levels, s.bucket, fewest, 4 * int64_t{s.levels} * s.levels - 1));
+}
+
+// quant: one bit per value leaves each bucket two points, its min and max, and a value
+// between them is off by up to the whole range: for normal values the error is about 8
+// times the input (stochastic rounding) and error feedback diverges from buckets of 4
+// values up (3 is exact at its ends and within half the range in the middle). sign is the
+// 1-bit codec made for error feedback (its scale, mean |x|, is the least-squares fit).
+// 2 bits and more converge on normal, heavy-tailed and sparse gradients at every bucket
+// size (the test's grid).
+void check_quant_feedback(const SpecReader& r, const CompressorSpec& s) {
+  if (!s.ef || s.bits != 1 || s.bucket <= 3) return;
+  r.fail(fmt::format("quant: ef=1 with bits=1 (bucket={}) is refused: a 1-bit min/max code's error exceeds the "
+                     "values it codes, and error feedback then grows without bound; use sign (1 bit per value, "
+                     "made for error feedback), bits=2 or more, or ef=0",
+                     s.bucket));
+}
+
 void parse_qsgd(const SpecReader& r, CompressorSpec& s) {
   s.levels = static_cast<int>(r.integer("levels", 1, kMaxLevels, 16));
   s.bucket = r.integer("bucket", 1, kMaxBucket, 512);
+  check_qsgd_feedback(r, s);
 }
 
 std::string canonical_qsgd(const CompressorSpec& s) { return fmt::format("levels={},bucket={},", s.levels, s.bucket); }
@@ -41,6 +81,7 @@ void parse_quant(const SpecReader& r, CompressorSpec& s) {
   s.bucket = r.integer("bucket", 1, kMaxBucket, 512);
   s.round = r.choice<Rounding>("round", {{"stochastic", Rounding::kStochastic}, {"nearest", Rounding::kNearest}},
                                Rounding::kStochastic);
+  check_quant_feedback(r, s);
 }
 
 std::string canonical_quant(const CompressorSpec& s) {

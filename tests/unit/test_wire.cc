@@ -58,5 +58,27 @@ TEST(WireHeader, LongSpecWithoutSeparatorShowsNoFragment) {
   EXPECT_EQ(shown.rfind("... (cut", 0), 0u) << shown;
 }
 
+// Issue 42, item 6: two calls that describe alike (a dense call of keys at different
+// steps, say) are told apart by the fields that differ.
+TEST(WireHeader, DifferencesNameTheFieldsDescribeLeavesOut) {
+  WireHeader a;
+  a.op = OpKind::kAllreduce;
+  a.dtype = DType::kFloat32;
+  a.seq = 17;
+  a.numel = 65536;
+  a.step = 5;
+  WireHeader b = a;
+  b.step = 4;
+  EXPECT_EQ(a.describe(), b.describe());  // the case the message must still tell apart
+  EXPECT_EQ(a.differences(b), "step 5 against 4");
+  b.payload_bytes = 2048;
+  EXPECT_EQ(a.differences(b), "step 5 against 4, payload_bytes 0 against 2048");
+  EXPECT_EQ(a.differences(a), "");
+  WireHeader c = a;
+  c.numel = 65537;
+  c.dtype = DType::kFloat16;
+  EXPECT_EQ(a.differences(c), "dtype float32 against float16, numel 65536 against 65537");
+}
+
 }  // namespace
 }  // namespace gradcomm::detail
