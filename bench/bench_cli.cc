@@ -102,9 +102,18 @@ std::vector<ReduceOp> parse_redops(const std::string& name) {
   throw InvalidArgument(fmt::format("-o '{}': unknown reduction; supported: sum, avg, min, max, all", name));
 }
 
+// The largest size -b, -e and -i take, however written (plain bytes or K/M/G): 1 TiB,
+// far above any message a collective is timed at. parse_bytes bounds only by int64_t;
+// an absurd size is refused here, before any work, not by std::bad_alloc after every
+// smaller size has been timed.
+constexpr int64_t kMaxBytes = int64_t{1} << 40;
+
 int64_t parse_size(const std::string& flag, const std::string& text) {
   auto v = detail::parse_bytes(text);
-  if (!v) throw InvalidArgument(fmt::format("{} '{}': expected bytes such as 8, 1K, 64M, 2G", flag, text));
+  if (!v || *v > kMaxBytes) {
+    throw InvalidArgument(fmt::format("{} '{}': expected bytes such as 8, 1K, 64M, 2G, at most {}G", flag, text,
+                                      kMaxBytes >> 30));
+  }
   return *v;
 }
 
@@ -137,7 +146,8 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   app.add_option("--op", op_text,
                  "Collective (allreduce, allgather, reduce_scatter; default allreduce), or a reduction as -o "
                  "(nccl-tests' --op)");
-  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (bytes; K/M/G suffixes)")->capture_default_str();
+  app.add_option("-b,--minbytes", o.min_bytes, "Smallest size (bytes; K/M/G suffixes; at most 1024G)")
+      ->capture_default_str();
   app.add_option("-e,--maxbytes", o.max_bytes, "Largest size")->capture_default_str();
   auto* factor = app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this each step (> 1); 0 or 1: add -i")
                      ->capture_default_str();

@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>  // mkostemp
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "gradcomm/errors.h"
 #include "checksum.h"  // base/: detail::fnv1a64, the checksum of the communicator's state too
@@ -193,6 +196,21 @@ void write_checkpoint(const std::string& dir, int rank, std::span<const uint8_t>
     ::fsync(dfd);  // makes the renames durable; best effort (some filesystems refuse)
     ::close(dfd);
   }
+}
+
+void check_checkpoint_dir(const std::string& dir) {
+  const auto fail = [&](const std::string& what, int error) {
+    throw InvalidArgument(fmt::format("--checkpoint-dir {}: {}: {}", dir, what, std::strerror(error)));
+  };
+  std::error_code ec;
+  // Ranks creating it at once: mkdir's EEXIST for a directory is no error here.
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("cannot create directory", ec.value());  // ENOTDIR too, where DIR is a file
+  std::string probe = dir + "/.gradcomm-train-probe-XXXXXX";
+  const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
+  if (fd < 0) fail("cannot create a file in it", errno);
+  ::close(fd);
+  if (::unlink(probe.c_str()) != 0) fail("cannot remove the probe file " + probe, errno);
 }
 
 std::optional<std::vector<uint8_t>> read_file_if_exists(const std::string& path) {

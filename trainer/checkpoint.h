@@ -53,6 +53,12 @@ std::string checkpoint_path(const std::string& dir, int rank);  // DIR/rank<R>.c
 // Atomic replace as described above; TransportError-free: throws gradcomm::Error
 // (InvalidArgument) naming the path and errno text on I/O failure.
 void write_checkpoint(const std::string& dir, int rank, std::span<const uint8_t> bytes);
+// Start-up check of --checkpoint-dir: creates the directory (and missing parents),
+// then creates and removes a probe file in it, so that a directory the run cannot
+// write is refused before training rather than at the first checkpoint. The probe's
+// name is unique (mkstemp): every rank of a job may check the same directory at once.
+// InvalidArgument "--checkpoint-dir DIR: cannot ...: <errno text>" when unusable.
+void check_checkpoint_dir(const std::string& dir);
 // The bytes of `path`, or nullopt when it does not exist (other I/O errors throw).
 std::optional<std::vector<uint8_t>> read_file_if_exists(const std::string& path);
 

@@ -3,10 +3,24 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
+#include "cli_list.h"  // base/: lists on command lines
+#include "gradcomm/errors.h"
 #include "gradcomm/version.h"
+#include "trainer/checkpoint.h"
 
 namespace gradcomm::train {
+namespace {
+
+// Prints a usage error; parse_command_line returns false with exit code 2.
+bool usage_error(int* exit_code, const std::string& message) {
+  fmt::print(stderr, "gradcomm-train: {}\n", message);
+  *exit_code = 2;
+  return false;
+}
+
+}  // namespace
 
 std::string Config::canonical() const {
   std::string h;
@@ -29,7 +43,8 @@ bool parse_command_line(int argc, char** argv, Config& c, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--limit-test", c.limit_test, "use only the first N test examples (0: all)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--hidden", c.hidden, "hidden layer widths, e.g. 512,256")->delimiter(',');
+  std::string hidden = fmt::format("{}", fmt::join(c.hidden, ","));
+  app.add_option("--hidden", hidden, "hidden layer widths, e.g. 512,256")->type_name("INT,...");
   app.add_option("--epochs", c.epochs, "epochs")->check(CLI::Range(int64_t{1}, int64_t{100000}));
   app.add_option("--batch-size", c.batch_size, "examples per step per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
@@ -75,15 +90,18 @@ bool parse_command_line(int argc, char** argv, Config& c, int* exit_code) {
     *exit_code = app.exit(e);
     return false;
   }
-  if (c.resume && c.checkpoint_dir.empty()) {
-    fmt::print(stderr, "gradcomm-train: --resume needs --checkpoint-dir\n");
-    *exit_code = 2;
-    return false;
-  }
+  if (c.resume && c.checkpoint_dir.empty()) return usage_error(exit_code, "--resume needs --checkpoint-dir");
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty()) {
-    fmt::print(stderr, "gradcomm-train: --checkpoint-every needs --checkpoint-dir\n");
-    *exit_code = 2;
-    return false;
+    return usage_error(exit_code, "--checkpoint-every needs --checkpoint-dir");
+  }
+  try {
+    // Not CLI11's delimiter, which drops empty elements ("512,,256" became 512,256).
+    c.hidden = detail::parse_int_list("--hidden", hidden);
+    // Every rank checks (with a probe of its own): a directory it cannot write is
+    // refused now, not when the first checkpoint is due, an epoch or more in.
+    if (!c.checkpoint_dir.empty()) check_checkpoint_dir(c.checkpoint_dir);
+  } catch (const Error& e) {
+    return usage_error(exit_code, e.what());
   }
   return true;
 }

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_list.h"  // base/: lists on command lines
 #include "cpu_cost/phases.h"
 
 namespace gradcomm::bench {
@@ -127,22 +128,30 @@ int main(int argc, char** argv) {
   using namespace gradcomm::bench;
   CLI::App app{"gradcomm-cpu-cost: per-phase CPU time, memory-traffic floor and (under callgrind) "
                "instructions of the compressors' host hot paths"};
-  std::vector<std::string> size_text = {"1M", "4M", "16M", "64M"};
+  std::string size_text = "1M,4M,16M,64M";
   int reps = 5;
   int64_t bandwidth_mib = 256;
-  std::vector<std::string> only;
+  std::string only_text;
   std::string json_path;
-  app.add_option("--sizes", size_text, "fp32 element counts (K/M/G = 2^10/2^20/2^30)")->delimiter(',');
+  app.add_option("--sizes", size_text, "fp32 element counts (K/M/G = 2^10/2^20/2^30), comma-separated");
   app.add_option("--reps", reps, "timed executions per phase (median); the first is the callgrind one")
       ->check(CLI::PositiveNumber);
   app.add_option("--bandwidth-mib", bandwidth_mib, "memcpy buffer for the floor's bandwidth; 0 skips (callgrind)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--only", only, "compressor labels to run, by prefix (e.g. topk,quant)")->delimiter(',');
+  app.add_option("--only", only_text, "compressor labels to run, by prefix (e.g. topk,quant)");
   app.add_option("--json", json_path, "write the results here");
   CLI11_PARSE(app, argc, argv);
 
+  // Not CLI11's delimiter, which drops empty elements.
   std::vector<int64_t> sizes;
-  for (const std::string& s : size_text) sizes.push_back(parse_size(s));
+  std::vector<std::string> only;
+  try {
+    for (const std::string& s : gradcomm::detail::split_list("--sizes", size_text)) sizes.push_back(parse_size(s));
+    if (!only_text.empty()) only = gradcomm::detail::split_list("--only", only_text);
+  } catch (const std::exception& e) {  // a bad list, or a size parse_size refuses
+    fmt::print(stderr, "gradcomm-cpu-cost: {}\n", e.what());
+    return 2;
+  }
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
 
   const bool under_valgrind = RUNNING_ON_VALGRIND != 0;

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_list.h"  // base/: lists on command lines
 #include "gradcomm/gradcomm.h"
 
 namespace {
@@ -81,16 +82,6 @@ uint64_t fold(uint64_t hash, const float* data, int64_t numel) {
   return hash;
 }
 
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::stringstream stream(text);
-  std::string part;
-  while (std::getline(stream, part, separator)) {
-    if (!part.empty()) parts.push_back(part);
-  }
-  return parts;
-}
-
 struct Sample {
   int64_t iteration;
   double elapsed_s;
@@ -124,10 +115,11 @@ struct InjectedLeaks {
 int run(const Options& opt) {
   auto comm = Communicator::create();
   const int rank = comm->rank(), n = comm->size();
-  std::vector<int64_t> sizes;
-  for (const auto& s : split(opt.sizes, ',')) sizes.push_back(std::stoll(s));
-  std::vector<std::string> compressors = split(opt.compressors, ';');
-  if (sizes.empty() || compressors.empty()) throw InvalidArgument("gradcomm-soak: --sizes and --compressors need one entry each");
+  const std::vector<int64_t> sizes = detail::parse_int_list("--sizes", opt.sizes);
+  const std::vector<std::string> compressors = detail::split_list("--compressors", opt.compressors, ';');
+  for (int64_t numel : sizes) {
+    if (numel < 1) throw InvalidArgument(fmt::format("gradcomm-soak: --sizes '{}': {} is not a size", opt.sizes, numel));
+  }
 
   // Buffers are allocated once: a soak measures the library, not this loop.
   std::vector<std::vector<float>> buffers;

@@ -2,7 +2,7 @@
 # gradcomm-bench end to end under gradcomm-run (3 ranks, loopback): --check finds no
 # wrong element for the dense ring, a sparsifier and a quantizer, on either timing
 # input, for reduce_scatter (dense and quant:bits=8), and for the Gloo peer (beside a dense and a compressed gradcomm); the JSON records say which input was timed; a bad
-# --input is refused with a message that names it.
+# --input is refused with a message that names it, and so is a size past 1 TiB.
 #   test_bench.sh BUILD_DIR
 set -uo pipefail
 build=$1
@@ -46,4 +46,23 @@ check rs_quant gradient none "quant:bits=8" reduce_scatter
 
 if "$run" -n 1 -- "$bench" -b 1K -e 1K --input zeros >"$tmp/bad.log" 2>&1; then fail "--input zeros accepted"; fi
 grep -q "input" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no message naming --input"; }
+
+# -b, -e and -i share one size parser and one bound, 1 TiB, however the size is written:
+# past it, or unparsable, is refused with the same message before any work (a plain
+# 9223372036854775807 was timed size by size until std::bad_alloc). The memory limit
+# keeps a run that does start from taking the machine's memory.
+for flag in -b -e -i; do
+  for value in 9223372036854775807 1099511627777 1025G 8589934591G 1T; do
+    case $flag in
+      -b) args=(-b "$value" -e 8) ;;
+      -e) args=(-b 8 -e "$value") ;;
+      -i) args=(-b 8 -e 8 -f 1 -i "$value") ;;
+    esac
+    if (ulimit -v 4194304; exec env -i timeout 20 "$bench" "${args[@]}") >"$tmp/size.log" 2>&1; then
+      fail "$flag $value accepted"
+    fi
+    grep -q -- "$flag '$value': expected bytes such as 8, 1K, 64M, 2G, at most 1024G" "$tmp/size.log" ||
+      { cat "$tmp/size.log"; fail "$flag $value: no message naming the flag and the value"; }
+  done
+done
 echo "PASS"

@@ -2,12 +2,14 @@
 // of Fashion-MNIST (2 ranks, a few hundred examples). Pins: a run killed with
 // SIGKILL mid-epoch and resumed ends with checkpoints byte-identical to an
 // uninterrupted run's; same seed -> same bytes; --nan skip/abort; clear errors for
-// missing data, corrupt checkpoints and (without a GPU) --device cuda.
+// missing data, corrupt checkpoints, an unusable --checkpoint-dir (before training)
+// and (without a GPU) --device cuda.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer/checkpoint.h"
@@ -297,6 +300,34 @@ TEST_F(TrainerProcess, MissingDataNamesThePackage) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("train-images-idx3-ubyte.gz: cannot open"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+}
+
+// An unusable --checkpoint-dir is refused at start-up by every rank, before the data
+// is read, not when the first checkpoint is due after training. The full data set and
+// the default model and epochs (the checkpoint is due at the end), so a run that trains
+// cannot pass the time bound. A directory under a file: no rank can create it. With
+// --resume, a missing one that cannot be created (/proc takes no new directory, even
+// from root): reading finds no checkpoint there, and the run used to start fresh.
+TEST_F(TrainerProcess, UnusableCheckpointDirIsRefusedBeforeTraining) {
+  std::ofstream(root_ / "file") << "x";
+  const std::string under_file = (root_ / "file" / "ckpt").string();
+  const std::string in_proc = fmt::format("/proc/gradcomm-no-such-dir-{}/ckpt", getpid());
+  const std::pair<std::string, std::string> runs[] = {
+      {fmt::format("{} -n 2 --grace 5 -- {} --checkpoint-dir {}", GRADCOMM_RUN_PATH, TRAIN_PATH, under_file),
+       under_file},
+      {fmt::format("{} --resume --checkpoint-dir {}", TRAIN_PATH, in_proc), in_proc},  // one rank, no launcher
+  };
+  for (const auto& [command, dir] : runs) {
+    SCOPED_TRACE(command);
+    const auto start = std::chrono::steady_clock::now();
+    const Result r = sh(fmt::format("OPENBLAS_NUM_THREADS=1 timeout 60 {} --data {}", command, kData));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("--checkpoint-dir " + dir + ": cannot create directory: "), std::string::npos) << r.output;
+    // Neither the banner ("... steps/epoch ...") nor a progress or epoch line: nothing trained.
+    EXPECT_EQ(r.output.find("epoch "), std::string::npos) << r.output;
+    EXPECT_LT(seconds, 5.0) << r.output;
+  }
 }
 
 TEST_F(TrainerProcess, LogHasOneLinePerEpochWithTheRequiredFields) {
