@@ -247,8 +247,9 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   const AutoSpec& spec = *call.auto_spec;
   const int ranks = exec.size();
   const uint32_t spec_hash = spec.hash;
-  KeyCosts& mine = measured_[call.key_name];
-  const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel;
+  AutoKeyState& mine = state_of(*call.key);
+  const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel ||
+                           mine.generation != measure_generation_;
   const size_t count = spec.candidates.size();
   // [α, 1/β, -drift, -observations, -overlap, then per candidate: encode, decode, payload bytes]
   constexpr size_t kHead = 5;
@@ -265,12 +266,17 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   header.compressor_hash = fnv1a32(header.compressor);
   header.fused_digest = spec_hash;  // ranks must review with the same auto spec
   header.step = call.key->step;
-  KeyOverlap& overlap = overlap_[call.key_name];
-  const double overlap_mean = overlap.count > 0 ? overlap.sum_s / static_cast<double>(overlap.count) : 0.0;
+  const double overlap_mean =
+      mine.overlap_count > 0 ? mine.overlap_sum_s / static_cast<double>(mine.overlap_count) : 0.0;
   bool relinked = false, judged = false;
   exec.run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     // Inside the call: a failure here reaches the other ranks as any call's does.
-    if (measure_now) mine = KeyCosts{spec_hash, call.tensor.numel, measure(spec, call, exec)};
+    if (measure_now) {
+      mine.costs = measure(spec, call, exec);
+      mine.spec_hash = spec_hash;
+      mine.numel = call.tensor.numel;
+      mine.generation = measure_generation_;
+    }
     for (size_t i = 0; i < count; ++i) {
       v[kHead + 3 * i] = mine.costs[i].encode_s;
       v[kHead + 3 * i + 1] = mine.costs[i].decode_s;
@@ -318,8 +324,8 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   link_known_ = true;
   link_ = LinkModel{v[0], v[1]};
   const double shared_overlap = -v[4];  // the least of the ranks'
-  overlap.sum_s = 0;
-  overlap.count = 0;
+  mine.overlap_sum_s = 0;
+  mine.overlap_count = 0;
 
   std::vector<CandidateCost> shared(count);
   for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[kHead + 3 * i], v[kHead + 3 * i + 1], v[kHead + 3 * i + 2]};
@@ -396,15 +402,20 @@ void AutoChooser::choose(CallExecutor& exec, Call& call) {
   }
 }
 
+AutoKeyState& AutoChooser::state_of(KeyState& key) {
+  if (!key.auto_state) key.auto_state = std::make_shared<AutoKeyState>();
+  return *key.auto_state;
+}
+
 void AutoChooser::note_overlap(const Call& call) {
-  KeyOverlap& o = overlap_[call.key_name];
+  AutoKeyState& o = state_of(*call.key);
   if (o.last) {
     const int64_t waited = o.last->first_wait_ns.load(std::memory_order_relaxed);
     const Clock::time_point until =
         waited != 0 ? Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(waited)))
                     : call.issued;  // never waited on before the key's next call: all of it
-    o.sum_s += std::max(0.0, std::chrono::duration<double>(until - o.last_issued).count());
-    o.count += 1;
+    o.overlap_sum_s += std::max(0.0, std::chrono::duration<double>(until - o.last_issued).count());
+    o.overlap_count += 1;
   }
   o.last = call.work;
   o.last_issued = call.issued;
@@ -414,11 +425,11 @@ void AutoChooser::observe(const Call& call, const Stats& before, const Stats& af
   if (ranks <= 1 || !link_known_ || call.tensor.numel == 0) return;
   const double wire = (after.total_s - before.total_s) - (after.encode_s - before.encode_s) -
                       (after.decode_s - before.decode_s) - (after.reduce_s - before.reduce_s);
-  const auto it = measured_.find(call.key_name);
-  if (it == measured_.end()) return;
+  if (call.key == nullptr || !call.key->auto_state) return;
+  const std::vector<CandidateCost>& costs = call.key->auto_state->costs;
   const size_t i = static_cast<size_t>(call.spec - call.auto_spec->candidates.data());
-  if (i >= it->second.costs.size()) return;
-  const double predicted = predict_wire_s(auto_shape(*call.spec), it->second.costs[i].payload_bytes, link_, ranks);
+  if (i >= costs.size()) return;
+  const double predicted = predict_wire_s(auto_shape(*call.spec), costs[i].payload_bytes, link_, ranks);
   if (!(wire > 0) || !(predicted > 0)) return;
   drift_log_sum_ += std::log(wire / predicted);
   drift_count_ += 1;
@@ -427,7 +438,12 @@ void AutoChooser::observe(const Call& call, const Stats& before, const Stats& af
 void AutoChooser::set_test_override(double compute_scale, std::optional<LinkModel> link) {
   test_compute_scale_ = compute_scale;
   test_link_ = link;
-  measured_.clear();  // measured again, scaled, at each key's next review
+  ++measure_generation_;  // measured again, scaled, at each key's next review
+}
+
+void AutoChooser::forget(std::span<const std::string> keys) {
+  std::lock_guard lock(report_mutex_);
+  for (const std::string& key : keys) report_.erase(key);
 }
 
 std::vector<AutoChoice> AutoChooser::report() const {

@@ -129,6 +129,24 @@ struct AutoRecord {
 
 // ---- on the engine -------------------------------------------------------------------
 
+// What auto measured of one key, beside its persisted AutoRecord: held by the key itself
+// (KeyState::auto_state), so that it goes when the key goes (forget_keys: issue 42, a
+// torch backend fed fresh tensors made a key per call, and these grew by ~1.5 KB each).
+// Engine thread only.
+struct AutoKeyState {
+  // Each candidate's costs on this rank, measured at a review for this spec and size.
+  uint32_t spec_hash = 0;
+  int64_t numel = 0;
+  uint64_t generation = 0;  // AutoChooser::measure_generation_ when measured
+  std::vector<CandidateCost> costs;
+  // Overlap: the key's previous call (to read when it was first waited on), and the
+  // mean since the last review.
+  std::shared_ptr<WorkState> last;
+  Clock::time_point last_issued{};
+  double overlap_sum_s = 0;
+  int64_t overlap_count = 0;
+};
+
 class AutoChooser {
  public:
   // On the engine thread, before the call's header is made: sets call.spec to the
@@ -144,26 +162,17 @@ class AutoChooser {
 
   // The latest decision per key (any thread).
   std::vector<AutoChoice> report() const;
+  // Drops the keys' reports (forget_keys, introspect.h: the keys' state goes with them).
+  void forget(std::span<const std::string> keys);
 
  private:
-  struct KeyCosts {
-    uint32_t spec_hash = 0;
-    int64_t numel = 0;
-    std::vector<CandidateCost> costs;  // this rank's, measured
-  };
-  struct KeyOverlap {
-    std::shared_ptr<WorkState> last;  // the key's previous call, to read when it was first waited on
-    Clock::time_point last_issued{};
-    double sum_s = 0;
-    int64_t count = 0;
-  };
   void note_overlap(const Call& call);
   void review(CallExecutor& exec, Call& call, AutoRecord& record);
   std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, CallExecutor& exec) const;
   LinkModel probe(Op& op) const;
+  static AutoKeyState& state_of(KeyState& key);
 
-  std::map<std::string, KeyCosts> measured_;  // engine thread
-  std::map<std::string, KeyOverlap> overlap_;  // engine thread
+  uint64_t measure_generation_ = 1;  // set_test_override: every key measures again
   bool link_known_ = false;
   LinkModel link_;
   double drift_log_sum_ = 0;

@@ -103,6 +103,7 @@ void forget_keys(Communicator& comm, std::span<const std::string> keys) {
   // nodes touches nothing it reads.
   std::lock_guard lock(comm.impl().issue_mutex());
   for (const std::string& key : keys) state.keys.erase(key);
+  comm.impl().forget_auto_reports(keys);
 }
 
 }  // namespace gradcomm::detail

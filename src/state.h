@@ -25,6 +25,8 @@
 
 namespace gradcomm::detail {
 
+struct AutoKeyState;  // auto_choice.h
+
 // A key's state kept on a GPU (CUDA tensors on the NCCL path: the residual and the
 // codecs' workspaces live in device memory; collectives/nccl_compressed.h). While a
 // KeyState holds one, the device copy is the authoritative residual and `residual`
@@ -55,6 +57,8 @@ struct KeyState {
   // The indices this rank's last sparsified call of the key sent (topk, randomk, sketch),
   // increasing: DGC's momentum masking (Communicator::sent_mask). Not saved.
   std::vector<uint64_t> sent;
+  // compressor=auto's measurements of the key (its choice is in `extra`). Not saved.
+  std::shared_ptr<AutoKeyState> auto_state;
 };
 
 // Moves a key's state from the GPU back into `key` (residual and extra), when it is
