@@ -41,6 +41,7 @@ void CommunicatorImpl::run_op(const WireHeader& header, Op::HeaderMode mode, con
     }
   }
   next_seq_ += calls;
+  transport_->note_completed(next_seq_);  // a peer that left after these calls may go
   stats_.total_s += std::chrono::duration<double>(Clock::now() - start).count();
 }
 

@@ -81,6 +81,8 @@ class CommunicatorImpl final : public CallExecutor {
   // The keys' state. Residuals belong to the engine: read one only after the
   // key's last call has completed (introspect.h).
   CompressionState& compression_state() { return state_; }
+  // forget_keys (introspect.h): auto's reports of those keys go with their state.
+  void forget_auto_reports(std::span<const std::string> keys) { auto_.forget(keys); }
   std::mutex& issue_mutex() { return issue_mutex_; }
 
   // Runs `fn` on the engine thread after every call issued before it; blocking.
@@ -116,6 +118,8 @@ class CommunicatorImpl final : public CallExecutor {
 
  private:
   void check_usable() const;
+  // At destruction: a clean run waits until the live peers completed its calls too.
+  void leave() noexcept;
   void check_tensor(const TensorView& t, const char* op, const char* name) const;
   // InvalidArgument unless `in` and `out` are on the same device.
   void check_one_device(const TensorView& in, const TensorView& out, const char* op) const;

@@ -14,7 +14,22 @@ namespace gradcomm::detail {
 namespace {
 constexpr auto kMaxSleep = std::chrono::microseconds(20'000);
 
+// How long a timed-out wait gives the other ranks to answer a liveness check.
+constexpr auto kSilentWait = std::chrono::milliseconds(2000);
+
 int left_of(int rank, int size) { return (rank + size - 1) % size; }
+
+// The rank a wait timed out on may itself wait on another: with a stopped rank in a
+// ring, every rank times out on its left neighbour, and all but one name a healthy
+// rank (issue 42). So a timeout asks every rank whether it still answers
+// (Transport::find_silent) and names those that do not.
+std::string silent_ranks(Transport& transport) {
+  std::string out;
+  for (const Transport::Silent& s : transport.find_silent(kSilentWait)) {
+    out += fmt::format("; rank {} is stalled: {}", s.rank, s.why);
+  }
+  return out;
+}
 int right_of(int rank, int size) { return (rank + 1) % size; }
 
 // Headers travel on their own tag without the sequence number, so a rank that
@@ -91,8 +106,9 @@ void Op::spin(const std::function<bool()>& ready, const Request* request, const 
     if (comm_.stopping()) fail_destroyed();
     if (deadline_.expired()) {
       const std::string whom = peer >= 0 ? fmt::format("rank {}", peer) : std::string("the other ranks");
-      fail(ErrorCode::kTimeout, fmt::format("timed out after {:.1f} s waiting for {} ({})",
-                                            std::chrono::duration<double>(comm_.timeout()).count(), whom, what));
+      fail(ErrorCode::kTimeout,
+           fmt::format("timed out after {:.1f} s waiting for {} ({}){}",
+                       std::chrono::duration<double>(comm_.timeout()).count(), whom, what, silent_ranks(transport)));
     }
     if (moved) {
       last_moved = Clock::now();

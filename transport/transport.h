@@ -21,7 +21,8 @@
 //  - A request's destructor may block briefly (a send UCX cannot cancel), except
 //    after abandon_pending(), when nothing may block any more.
 //  - The control channel carries aborts: a rank that fails a collective tells the
-//    others, so they raise at once instead of waiting for their deadline.
+//    others, so they raise at once instead of waiting for their deadline. It also
+//    carries liveness checks (find_silent) and departures (leave): see below.
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "env.h"  // base/: Clock
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
@@ -113,6 +116,33 @@ class Transport {
   // off peers whose sends never completed, so that no later Request destruction
   // blocks. The transport stays usable for poll_abort() and destruction only.
   virtual void abandon_pending(std::chrono::milliseconds grace) = 0;
+
+  // ---- liveness and departure (docs/fault-model.md) --------------------------------
+  // Which peers do not answer: every peer not known failed is asked at once, and its
+  // transport answers from its progress loop (a running engine, busy or idle, does so
+  // within milliseconds; a stopped or hung process never). Drives progress for at most
+  // `wait`. Each entry names the rank and what was observed ("does not answer", or,
+  // for a process on this machine, its state). A waiting call's timeout asks, so that
+  // its error names the rank that stalls the job, not the neighbour waiting on it.
+  // Transports whose peers cannot stall apart from this process (threads) find none.
+  struct Silent {
+    int rank = -1;
+    std::string why;
+  };
+  virtual std::vector<Silent> find_silent(std::chrono::milliseconds /*wait*/) { return {}; }
+
+  // Calls are numbered alike on every rank, from 0; every call numbered below `next` has
+  // completed here. A peer that left with the same `next` (below) is released once this
+  // rank got there, and from then on counts as failed: a later call that needs it
+  // raises at once.
+  virtual void note_completed(uint64_t /*next*/) {}
+  // A clean departure (the communicator is destroyed with nothing outstanding): tells
+  // every live peer that this rank completed the calls below `next` and will make no
+  // more, then drives progress until each has released it (it completed those calls
+  // too, so it needs nothing more of this rank's: a send that completed here may still
+  // be on its way there), has failed, or `deadline` passes. Returns the ranks that had
+  // not.
+  virtual std::vector<int> leave(uint64_t /*next*/, Clock::time_point /*deadline*/) { return {}; }
 };
 
 }  // namespace gradcomm::detail

@@ -20,18 +20,12 @@ struct Job {
   std::vector<std::map<std::string, std::string>> results;  // key=value pairs of each RESULT line
 };
 
-// `command` should bound its own run time (timeout -k ...) and merge stderr (2>&1).
-inline Job run_command(const std::string& command) {
-  Job job;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return job;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe) != nullptr) job.output += buffer;
-  const int status = pclose(pipe);
-  job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+// The key=value pairs of every "RESULT ..." line in `output`.
+inline std::vector<std::map<std::string, std::string>> parse_results(const std::string& output) {
+  std::vector<std::map<std::string, std::string>> results;
   static const std::regex kResult(R"(RESULT (.*))");
   static const std::regex kPair(R"((\w+)=(\S+))");
-  std::istringstream lines(job.output);
+  std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
     if (!std::regex_search(line, m, kResult)) continue;
@@ -42,8 +36,21 @@ inline Job run_command(const std::string& command) {
       rest = rest.substr(0, at);
     }
     for (std::sregex_iterator it(rest.begin(), rest.end(), kPair), end; it != end; ++it) fields[(*it)[1]] = (*it)[2];
-    job.results.push_back(fields);
+    results.push_back(fields);
   }
+  return results;
+}
+
+// `command` should bound its own run time (timeout -k ...) and merge stderr (2>&1).
+inline Job run_command(const std::string& command) {
+  Job job;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return job;
+  char buffer[4096];
+  while (fgets(buffer, sizeof buffer, pipe) != nullptr) job.output += buffer;
+  const int status = pclose(pipe);
+  job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  job.results = parse_results(job.output);
   return job;
 }
 

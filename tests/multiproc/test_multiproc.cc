@@ -152,6 +152,9 @@ TEST_P(MultiprocFaultMatrix, SurvivorsRaiseRefuseFurtherCallsAndTheLauncherRepor
       // may be told sooner (its abort reaches them in a later call), with its error.
       EXPECT_EQ(r.at("error"), "TimeoutError") << r.at("message");
       EXPECT_NE(r.at("message").find("timed out after"), std::string::npos) << r.at("message");
+      // The stopped rank is named, not (only) the neighbour that waits on it (issue 42):
+      // the timeout's liveness check, quoted by the others' abort.
+      EXPECT_NE(r.at("message").find(fmt::format("rank {} is stalled", victim)), std::string::npos) << r.at("message");
       const double in_call = std::stod(r.at("in_call_s"));
       longest_wait = std::max(longest_wait, in_call);
       EXPECT_LT(in_call, kStopTimeoutMs / 1000.0 + kDetectBound) << r.at("message");

@@ -6,7 +6,8 @@
 //                            form and, through a hash allgather, bitwise across ranks
 //   fault KIND VICTIM TIMEOUT_MS SPEC SEED
 //                            VICTIM fails (KIND: sigkill sigterm sigstop exit0 exit1 throw)
-//                            a random moment into a loop of allreduces under SPEC
+//                            a random moment into a loop of allreduces under SPEC, of 4M
+//                            floats or GRADCOMM_FAULT_NUMEL
 //   mismatch numel|dtype|op|kind   rank 1 calls something different
 //   sequence skip|skip_last|barrier|compressor   rank 1 skips or changes one call
 //   compressed               every compressor spec, 3 steps each: finite, bitwise identical
@@ -152,7 +153,8 @@ int run_fault(Communicator& comm, const std::string& kind, int victim, const std
   std::mt19937 rng(seed);
   const int delay_ms = 150 + static_cast<int>(rng() % 450);
   const int throw_at = 1 + static_cast<int>(rng() % 4);
-  std::vector<float> x(4 << 20);
+  const char* numel = std::getenv("GRADCOMM_FAULT_NUMEL");
+  std::vector<float> x(numel != nullptr ? std::stoull(numel) : size_t{4} << 20);
   if (r == victim && kind != "throw") {
     std::thread([kind, delay_ms] {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));

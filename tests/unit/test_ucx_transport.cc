@@ -158,7 +158,7 @@ TEST(UcxWire, ControlMessageRoundTripsAndRejectsGarbage) {
   bytes[5] = 99;  // unknown error code
   EXPECT_FALSE(decode_control(bytes));
   bytes = encode_control(ControlMessage{});
-  bytes[6] = 2;  // unknown kind
+  bytes[6] = static_cast<uint8_t>(kLastControlKind) + 1;  // unknown kind
   EXPECT_FALSE(decode_control(bytes));
   EXPECT_FALSE(decode_control(std::vector<uint8_t>(3, 0)));
 }
@@ -172,6 +172,20 @@ TEST(UcxWire, ReceiptsRoundTripAndCarryNoText) {
   EXPECT_EQ(back->message.origin, 2);
   EXPECT_EQ(back->message.seq, 9u);
   EXPECT_FALSE(decode_control(encode_control(ControlMessage{ErrorCode::kMismatch, 2, 9, "x"}, ControlKind::kReceipt)));
+}
+
+// Liveness checks and departures (transport.h, find_silent and leave): their seq round
+// trips whole (a goodbye's call count may pass 2^32), and only aborts carry text.
+TEST(UcxWire, LivenessKindsRoundTripAndCarryNoText) {
+  for (ControlKind kind : {ControlKind::kPing, ControlKind::kPong, ControlKind::kGoodbye, ControlKind::kRelease}) {
+    const ControlMessage m{ErrorCode::kPeerFailure, 1, (uint64_t{1} << 33) + 5, ""};
+    auto back = decode_control(encode_control(m, kind, 7));
+    ASSERT_TRUE(back) << static_cast<int>(kind);
+    EXPECT_EQ(back->kind, kind);
+    EXPECT_EQ(back->sender, 7);
+    EXPECT_EQ(back->message.seq, (uint64_t{1} << 33) + 5);
+    EXPECT_FALSE(decode_control(encode_control(ControlMessage{ErrorCode::kPeerFailure, 1, 2, "x"}, kind)));
+  }
 }
 
 // ---- ranks as threads ------------------------------------------------------------
@@ -342,6 +356,85 @@ TEST(UcxTransport, ControlReceiveIsRepostedAndLeavesDataAlone) {
     EXPECT_EQ(aborts[1].code, ErrorCode::kPeerFailure);
     EXPECT_EQ(recv->state(), RequestState::kDone);
     EXPECT_EQ(in[0], 1);
+  });
+}
+
+// A liveness check (Transport::find_silent): ranks whose transports are driven answer
+// within the wait; one that is not (a stopped process, here a thread that sleeps) is
+// named, and the check returns when its wait is over.
+TEST(UcxTransport, LivenessCheckNamesOnlyTheRankThatDoesNotAnswer) {
+  std::atomic<bool> checked{false};
+  run_ranks(3, [&](RankContext& ctx) {
+    if (ctx.rank == 0) {
+      const auto start = Clock::now();
+      auto silent = ctx.t.find_silent(1500ms);
+      const double took = seconds_since(start);
+      checked = true;
+      ASSERT_EQ(silent.size(), 1u);
+      EXPECT_EQ(silent[0].rank, 2);
+      EXPECT_NE(silent[0].why.find("did not answer a liveness check within"), std::string::npos) << silent[0].why;
+      EXPECT_GE(took, 1.4);
+      EXPECT_LT(took, 10.0);
+    } else if (ctx.rank == 1) {
+      EXPECT_TRUE(wait_until(ctx.t, [&] { return checked.load(); }, 20s));
+    } else {
+      std::this_thread::sleep_for(2500ms);  // not driving: cannot answer
+    }
+  });
+}
+
+// Every rank answers when every rank drives its transport, and the check returns once
+// all have (not at the end of its wait).
+TEST(UcxTransport, LivenessCheckOfRunningRanksFindsNoneAndReturnsEarly) {
+  std::atomic<bool> checked{false};
+  run_ranks(3, [&](RankContext& ctx) {
+    if (ctx.rank == 0) {
+      const auto start = Clock::now();
+      EXPECT_TRUE(ctx.t.find_silent(10s).empty());
+      EXPECT_LT(seconds_since(start), 5.0);
+      checked = true;
+    } else {
+      EXPECT_TRUE(wait_until(ctx.t, [&] { return checked.load(); }, 20s));
+    }
+  });
+}
+
+// A clean departure (Transport::leave): rank 0 completed calls #0-#4 and leaves; rank 1
+// has completed only #0-#2, so rank 0 waits until rank 1 gets there, then rank 0 is
+// released, and a later exchange of rank 1's with it fails at once, naming the departure.
+TEST(UcxTransport, LeaveWaitsUntilThePeerCompletedTheSameCallsThenItsLaterCallsFail) {
+  std::atomic<bool> left{false};
+  run_ranks(2, [&](RankContext& ctx) {
+    if (ctx.rank == 0) {
+      ctx.t.note_completed(5);
+      const auto start = Clock::now();
+      EXPECT_TRUE(ctx.t.leave(5, Clock::now() + 20s).empty());
+      EXPECT_GE(seconds_since(start), 0.9);  // rank 1 got to call #4 a second in
+      left = true;
+      return;
+    }
+    ctx.t.note_completed(3);
+    const auto start = Clock::now();
+    EXPECT_FALSE(wait_until(ctx.t, [&] { return left.load(); }, 1000ms));  // not released before #4
+    ctx.t.note_completed(5);
+    EXPECT_TRUE(wait_until(ctx.t, [&] { return left.load(); }, 20s));
+    EXPECT_LT(seconds_since(start), 10.0);
+    std::vector<uint8_t> buffer(16);
+    auto recv = ctx.t.irecv(0, make_tag(TagKind::kData, 6, 0), buffer.data(), buffer.size());
+    ASSERT_TRUE(wait_until(ctx.t, [&] { return !recv->pending(); }, 5s));
+    EXPECT_EQ(recv->state(), RequestState::kPeerFailed);
+    EXPECT_NE(recv->error().find("it left (its communicator was destroyed) after call #4"), std::string::npos)
+        << recv->error();
+  });
+}
+
+// Two ranks leaving after the same calls release each other.
+TEST(UcxTransport, RanksLeavingTogetherReleaseEachOther) {
+  run_ranks(3, [&](RankContext& ctx) {
+    ctx.t.note_completed(9);
+    const auto start = Clock::now();
+    EXPECT_TRUE(ctx.t.leave(9, Clock::now() + 20s).empty());
+    EXPECT_LT(seconds_since(start), 10.0);
   });
 }
 

@@ -238,6 +238,7 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
   }
   connect_cma(store, options.key_prefix, deadline);
   connect_link_watch(store, options.key_prefix, deadline);
+  connect_process_watch(store, options.key_prefix, deadline);
 }
 
 void UcxTransport::connect_link_watch(Store& store, const std::string& prefix, const Deadline& deadline) {
@@ -270,12 +271,15 @@ void UcxTransport::connect_link_watch(Store& store, const std::string& prefix, c
 
 // At most every kUcxLinkPoll, while a data exchange is pending: a host found cut off
 // fails every rank there, as UCX's own error callback would for a broken connection.
-void UcxTransport::poll_links(Clock::time_point now) {
-  next_link_poll_ = now + kUcxLinkPoll;
-  const bool waiting = std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
+bool UcxTransport::exchanging() const {
+  return std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
     return entry.second->kind == UcxOp::Kind::kSend || entry.second->kind == UcxOp::Kind::kRecv;
   });
-  if (!waiting) return;
+}
+
+void UcxTransport::poll_links(Clock::time_point now) {
+  next_link_poll_ = now + kUcxLinkPoll;
+  if (!exchanging()) return;
   for (const LinkWatch::Finding& finding : link_watch_->poll(now)) {
     for (int r : finding.ranks) {
       Peer& peer = peers_[static_cast<size_t>(r)];
@@ -456,13 +460,15 @@ void UcxTransport::finish(UcxOp* op, ucs_status_t status, size_t length) {
         auto frame = decode_control(std::span<const uint8_t>(op->storage.data(), length));
         const int sender = frame ? frame->sender : -1;
         if (!frame || sender < 0 || sender >= size_ || sender == rank_) {
-          log(LogLevel::kWarn, "ucx: rank {} dropped a malformed abort message ({} bytes)", rank_, length);
+          log(LogLevel::kWarn, "ucx: rank {} dropped a malformed control message ({} bytes)", rank_, length);
         } else if (frame->kind == ControlKind::kReceipt) {
           int& owed = peers_[static_cast<size_t>(sender)].receipts_owed;
           owed = std::max(owed - 1, 0);
-        } else {
+        } else if (frame->kind == ControlKind::kAbort) {
           receipts_due_.push_back(ControlMessage{frame->message.code, sender, frame->message.seq, {}});
           aborts_.push_back(std::move(frame->message));
+        } else {
+          take_liveness(frame->kind, sender, frame->message.seq);
         }
       } else if (status != UCS_ERR_CANCELED) {
         log(LogLevel::kWarn, "ucx: rank {}: abort receive failed: {}", rank_, ucs_status_string(status));
@@ -518,12 +524,15 @@ bool UcxTransport::drive() {
     for (int i = 0; i < kUcxKeepaliveIterSkip; ++i) ucp_worker_progress(worker_);
   }
   if (!cma_reads_.empty()) run_cma_reads();
-  if (link_watch_ && !closing_) {
-    if (const auto now = Clock::now(); now >= next_link_poll_) poll_links(now);
+  if ((link_watch_ || watching_processes_) && !closing_) {
+    const auto now = Clock::now();
+    if (link_watch_ && now >= next_link_poll_) poll_links(now);
+    if (watching_processes_ && now >= next_process_poll_) poll_processes(now);
   }
   if (peers_newly_failed_) cancel_receives_from_failed();
   if (!control_posted_ && !closing_) post_control_recv();
   if (!receipts_due_.empty()) send_receipts();
+  if (!pongs_due_.empty() || departures_due_) answer_liveness();
   return events_ != before;
 }
 

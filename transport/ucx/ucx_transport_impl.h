@@ -40,6 +40,14 @@
 // runs keepalive from inside ucp_worker_progress, only on every 32nd call, and
 // has no timer to wake a sleeping worker, so wait_for_event never sleeps longer
 // than kUcxMaxSleep and progress() adds a burst of 32 calls every kUcxKeepaliveKick.
+// Keepalive's check counts a zombie (a killed process its parent has not reaped yet)
+// as alive, so the transport also watches each shared-memory peer's process itself
+// (base/process_identity.h) while exchanges are pending: a zombie or a vanished pid fails
+// that peer at once, as the endpoint error would (ucx_liveness.cc).
+//
+// Liveness checks and departures (ucx_liveness.cc; transport.h, find_silent and leave)
+// travel on the control channel beside aborts: pings are answered from drive(), a
+// goodbye is released once this rank has completed the goodbye's call.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -54,9 +62,11 @@
 #include <vector>
 
 #include "env.h"
+#include "process_identity.h"
 #include "transport/ucx/ucx_cma.h"
 #include "transport/ucx/ucx_link_watch.h"
 #include "transport/ucx/ucx_transport.h"
+#include "transport/ucx/ucx_wire.h"
 
 namespace gradcomm::detail {
 
@@ -70,6 +80,7 @@ constexpr auto kUcxLostDrain = std::chrono::milliseconds{10};       // a failed 
 constexpr auto kUcxFlushWait = std::chrono::seconds{1};             // destructor: let queued sends (aborts) leave
 constexpr auto kUcxCloseWait = std::chrono::seconds{2};             // destructor: endpoint closes and cancellations
 constexpr auto kUcxLinkPoll = std::chrono::seconds{1};              // LinkWatch scans at most this often
+constexpr auto kUcxProcessPoll = std::chrono::milliseconds{200};    // shared-memory peers' processes, this often
 constexpr int64_t kUcxLinkTimeoutS = 20;                            // GRADCOMM_LINK_TIMEOUT_S default
 
 class UcxTransport;
@@ -130,6 +141,9 @@ class UcxTransport final : public Transport {
   void send_abort(const ControlMessage& message) override;
   std::optional<ControlMessage> poll_abort() override;
   void abandon_pending(std::chrono::milliseconds grace) override;
+  std::vector<Silent> find_silent(std::chrono::milliseconds wait) override;
+  void note_completed(uint64_t next) override;
+  std::vector<int> leave(uint64_t next, Clock::time_point deadline) override;
 
   void abandon(uint64_t id);
 
@@ -156,6 +170,12 @@ class UcxTransport final : public Transport {
     pid_t pid = 0;
     uint64_t cma_table = 0;
     uint64_t cma_cookie = 0;
+    // Liveness (ucx_liveness.cc). Its process, where this rank can observe it (a
+    // shared-memory peer on this machine): watched while exchanges are pending.
+    std::optional<ProcessIdentity> process;
+    uint64_t answered = 0;               // the latest liveness check it answered
+    std::optional<uint64_t> left_after;  // it left cleanly, having completed the calls below this (goodbye)
+    bool released = false;               // it completed every call this rank left after (release)
   };
   // An exchange UCX may never finish, and that nothing waits for once it has had a
   // brief drain (kUcxLostDrain): its Op is detached and freed at shutdown.
@@ -213,6 +233,19 @@ class UcxTransport final : public Transport {
   // a rank with TCP peers watches their connections while data exchanges are pending.
   void connect_link_watch(Store& store, const std::string& prefix, const Deadline& deadline);
   void poll_links(Clock::time_point now);
+  // A data exchange is pending (the watches above and below scan only then).
+  bool exchanging() const;
+
+  // Liveness and departures (ucx_liveness.cc). Every rank publishes its process; a rank
+  // watches its shared-memory peers' processes.
+  void connect_process_watch(Store& store, const std::string& prefix, const Deadline& deadline);
+  void poll_processes(Clock::time_point now);
+  // A ping, pong, goodbye or release from `sender` (inside a UCX callback: only
+  // records; drive() answers).
+  void take_liveness(ControlKind kind, int sender, uint64_t seq);
+  void send_liveness(int peer, ControlKind kind, uint64_t seq);
+  // Pongs owed, and departures whose call this rank has completed: answered here.
+  void answer_liveness();
 
   // Single-copy exchanges (ucx_cma.cc).
   void connect_cma(Store& store, const std::string& prefix, const Deadline& deadline);
@@ -261,6 +294,12 @@ class UcxTransport final : public Transport {
   uint64_t cma_bytes_read_ = 0;
   std::unique_ptr<LinkWatch> link_watch_;  // null: no TCP peer, or GRADCOMM_LINK_TIMEOUT_S=0
   Clock::time_point next_link_poll_{};
+  bool watching_processes_ = false;  // some peer's process is watched
+  Clock::time_point next_process_poll_{};
+  uint64_t completed_ = 0;  // every call numbered below it has completed here (note_completed)
+  uint64_t checks_ = 0;     // liveness checks this rank sent
+  std::vector<std::pair<int, uint64_t>> pongs_due_;  // (peer, its check)
+  bool departures_due_ = false;  // a goodbye waits for answer_liveness()
 };
 
 // Progresses until done() or the deadline; sleeps on the worker between rounds.

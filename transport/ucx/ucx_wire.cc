@@ -29,13 +29,13 @@ std::optional<ControlFrame> decode_control(std::span<const uint8_t> bytes) {
   if (code < static_cast<uint8_t>(ErrorCode::kInvalidArgument) || code > static_cast<uint8_t>(ErrorCode::kCuda)) {
     return std::nullopt;
   }
-  if (bytes[6] > static_cast<uint8_t>(ControlKind::kReceipt) || bytes[7] != 0) return std::nullopt;
+  if (bytes[6] > static_cast<uint8_t>(kLastControlKind) || bytes[7] != 0) return std::nullopt;
   const uint32_t text_bytes = get_u32(bytes.data() + 12);
   if (text_bytes > ControlMessage::kMaxText || bytes.size() != kControlHeaderBytes + text_bytes) return std::nullopt;
   ControlFrame frame;
   frame.kind = static_cast<ControlKind>(bytes[6]);
   frame.sender = static_cast<int32_t>(get_u32(bytes.data() + 24));
-  if (frame.kind == ControlKind::kReceipt && text_bytes != 0) return std::nullopt;
+  if (frame.kind != ControlKind::kAbort && text_bytes != 0) return std::nullopt;
   ControlMessage& message = frame.message;
   message.code = static_cast<ErrorCode>(code);
   message.origin = static_cast<int32_t>(get_u32(bytes.data() + 8));

@@ -68,18 +68,25 @@ constexpr bool ucx_is_control_tag(uint64_t wire_tag) {
 //   i32 origin rank | u32 text bytes (<= ControlMessage::kMaxText) | u64 call seq |
 //   i32 sender rank | text
 // The sender travels in the message: UCX 1.13 does not always fill in the sender
-// tag of a receive that matched any source. Kinds: an abort (a rank failed; origin
-// is the rank that failed first, which may not be the sender: ranks relay what
-// they raise), and the receipt a rank returns for each abort it takes in (origin:
-// the rank that took it in; no text). A rank that
-// sent aborts waits for the receipts before it closes its endpoints (bounded), so
-// its notice is in every live peer's hands before its departure can be seen there.
+// tag of a receive that matched any source. Kinds:
+//  - abort: a rank failed; origin is the rank that failed first, which may not be the
+//    sender (ranks relay what they raise).
+//  - receipt: a rank returns one for each abort it takes in (origin: the rank that took
+//    it in; no text). A rank that sent aborts waits for the receipts before it closes
+//    its endpoints (bounded), so its notice is in every live peer's hands before its
+//    departure can be seen there.
+//  - ping, pong: a liveness check (Transport::find_silent); seq is the check's number,
+//    which the pong returns.
+//  - goodbye: the sender leaves cleanly after call `seq` (Transport::leave).
+//  - release: the sender has completed every call the goodbye's sender took part in.
+// Only aborts carry text; the others carry the code kPeerFailure.
 inline constexpr uint32_t kControlMagic = 0x42414347;  // "GCAB" read little-endian
-inline constexpr uint8_t kControlVersion = 3;
+inline constexpr uint8_t kControlVersion = 4;
 inline constexpr size_t kControlHeaderBytes = 28;
 inline constexpr size_t kControlWireBytes = kControlHeaderBytes + ControlMessage::kMaxText;
 
-enum class ControlKind : uint8_t { kAbort = 0, kReceipt = 1 };
+enum class ControlKind : uint8_t { kAbort = 0, kReceipt = 1, kPing = 2, kPong = 3, kGoodbye = 4, kRelease = 5 };
+constexpr ControlKind kLastControlKind = ControlKind::kRelease;
 struct ControlFrame {
   ControlKind kind = ControlKind::kAbort;
   int sender = -1;
@@ -90,8 +97,8 @@ struct ControlFrame {
 std::vector<uint8_t> encode_control(const ControlMessage& message, ControlKind kind = ControlKind::kAbort,
                                     int sender = 0);
 // nullopt when the bytes are not a well-formed control message (wrong magic or
-// version, text length disagreeing with the size, unknown error code or kind, a
-// receipt with text).
+// version, text length disagreeing with the size, unknown error code or kind, text
+// in anything but an abort).
 std::optional<ControlFrame> decode_control(std::span<const uint8_t> bytes);
 
 }  // namespace gradcomm::detail
