@@ -1,4 +1,7 @@
-# Shared by the cluster tests (sourced): what "left behind" means.
+# Shared by the cluster tests (sourced): whether they can run here, how they fail, and
+# what "left behind" means.
+#   cluster_require_netns         exit 77 (ctest's skip) where network namespaces cannot be made
+#   cluster_fail_with_logs DIR MESSAGE...   FAIL, with the tail of every *.log in DIR
 #
 # The emulated cluster's names are gcns<tag>_<r>, gcbr<tag> and gcv<tag>_<r>. A machine can
 # hold some already that no test of ours made -- a run killed with SIGKILL (a CI job's
@@ -15,4 +18,16 @@ cluster_snapshot() {
 cluster_new_leftovers() {
   comm -13 <(printf '%s\n' "$_cluster_before") <(cluster_names) | sed '/^$/d'
   if (($#)); then "$@" || true; fi
+}
+cluster_require_netns() {
+  if [[ $EUID -ne 0 ]] || ! ip netns add "gctestprobe$$" 2>/dev/null; then
+    echo "SKIP: cannot create network namespaces here (needs root and netns support)"; exit 77
+  fi
+  ip netns del "gctestprobe$$"
+}
+cluster_fail_with_logs() {
+  local dir=$1 f; shift
+  echo "FAIL: $*"
+  for f in "$dir"/*.log; do echo "== $f"; tail -n 15 "$f"; done
+  exit 1
 }

@@ -7,12 +7,9 @@
 set -uo pipefail
 build=$1 src=$2
 run=$src/bench/cluster/run.sh
-if [[ $EUID -ne 0 ]] || ! ip netns add gctestprobe$$ 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and netns support)"; exit 77
-fi
-ip netns del gctestprobe$$
-fail() { echo "FAIL: $*"; exit 1; }
 source "$src/tests/cluster/lib.sh"
+cluster_require_netns
+fail() { echo "FAIL: $*"; exit 1; }
 leftovers() { cluster_new_leftovers; }
 cluster_snapshot
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -8,10 +8,8 @@
 set -uo pipefail
 build=$(realpath "$1") src=$(realpath "$2")
 run=$src/bench/e2e/run.sh
-if [[ $EUID -ne 0 ]] || ! ip netns add gctestprobe$$ 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and netns support)"; exit 77
-fi
-ip netns del gctestprobe$$
+source "$src/tests/cluster/lib.sh"
+cluster_require_netns
 /usr/bin/python3 -c 'import torch, numpy, matplotlib' 2>/dev/null || { echo "SKIP: /usr/bin/python3 lacks torch/numpy/matplotlib"; exit 77; }
 [[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] || { echo "SKIP: no Fashion-MNIST"; exit 77; }
 variants="gloo"
@@ -20,7 +18,6 @@ variants="gloo"
 n_variants=$(tr ';' '\n' <<<"$variants" | wc -l)
 
 fail() { echo "FAIL: $*"; exit 1; }
-source "$src/tests/cluster/lib.sh"
 # (rank processes: only what the harness starts, not someone else's trainer on the machine)
 harness_procs() { pgrep -af "$src/bench/e2e/ddp_step.py|$build/trainer/gradcomm-train --hidden 2048,2048"; }
 leftovers() { cluster_new_leftovers harness_procs; }

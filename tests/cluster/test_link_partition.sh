@@ -13,11 +13,9 @@
 #   test_link_partition.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 build=$1 src=$2
-if [[ $EUID -ne 0 ]] || ! ip netns add gctestprobe$$ 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and netns support)"; exit 77
-fi
-ip netns del gctestprobe$$
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "== $f"; tail -n 15 "$f"; done; exit 1; }
+source "$src/tests/cluster/lib.sh"
+cluster_require_netns
+fail() { cluster_fail_with_logs "$tmp" "$@"; }
 tmp=$(mktemp -d)
 source "$src/bench/cluster/netns.sh"
 netns_at_exit "rm -rf '$tmp'"

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/normal.h"
 #include "compressors/family.h"
 #include "compressors/spec.h"
 #include "test_util.h"
@@ -20,20 +21,12 @@ namespace {
 constexpr int64_t kCount = 1024;  // elements per rank's share
 constexpr int kSteps = 500;
 
-std::vector<float> normal_vector(uint32_t seed, int64_t n) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> g(static_cast<size_t>(n));
-  for (auto& v : g) v = dist(rng);
-  return g;
-}
-
 enum class Gradient { kConstant, kRandom };
 
 // Rank r's gradient at `step`: the same every step, or drawn anew.
 std::vector<float> gradient(Gradient kind, int rank, int step, int64_t n) {
   const uint32_t seed = 1234 + 101 * static_cast<uint32_t>(rank) + (kind == Gradient::kRandom ? 7919u * step : 0u);
-  return normal_vector(seed, n);
+  return testing::normal_floats(n, seed);
 }
 
 struct Outcome {

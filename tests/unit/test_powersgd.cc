@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/normal.h"
 #include "compressors/philox.h"
 #include "compressors/powersgd/powersgd.h"
 #include "compressors/spec.h"
@@ -22,13 +23,7 @@ using detail::CompressorSpec;
 using detail::parse_compressor_spec;
 namespace psgd = detail::powersgd;
 
-std::vector<float> normal(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using testing::normal_floats;
 
 CompressOptions matrix(const std::string& spec, const std::string& key, int64_t rows, int64_t cols) {
   CompressOptions o{spec, key, nullptr};
@@ -94,7 +89,7 @@ TEST(PowersgdPlan, MatricesRanksAndOffsets) {
 TEST(PowersgdMath, OrthonormalizeGivesOrthonormalColumnsAndKeepsZeroColumnsZero) {
   const int64_t rows = 300;
   const int r = 5;
-  auto a = normal(rows * r, 5);
+  auto a = normal_floats(rows * r, 5);
   psgd::orthonormalize(a.data(), rows, r);
   for (int i = 0; i < r; ++i) {
     for (int j = 0; j < r; ++j) {
@@ -108,7 +103,7 @@ TEST(PowersgdMath, OrthonormalizeGivesOrthonormalColumnsAndKeepsZeroColumnsZero)
   for (float v : zero) ASSERT_EQ(v, 0.0f);  // torch's epsilon: no NaN from a zero gradient
   // A dependent column (c2 = c0 - 3 c1) holds only rounding error once c0 and c1 are
   // removed: it is zeroed, not normalized into a random direction.
-  auto dep = normal(rows * 3, 6);
+  auto dep = normal_floats(rows * 3, 6);
   for (int64_t i = 0; i < rows; ++i) dep[i * 3 + 2] = dep[i * 3] - 3.0f * dep[i * 3 + 1];
   psgd::orthonormalize(dep.data(), rows, 3);
   for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(dep[i * 3 + 2], 0.0f) << i;
@@ -123,11 +118,11 @@ TEST(Powersgd, RecoversALowRankSumExactly) {
   const int64_t rows = 64, cols = 48;
   const int R = 3;
   for (int n : {1, 2, 3}) {
-    const auto u = normal(rows * R, 11);
+    const auto u = normal_floats(rows * R, 11);
     std::vector<std::vector<float>> local(n);
     std::vector<double> sum(static_cast<size_t>(rows * cols), 0.0);
     for (int r = 0; r < n; ++r) {
-      const auto v = normal(cols * R, 20 + r);
+      const auto v = normal_floats(cols * R, 20 + r);
       local[r].assign(static_cast<size_t>(rows * cols), 0.0f);
       for (int64_t i = 0; i < rows; ++i) {
         for (int64_t j = 0; j < cols; ++j) {
@@ -205,7 +200,7 @@ TEST(Powersgd, FirstStepMatchesADoublePrecisionReference) {
   const int rank = 4, n = 3;
   const std::string spec = "powersgd:rank=4,seed=9";
   std::vector<std::vector<float>> m(n);
-  for (int r = 0; r < n; ++r) m[r] = normal(rows * cols, 100 + r);
+  for (int r = 0; r < n; ++r) m[r] = normal_floats(rows * cols, 100 + r);
   // The initial Q as the rules define it (powersgd_logic.h): Philox draws for the key, orthonormalized.
   const std::string key = "w";
   const uint64_t key_hash = detail::fnv1a64(std::span(reinterpret_cast<const uint8_t*>(key.data()), key.size()));
@@ -242,7 +237,7 @@ TEST(Powersgd, BuffersFromFourKibOnTakeTheBandwidthOptimalSchedule) {
   const uint64_t p_bytes = rows * rank * 4, q_bytes = cols * rank * 4;  // 4096 and 2048
   std::vector<Stats> stats(n);
   testing::run_ranks(n, [&](Communicator& comm) {
-    auto g = normal(rows * cols, 7 + comm.rank());
+    auto g = normal_floats(rows * cols, 7 + comm.rank());
     comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kSum,
                    matrix("powersgd:rank=2", "bytes", rows, cols));
     stats[comm.rank()] = comm.stats();
@@ -261,7 +256,7 @@ TEST(Powersgd, BucketOfPartsIsBitwiseIdenticalOnEveryRankAndDensePartsAreExact) 
       std::vector<std::vector<float>> out(n);
       testing::run_ranks(n, [&](Communicator& comm) {
         for (int step = 0; step < 3; ++step) {
-          auto g = normal(numel, 1000 * step + comm.rank());
+          auto g = normal_floats(numel, 1000 * step + comm.rank());
           CompressOptions o{"powersgd:rank=2", "bucket", nullptr};
           o.parts = shapes;
           comm.allreduce(TensorView::of(g.data(), numel), op, o);
@@ -274,7 +269,7 @@ TEST(Powersgd, BucketOfPartsIsBitwiseIdenticalOnEveryRankAndDensePartsAreExact) 
       // The 1-D part at [512, 544) and the 3x3 at [544, 553) are the exact sum (or mean) of the last step.
       for (int64_t i = 512; i < 553; ++i) {
         double exact = 0;
-        for (int r = 0; r < n; ++r) exact += normal(numel, 2000 + r)[i];
+        for (int r = 0; r < n; ++r) exact += normal_floats(numel, 2000 + r)[i];
         if (op == ReduceOp::kAvg) exact /= n;
         ASSERT_NEAR(out[0][i], exact, 1e-5) << "N=" << n << " i=" << i;
       }
@@ -286,11 +281,11 @@ TEST(Powersgd, WithoutAShapeTheTensorGoesDense) {
   const int n = 2;
   std::vector<std::vector<float>> out(n);
   testing::run_ranks(n, [&](Communicator& comm) {
-    auto g = normal(500, comm.rank());
+    auto g = normal_floats(500, comm.rank());
     comm.allreduce(TensorView::of(g.data(), 500), ReduceOp::kSum, {"powersgd:rank=2", "flat", nullptr});
     out[comm.rank()] = g;
   });
-  for (int64_t i = 0; i < 500; ++i) ASSERT_NEAR(out[0][i], normal(500, 0)[i] + normal(500, 1)[i], 1e-5);
+  for (int64_t i = 0; i < 500; ++i) ASSERT_NEAR(out[0][i], normal_floats(500, 0)[i] + normal_floats(500, 1)[i], 1e-5);
 }
 
 // A fixed gradient allreduced T times: with error feedback the outputs' total
@@ -300,12 +295,12 @@ double relative_gap(const std::string& spec, int steps) {
   const int64_t rows = 48, cols = 32;
   std::vector<double> total(rows * cols, 0.0), exact(rows * cols, 0.0);
   for (int r = 0; r < n; ++r) {
-    const auto g = normal(rows * cols, 77 + r);
+    const auto g = normal_floats(rows * cols, 77 + r);
     for (int64_t i = 0; i < rows * cols; ++i) exact[i] += double{g[i]} * steps;
   }
   testing::run_ranks(n, [&](Communicator& comm) {
     for (int s = 0; s < steps; ++s) {
-      auto g = normal(rows * cols, 77 + comm.rank());
+      auto g = normal_floats(rows * cols, 77 + comm.rank());
       comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kSum, matrix(spec, "w", rows, cols));
       if (comm.rank() == 0) {
         for (int64_t i = 0; i < rows * cols; ++i) total[i] += g[i];
@@ -337,7 +332,7 @@ TEST(Powersgd, SaveAndLoadStateResumeBitwiseWithQ) {
     std::vector<std::vector<float>> uninterrupted(n), resumed(n);
     testing::run_ranks(n, [&](Communicator& comm) {
       for (int s = 0; s < 4; ++s) {
-        auto g = normal(rows * cols, 10 * s + comm.rank());
+        auto g = normal_floats(rows * cols, 10 * s + comm.rank());
         comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kAvg, matrix(spec, "w", rows, cols));
         if (s == 2) saved[comm.rank()] = comm.save_state();
         if (s == 3) uninterrupted[comm.rank()] = g;
@@ -345,7 +340,7 @@ TEST(Powersgd, SaveAndLoadStateResumeBitwiseWithQ) {
     });
     testing::run_ranks(n, [&](Communicator& comm) {
       comm.load_state(saved[comm.rank()]);
-      auto g = normal(rows * cols, 30 + comm.rank());
+      auto g = normal_floats(rows * cols, 30 + comm.rank());
       comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kAvg, matrix(spec, "w", rows, cols));
       resumed[comm.rank()] = g;
     });
@@ -354,7 +349,7 @@ TEST(Powersgd, SaveAndLoadStateResumeBitwiseWithQ) {
     if (std::string(spec) == "powersgd:rank=2") {
       std::vector<float> fresh;
       testing::run_ranks(n, [&](Communicator& comm) {
-        auto g = normal(rows * cols, 30 + comm.rank());
+        auto g = normal_floats(rows * cols, 30 + comm.rank());
         comm.allreduce(TensorView::of(g.data(), rows * cols), ReduceOp::kAvg, matrix(spec, "w", rows, cols));
         if (comm.rank() == 0) fresh = g;
       });
