@@ -21,6 +21,7 @@
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
 #include "op.h"
+#include "topology.h"
 #include "transport/transport.h"
 #include "wire.h"
 
@@ -38,6 +39,11 @@ class CallContext {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Which ranks share a node (topology.h): the two-level collectives' groups.
+  virtual const NodeMap& nodes() const = 0;
+  // Whether this communicator's collectives run over two levels (GRADCOMM_HIERARCHY,
+  // hierarchy.h), decided once at creation.
+  virtual bool two_levels() const = 0;
   virtual Transport& transport() = 0;
   virtual Stats& mutable_stats() = 0;
 

@@ -12,17 +12,25 @@
 #include "device_path.h"
 #include "engine.h"
 #include "fusion.h"
+#include "hierarchy.h"
 #include "logging.h"
 
 namespace gradcomm::detail {
 
 CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
-                                   std::unique_ptr<Store> store)
+                                   std::unique_ptr<Store> store, std::optional<NodeMap> nodes)
     : rank_(transport->rank()),
       size_(transport->size()),
+      nodes_(nodes ? std::move(*nodes) : NodeMap::single(transport->size())),
+      topology_(nodes_.view(rank_)),
+      two_levels_(use_two_levels(nodes_)),
       transport_(std::move(transport)),
       store_(std::move(store)),
       timeout_(timeout) {
+  if (nodes_.size() != size_) {
+    throw InvalidArgument(fmt::format("rank {}: a topology of {} ranks for a communicator of {}", rank_,
+                                      nodes_.size(), size_));
+  }
   // Last: from here on the engine thread alone drives the transport.
   engine_ = std::make_unique<Engine>(*this, FusionConfig::from_env());
 }

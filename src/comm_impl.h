@@ -31,6 +31,7 @@
 #include "gradcomm/errors.h"
 #include "op.h"
 #include "state.h"
+#include "topology.h"
 #include "store/store.h"
 #include "transport/transport.h"
 #include "wire.h"
@@ -42,13 +43,17 @@ class Engine;
 
 class CommunicatorImpl final : public CallExecutor {
  public:
+  // `nodes`: which ranks share a node (topology.h); none given: one node holds every rank.
   CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
-                   std::unique_ptr<Store> store = nullptr);
+                   std::unique_ptr<Store> store = nullptr, std::optional<NodeMap> nodes = std::nullopt);
   ~CommunicatorImpl();
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  const NodeMap& nodes() const override { return nodes_; }
+  bool two_levels() const override { return two_levels_; }
+  const Topology& topology() const { return topology_; }
   // Counters of the calls completed so far (a snapshot the engine publishes).
   Stats stats() const;
 
@@ -142,6 +147,9 @@ class CommunicatorImpl final : public CallExecutor {
   void watch_for_aborts();
 
   const int rank_, size_;
+  const NodeMap nodes_;
+  const Topology topology_;
+  const bool two_levels_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Store> store_;  // rank 0 serves the TCP store for the job's lifetime
   std::chrono::milliseconds timeout_;

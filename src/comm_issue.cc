@@ -386,6 +386,9 @@ void CommunicatorImpl::connect_barrier() {
     WireHeader header;
     header.op = OpKind::kBarrier;
     header.seq = 0;
+    // Every rank derives the topology from the same records; the digest makes sure
+    // (a mismatch is a MismatchError at create naming both digests).
+    header.fused_digest = nodes_.digest();
     run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
       if (size() > 1) dissemination_barrier(op);
       return 0;

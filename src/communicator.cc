@@ -9,6 +9,7 @@
 #include "launch_config.h"
 #include "logging.h"
 #include "spin.h"
+#include "topology.h"
 #include "store/rendezvous.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/ucx/ucx_transport.h"
@@ -28,7 +29,9 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
   const detail::LaunchConfig config = detail::resolve_launch_config(resolved_options);
   if (config.world_size == 1) {
     auto transports = detail::create_inproc_transports(1);
-    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transports[0]), config.timeout);
+    auto impl = std::make_unique<detail::CommunicatorImpl>(
+        std::move(transports[0]), config.timeout, nullptr,
+        detail::NodeMap::from_names({detail::this_node_name()}));
     impl->set_transport_preference(config.transport);  // how CUDA tensors travel (staging or NCCL)
     return std::make_unique<Communicator>(std::move(impl));
   }
@@ -57,7 +60,13 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
         config.world_size, config.job_token, hosts_store);
     detail::RendezvousStore& rendezvous = *store;  // owned by the communicator from below
     std::unique_ptr<detail::Transport> transport;
+    std::optional<detail::NodeMap> nodes;
     try {
+      // Which ranks share a node (topology.h): the transport keeps shared memory inside them.
+      nodes = detail::exchange_node_names(rendezvous, ucx_options.key_prefix, config.rank, config.world_size,
+                                          detail::this_node_name(), config.timeout);
+      detail::check_launcher_local_ranks(*nodes, config.rank);
+      for (int r = 0; r < config.world_size; ++r) ucx_options.same_node.push_back(nodes->same_node(config.rank, r));
       transport = detail::create_ucx_transport(config.rank, config.world_size, rendezvous, ucx_options);
     } catch (const Error& e) {
       rendezvous.report_failure(e);  // the others are waiting for this rank: tell them why it is not coming
@@ -65,7 +74,8 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     }
     rendezvous.done_joining();
     const std::string name = transport->name();
-    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store));
+    auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store),
+                                                           std::move(*nodes));
     impl->set_transport_preference(config.transport);
     // Over the transport, not the store: once every rank is through, none needs
     // the store again, so rank 0 may exit at any later point without stranding a
@@ -73,8 +83,8 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     // generation's keys, and rank 0 (whose store it is) deletes them.
     impl->connect_barrier();
     rendezvous.retire();
-    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}", config.rank, config.world_size, name,
-                config.store);
+    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}; topology: {}", config.rank,
+                config.world_size, name, config.store, impl->nodes().describe());
     return std::make_unique<Communicator>(std::move(impl));
   } catch (const Error& e) {
     // The store and transport do not know the rank: add it, and the phase.
@@ -88,6 +98,7 @@ Communicator::~Communicator() = default;
 
 int Communicator::rank() const { return impl_->rank(); }
 int Communicator::size() const { return impl_->size(); }
+const Topology& Communicator::topology() const { return impl_->topology(); }
 
 // ---- Work --------------------------------------------------------------------------
 

@@ -39,8 +39,9 @@
 //   divide(data, n, ranks)                the average
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
-
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -61,8 +62,24 @@ struct CompressedCall {
   const std::vector<TensorPart>* parts;  // the tensor's shapes (Family::reads_shapes); may be null
   int rank;                                  // this rank, of `ranks`
   int ranks;
+  // A piece of a tensor (the two-level schedules, hierarchy.h): the call's data are the
+  // key's elements [offset, offset + numel) of `whole` (0: the call is the whole tensor).
+  // The residual keeps the whole tensor's layout; min_numel and k=K count the whole.
+  int64_t offset = 0;
+  int64_t whole = 0;
 
   uint64_t step() const { return key != nullptr ? key->step : 0; }
+  int64_t whole_numel(int64_t numel) const { return whole > 0 ? whole : numel; }
+  // How many elements a selection of `numel` takes: ratio x numel, or for k=K the piece's
+  // share of K.
+  int64_t selection(int64_t numel) const {
+    if (spec.k > 0 && whole > numel) {
+      const int64_t share = static_cast<int64_t>(std::llround(static_cast<double>(spec.k) * static_cast<double>(numel) /
+                                                              static_cast<double>(whole)));
+      return std::clamp<int64_t>(share, 1, std::max<int64_t>(numel, 1));
+    }
+    return selection_count(spec.ratio, spec.k, numel);
+  }
 };
 
 template <class P>
@@ -73,7 +90,7 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
   const Collective collective = family_of(spec.id).collective;
   // Nothing to compress, warm-up steps and small tensors: dense, with what the residual
   // still holds.
-  if (runs_dense(spec, step, numel)) {
+  if (runs_dense(spec, step, call.whole_numel(numel))) {
     p.fold_and_clear(data, numel);
     p.dense_allreduce(data, numel, reduce_op, 0);
     return;
@@ -95,7 +112,7 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
       }
       break;
     case Collective::kSparseSelection: {
-      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      const int64_t k = call.selection(numel);
       const SparseAlgo algo = p.sparse_algo(numel);
       p.select_topk(data, numel, k, mine);
       p.sparse_allreduce(algo, data, numel, k, reduce_op);
@@ -111,7 +128,7 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
       break;
     }
     case Collective::kSketchThenValues: {
-      const int64_t k = selection_count(spec.ratio, spec.k, numel);
+      const int64_t k = call.selection(numel);
       const auto sketch = p.make_sketch(spec.rows, sketch_columns(spec, k), shared);
       float* table = p.sketch_table(sketch);
       const float* acc = p.sketch_accumulate(sketch, data, numel, table);

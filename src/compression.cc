@@ -11,6 +11,7 @@
 #include "compressors/family.h"
 #include "compressors/topk/sparse_code.h"
 #include "half.h"
+#include "hierarchy.h"
 #include "reduce.h"
 
 namespace gradcomm::detail {
@@ -26,8 +27,9 @@ class HostPrimitives {
     if (key == nullptr) return;
     take_back_from_device(*key);  // the key's state was on a GPU (NCCL path)
     if (spec_.ef) {
-      key->residual.resize(static_cast<size_t>(numel) * sizeof(float));  // zero-filled the first time
-      residual_ = reinterpret_cast<float*>(key->residual.data());
+      // The whole tensor's layout, a piece of it at its place (hierarchy.h).
+      key->residual.resize(static_cast<size_t>(call.whole_numel(numel)) * sizeof(float));  // zero-filled the first time
+      residual_ = reinterpret_cast<float*>(key->residual.data()) + call.offset;
     }
   }
 
@@ -145,7 +147,14 @@ class HostPrimitives {
   }
 
   void keep_selection() {
-    if (call_.key != nullptr) call_.key->sent = std::move(selected_.indices);  // done with them: no copy
+    if (call_.key == nullptr) return;
+    if (call_.whole == 0) {
+      call_.key->sent = std::move(selected_.indices);  // done with them: no copy
+      return;
+    }
+    // A piece: its indices at their place in the tensor, after the call's earlier pieces'
+    // (the two-level schedule clears the key's selection before its first piece).
+    for (uint64_t i : selected_.indices) call_.key->sent.push_back(i + static_cast<uint64_t>(call_.offset));
   }
 
   void low_rank(float* data, int64_t numel, ReduceOp reduce_op) {
@@ -215,9 +224,36 @@ const DenseCodec& HostCompression::codec(const CompressorSpec& spec) {
 
 void HostCompression::allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                                   KeyState* key, uint64_t key_hash, const std::vector<TensorPart>* parts) {
+  if (op.two_levels()) return two_level_allreduce(op, data, numel, reduce_op, spec, key, key_hash, parts);
   const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);
   compressed_allreduce(host, call, data, numel, reduce_op);
+}
+
+// Compression across the nodes only (hierarchy.h): the nodes reduce dense, each piece is
+// compressed by its owners, one rank of every node; a low-rank family's first ranks of
+// the nodes compress the whole tensor.
+void HostCompression::two_level_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                                          const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
+                                          const std::vector<TensorPart>* parts) {
+  const Family& family = family_of(spec.id);
+  if (family.collective == Collective::kLowRank) {
+    two_level_by_leaders(op, data, numel, reduce_op, [&] {
+      const CompressedCall call{spec, key, key_hash, parts, op.rank(), op.size()};
+      HostPrimitives host(*this, op, call, numel);
+      compressed_allreduce(host, call, data, numel, ReduceOp::kSum);
+    });
+    return;
+  }
+  if (key != nullptr) key->sent.clear();  // the pieces add theirs (keep_selection)
+  const int64_t align = family.collective == Collective::kCodecRing ? codec(spec).alignment() : 1;
+  detail::two_level_allreduce(op, data, numel, DType::kFloat32, reduce_op, align, 0, [&](int64_t b, int64_t e) {
+    CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
+    call.offset = b;
+    call.whole = numel;
+    HostPrimitives host(*this, op, call, e - b);
+    compressed_allreduce(host, call, data + b, e - b, ReduceOp::kSum);
+  });
 }
 
 void HostCompression::reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op,

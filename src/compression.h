@@ -56,6 +56,10 @@ class HostCompression {
   void reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                       KeyState* key, uint64_t key_hash);
 
+  // allreduce at the top of a two-level call (Op::two_levels; hierarchy.h).
+  void two_level_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
+                           KeyState* key, uint64_t key_hash, const std::vector<TensorPart>* parts);
+
   // The spec's CPU codec (kCodecRing families), made once per canonical spec.
   const DenseCodec& codec(const CompressorSpec& spec);
 

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "call_context.h"
 #include "fusion.h"
@@ -57,6 +58,9 @@ Op::Op(CallContext& comm, const WireHeader& header, HeaderMode mode)
 
 Op::~Op() = default;
 
+const NodeMap& Op::nodes() const { return comm_.nodes(); }
+bool Op::two_levels() const { return view_ == nullptr && comm_.two_levels(); }
+
 void Op::post_header(const WireHeader& header) {
   header_ = header;
   if (size_ == 1) return;
@@ -71,13 +75,35 @@ RequestPtr Op::send(int peer, uint32_t unit, const void* data, size_t bytes) {
   auto& stats = comm_.mutable_stats();
   stats.bytes_sent += bytes;
   stats.messages_sent += 1;
-  return comm_.transport().isend(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
+  return comm_.transport().isend(peer_rank(peer), make_tag(TagKind::kData, header_.seq, unit + unit_offset_), data,
+                                 bytes);
 }
 
 RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
   // Counted when posted, like sends: a receive that then fails ends the communicator anyway.
   comm_.mutable_stats().bytes_received += bytes;
-  return comm_.transport().irecv(peer, make_tag(TagKind::kData, header_.seq, unit), data, bytes);
+  return comm_.transport().irecv(peer_rank(peer), make_tag(TagKind::kData, header_.seq, unit + unit_offset_), data,
+                                 bytes);
+}
+
+Op::View::View(Op& op, const std::vector<int>& members, uint32_t unit_offset)
+    : op_(op), outer_members_(op.view_), outer_rank_(op.view_rank_), outer_offset_(op.unit_offset_) {
+  members_.reserve(members.size());
+  int place = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == op.rank()) place = static_cast<int>(i);
+    members_.push_back(op.peer_rank(members[i]));
+  }
+  if (place < 0) throw std::logic_error("Op::View: this rank is not among the view's members");
+  op.view_ = &members_;
+  op.view_rank_ = place;
+  op.unit_offset_ = outer_offset_ + unit_offset;
+}
+
+Op::View::~View() {
+  op_.view_ = outer_members_;
+  op_.view_rank_ = outer_rank_;
+  op_.unit_offset_ = outer_offset_;
 }
 
 // An abort names the call that failed on its origin rank. A call before that

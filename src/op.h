@@ -24,6 +24,7 @@
 namespace gradcomm::detail {
 
 class CallContext;  // call_context.h: all an Op sees of its communicator
+class NodeMap;      // topology.h
 struct FusionPlan;
 
 class Op {
@@ -34,9 +35,37 @@ class Op {
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  // Which ranks share a node, and whether a collective run at the top of this call (not
+  // inside a View) goes over two levels (hierarchy.h).
+  const NodeMap& nodes() const;
+  bool two_levels() const;
+
+  // This rank and the ranks of the call, or, inside a View, of the view's group.
+  int rank() const { return view_ != nullptr ? view_rank_ : rank_; }
+  int size() const { return view_ != nullptr ? static_cast<int>(view_->size()) : size_; }
   const WireHeader& header() const { return header_; }
+
+  // A collective over some of the ranks, inside this call (the two-level schedules,
+  // hierarchy.h): while a View lives, rank() and size() are this rank's place in
+  // `members` (which must hold it, in an order every member agrees on) and their count;
+  // send() and recv() name peers by that place; and every unit is offset by
+  // `unit_offset`, so that phases of one call between the same two ranks never share a
+  // tag. Any collective of src/collectives/ runs unchanged inside one. Views nest: the
+  // inner one's members are places in the outer one's.
+  class View {
+   public:
+    View(Op& op, const std::vector<int>& members, uint32_t unit_offset);
+    ~View();
+    View(const View&) = delete;
+    View& operator=(const View&) = delete;
+
+   private:
+    Op& op_;
+    std::vector<int> members_;  // ranks of the communicator
+    const std::vector<int>* outer_members_;
+    int outer_rank_;
+    uint32_t outer_offset_;
+  };
 
   // Data messages of this call; `unit` tells messages of one call apart (pipeline
   // step and chunk). Byte counts go to Stats.
@@ -113,9 +142,15 @@ class Op {
   void send_counts(const FusionPlan& plan, uint64_t tag, std::vector<uint8_t>& out, int first, int last);
   uint32_t receive_count(int peer, uint64_t tag, const FusionPlan& plan, const char* what);
 
+  // The peer of send()/recv(): a communicator rank.
+  int peer_rank(int peer) const { return view_ != nullptr ? (*view_)[static_cast<size_t>(peer)] : peer; }
+
   CallContext& comm_;
   WireHeader header_;
   int rank_, size_;
+  const std::vector<int>* view_ = nullptr;  // the current View's members, or null
+  int view_rank_ = 0;
+  uint32_t unit_offset_ = 0;
   Deadline deadline_;
   std::array<uint8_t, WireHeader::kBytes> header_out_{};
   std::array<uint8_t, WireHeader::kBytes> header_in_{};

@@ -35,6 +35,20 @@ struct InitOptions {  // unset fields come from the environment (see README, "La
   std::string job_token;            // shared secret; empty = GRADCOMM_JOB_TOKEN
 };
 
+// Which ranks share a node (Communicator::topology; docs/two-levels.md). A node is a
+// host (its hostname and boot id) unless GRADCOMM_NODE names it (containers, an emulated
+// cluster). Ranks of one node talk over shared memory, ranks of different nodes never
+// do; the hierarchical collectives (GRADCOMM_HIERARCHY) work inside the nodes first,
+// then across them. Every rank sees the same nodes.
+struct Topology {
+  int nodes = 1;                  // how many nodes the job spans
+  int node = 0;                   // this rank's node: nodes are numbered by their lowest rank
+  int local_rank = 0;             // this rank's place among its node's ranks, in rank order
+  int local_size = 1;             // how many ranks its node holds
+  std::string node_name;          // GRADCOMM_NODE, or "hostname/boot id"
+  std::vector<int> node_of_rank;  // every rank's node
+};
+
 // Counters since the communicator was created. Wire bytes count everything this
 // rank put on (or took off) the transport: headers, payloads and control messages.
 // compressor=auto: a key's latest choice and why (Stats::auto_choices;
@@ -134,13 +148,17 @@ class Communicator {
   // rank has joined or `timeout` passes (TimeoutError).
   static std::unique_ptr<Communicator> create(const InitOptions& options = {});
   // Fails any work still outstanding (InvalidArgument on this rank, PeerFailure on
-  // the others, which are told) and returns promptly; never waits on a peer.
+  // the others, which are told) and returns promptly. After a clean run (no failure,
+  // nothing outstanding) it first waits, up to the timeout, until every live peer has
+  // completed this rank's calls too (docs/fault-model.md, item 5).
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const;
   int size() const;
+  // Which ranks share this rank's node (fixed at create).
+  const Topology& topology() const;
 
   // In place. Every rank must call with the same numel, dtype, op and compressor.
   void allreduce(TensorView t, ReduceOp op = ReduceOp::kSum, const CompressOptions& options = {});

@@ -23,9 +23,7 @@ import builtins as _builtins
 import datetime as _datetime
 import operator as _operator
 import os as _os
-import socket as _socket
 import sys as _sys
-import zlib as _zlib
 
 from . import _gradcomm as _C
 from . import _tensors
@@ -45,7 +43,7 @@ __version__ = _C.__version__
 built_with_cuda = _C.built_with_cuda
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "topology",
     "allreduce", "allgather", "reduce_scatter", "broadcast", "barrier",
     "allreduce_async", "allgather_async", "reduce_scatter_async", "broadcast_async", "Work",
     "state_dict", "load_state_dict", "stats",
@@ -175,18 +173,13 @@ def _store_beside_torch(rank, world_size, timeout):
 
 
 def _find_local_rank():
-    """The launcher's local rank; without one, this rank's position among the ranks
-    that share its host name (one allgather, made on every rank alike)."""
+    """The launcher's local rank; without one, this rank's place among the ranks of its
+    node (topology(); a node is a host unless GRADCOMM_NODE names it)."""
     for name in _LOCAL_RANK_VARIABLES:
         value = _os.environ.get(name)
         if value is not None and value.strip().isdigit():
             return int(value)
-    if _C.size() == 1:
-        return 0
-    import numpy as np
-    host = np.array([_zlib.crc32(_socket.gethostname().encode())], dtype=np.int64)
-    hosts = allgather(host)
-    return int(sum(1 for r in range(_C.rank()) if hosts[r, 0] == host[0]))
+    return _C.topology()["local_rank"]
 
 
 def local_rank():
@@ -220,6 +213,14 @@ _os.register_at_fork(after_in_child=_forget_after_fork)
 
 def is_initialized():
     return _C.is_initialized()
+
+
+def topology():
+    """Which ranks share this rank's node, as a dict: nodes (how many), node (this rank's,
+    numbered by their lowest rank), local_rank and local_size (its place among its node's
+    ranks, and how many those are), node_name (GRADCOMM_NODE, or "hostname/boot id") and
+    node_of_rank (every rank's node). Fixed at init; the same on every rank."""
+    return _C.topology()
 
 
 def rank():

@@ -313,6 +313,22 @@ PYBIND11_MODULE(_gradcomm, m) {
     std::lock_guard lock(session().mutex);
     return communicator("size").size();
   });
+  m.def("topology", [] {
+    Topology t;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(session().mutex);
+      t = communicator("topology").topology();
+    }
+    py::dict d;
+    d["nodes"] = t.nodes;
+    d["node"] = t.node;
+    d["local_rank"] = t.local_rank;
+    d["local_size"] = t.local_size;
+    d["node_name"] = t.node_name;
+    d["node_of_rank"] = t.node_of_rank;
+    return d;
+  });
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", &wait_work, py::arg("timeout_ms") = -1, py::arg("helper") = false)
       .def("needed", &Work::needed)

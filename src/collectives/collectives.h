@@ -20,10 +20,16 @@ constexpr uint32_t kSecondPhaseUnits = 0x80000000u;
 // Ring allreduce, in place: reduce-scatter then allgather, pipelined in chunks.
 void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
 
-// The ring's reduce-scatter phase alone, in place, on numel = N x count elements: rank r
-// ends holding segment r (elements [r count, (r + 1) count)) reduced, the average divided
-// by N; the other segments hold partial sums.
-void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0);
+// The ring's reduce-scatter phase alone, in place: rank r ends holding segment r
+// reduced, the average divided by N; the other segments hold partial sums. Segment r is
+// ring_segments(numel, N, align)'s: on numel = N x count elements with align 1, elements
+// [r count, (r + 1) count).
+void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base = 0,
+                         int64_t align = 1);
+// Where the ring's segments of numel elements over `size` ranks start (size + 1 entries,
+// the last numel): balanced to within one alignment unit, each a multiple of `align`
+// (ring_schedule.h).
+std::vector<int64_t> ring_segments(int64_t numel, int size, int64_t align);
 // reduce_scatter of a call: `in` (N x count elements, left unchanged) reduced over the
 // ranks, this rank's segment into `out` (count elements; it may be that segment of in).
 void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DType dtype, ReduceOp reduce_op);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "hierarchy.h"
 #include "env.h"
 #include "reduce.h"
 
@@ -43,6 +44,7 @@ int64_t halving_doubling_bytes() {
 
 void dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
   if (op.size() == 1 || numel == 0) return;
+  if (op.two_levels()) return two_level_dense_allreduce(op, data, numel, dtype, reduce_op, unit_base);
   const int64_t bytes = numel * static_cast<int64_t>(dtype_size(dtype));
   if (bytes <= small_allreduce_bytes()) {
     recursive_doubling_allreduce(op, data, numel, dtype, reduce_op, unit_base);

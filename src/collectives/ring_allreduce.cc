@@ -127,7 +127,7 @@ class SumSteps {
 };
 
 void run_ring(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base,
-              RingPhases phases) {
+              RingPhases phases, int64_t align = 1) {
   const int n = op.size();
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   const int64_t chunk_elems = std::max<int64_t>(1, dense_ring_chunk_bytes(n) / elem);
@@ -136,7 +136,7 @@ void run_ring(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op
   // shifts the schedule's ranks by one (see the top of this file).
   const bool allgather = phases == RingPhases::kAllreduce;
   const int schedule_rank = allgather ? op.rank() : (op.rank() + n - 1) % n;
-  const RingSchedule ring(n, schedule_rank, numel, /*align=*/1, chunk_elems, (int64_t{1} << 30) / (n - 1));
+  const RingSchedule ring(n, schedule_rank, numel, align, chunk_elems, (int64_t{1} << 30) / (n - 1));
   const int64_t units = allgather ? ring.units() : ring.rs_units();
   SumSteps steps(op, ring, static_cast<uint8_t*>(data), dtype, reduce_op, depth);
   HostRingChannel channel(op, ring.shape(), units, depth, unit_base, "reduce-scatter receive", "allgather receive");
@@ -149,8 +149,17 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
   run_ring(op, data, numel, dtype, reduce_op, unit_base, RingPhases::kAllreduce);
 }
 
-void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
-  run_ring(op, data, numel, dtype, reduce_op, unit_base, RingPhases::kReduceScatter);
+void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base,
+                         int64_t align) {
+  if (op.size() == 1 || numel == 0) return;
+  run_ring(op, data, numel, dtype, reduce_op, unit_base, RingPhases::kReduceScatter, align);
+}
+
+std::vector<int64_t> ring_segments(int64_t numel, int size, int64_t align) {
+  const RingSchedule ring(size, 0, numel, align, /*chunk_elems=*/align, /*max_chunks=*/1);
+  std::vector<int64_t> starts(static_cast<size_t>(size) + 1);
+  for (int s = 0; s <= size; ++s) starts[static_cast<size_t>(s)] = ring.segment_begin(s);
+  return starts;
 }
 
 void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DType dtype, ReduceOp reduce_op) {

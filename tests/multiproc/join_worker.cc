@@ -41,6 +41,7 @@
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
 #include "store/rendezvous.h"
+#include "topology.h"
 #include "store/store.h"
 
 using namespace gradcomm;
@@ -98,7 +99,15 @@ int nofile(int victim, int limit) {
 }
 
 int die(int victim, const std::string& how) {
-  if (env_int("RANK") != victim) return join(within_a_minute());
+  if (env_int("RANK") != victim) {
+    const int code = join(within_a_minute());
+    // gradcomm-run reports the first failure it reaps. The others fail within a
+    // millisecond of the victim's death (rank 0's: its store goes with it), possibly in
+    // the same reaping sweep; lingering makes the victim's exit unambiguously first (as
+    // the fault matrix's worker does; 1 run in 5 here reported a survivor's code).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    return code;
+  }
   const rlimit no_core{0, 0};
   ::setrlimit(RLIMIT_CORE, &no_core);
   const char* token = std::getenv("GRADCOMM_JOB_TOKEN");
@@ -233,6 +242,16 @@ int attack(const std::string& shape) {
   options.job_token = token ? token : "";
   options.timeout = std::chrono::seconds(20);
   auto store = detail::create_store(options);
+  // A real rank publishes its node first (src/topology.h), which this one does as it
+  // should, so that the garbage is read where a worker address belongs.
+  const std::string node_key = fmt::format("gradcomm/g1/comm/node/{}", rank);
+  detail::RendezvousRecord node;
+  node.rank = rank;
+  node.world_size = env_int("WORLD_SIZE");
+  node.generation = 1;
+  const std::string name = detail::this_node_name();  // rank 0's host: the same node
+  node.payload.assign(name.begin(), name.end());
+  store->set(node_key, detail::encode_rendezvous_record(node, node_key, options.job_token));
   // Where rank `rank` of the job's first generation publishes its UCX worker address.
   store->set(fmt::format("gradcomm/g1/comm/ucx/addr/{}", rank), garbage(shape));
   fmt::print("RESULT rank={} attacked={}\n", rank, shape);

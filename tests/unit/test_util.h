@@ -53,6 +53,18 @@ inline std::vector<std::exception_ptr> run_ranks_owning(int n,
   });
 }
 
+// The same over a topology: rank r on node nodes[r] (topology.h); the communicators
+// decide GRADCOMM_HIERARCHY as created ones do.
+inline std::vector<std::exception_ptr> run_ranks_on_nodes(const std::vector<std::string>& nodes,
+                                                          const std::function<void(Communicator&)>& fn,
+                                                          std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const detail::NodeMap map = detail::NodeMap::from_names(nodes);
+  return run_transport_threads(static_cast<int>(nodes.size()), [&](int, std::unique_ptr<detail::Transport> transport) {
+    Communicator comm(std::make_unique<detail::CommunicatorImpl>(std::move(transport), timeout, nullptr, map));
+    fn(comm);
+  });
+}
+
 // Runs fn(comm) on n threads; returns each rank's exception (null when it returned).
 inline std::vector<std::exception_ptr> run_ranks_collect(int n, const std::function<void(Communicator&)>& fn,
                                                          std::chrono::milliseconds timeout = std::chrono::seconds(60)) {

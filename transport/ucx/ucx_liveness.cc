@@ -119,7 +119,7 @@ void UcxTransport::note_completed(uint64_t next) {
 }
 
 std::vector<UcxTransport::Silent> UcxTransport::find_silent(std::chrono::milliseconds wait) {
-  if (worker_ == nullptr) return {};
+  if (lanes_.empty()) return {};
   const uint64_t check = ++checks_;
   const auto start = Clock::now();
   for (const Peer& peer : peers_) {
@@ -142,7 +142,7 @@ std::vector<UcxTransport::Silent> UcxTransport::find_silent(std::chrono::millise
 }
 
 std::vector<int> UcxTransport::leave(uint64_t next, Clock::time_point deadline) {
-  if (worker_ == nullptr || abandoned_) return {};
+  if (lanes_.empty() || abandoned_) return {};
   note_completed(next);
   for (const Peer& peer : peers_) {
     if (peer.rank != rank_ && !peer.failed) send_liveness(peer.rank, ControlKind::kGoodbye, next);

@@ -38,14 +38,14 @@ void UcxTransport::fail_peer(int rank, std::string error) {
 
 void UcxTransport::cancel_receives_from_failed() {
   peers_newly_failed_ = false;
-  std::vector<void*> doomed;
+  std::vector<std::pair<ucp_worker_h, void*>> doomed;
   for (auto& [id, op] : ops_) {
     if (op->kind == UcxOp::Kind::kRecv && op->ucx_request != nullptr && peers_[static_cast<size_t>(op->peer)].failed) {
-      doomed.push_back(op->ucx_request);
+      doomed.emplace_back(worker_of(*op), op->ucx_request);
     }
   }
   // Cancelling completes unmatched receives through their callbacks, which erase Ops.
-  for (void* request : doomed) ucp_request_cancel(worker_, request);
+  for (auto [worker, request] : doomed) ucp_request_cancel(worker, request);
 }
 
 // Force-closes the endpoint to `rank`: UCX completes its pending sends with an
@@ -79,7 +79,7 @@ void UcxTransport::abandon_ucx(uint64_t id) {
   const bool send = kind == UcxOp::Kind::kSend;
   // From here on `op` may be gone: a cancel or a progress can complete it, and its
   // callback erases it. Only `id`, `kind` and `peer` are used.
-  if (!send && op->ucx_request != nullptr) ucp_request_cancel(worker_, op->ucx_request);
+  if (!send && op->ucx_request != nullptr) ucp_request_cancel(worker_of(*op), op->ucx_request);
   op = nullptr;
   const auto finished = [&] { return !alive(id); };
   const auto leave_to_ucx = [&] {
@@ -113,7 +113,7 @@ void UcxTransport::abandon_ucx(uint64_t id) {
 // force-closed, which completes everything on it. From then on a destroyed
 // Request waits for nothing (abandoned_).
 void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
-  if (worker_ == nullptr || abandoned_) return;
+  if (lanes_.empty() || abandoned_) return;
   abandoned_ = true;
   auto is_data = [](const UcxOp& op) { return op.kind == UcxOp::Kind::kSend || op.kind == UcxOp::Kind::kRecv; };
   auto sends_left = [&] {
@@ -121,11 +121,13 @@ void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
                        [&](const auto& entry) { return is_send(entry.second->kind) && !unfinishable(*entry.second); });
   };
   progress_until(Clock::now() + grace, [&] { return !sends_left(); });
-  std::vector<void*> receives;
+  std::vector<std::pair<ucp_worker_h, void*>> receives;
   for (auto& [id, op] : ops_) {
-    if (op->kind == UcxOp::Kind::kRecv && op->ucx_request != nullptr) receives.push_back(op->ucx_request);
+    if (op->kind == UcxOp::Kind::kRecv && op->ucx_request != nullptr) {
+      receives.emplace_back(worker_of(*op), op->ucx_request);
+    }
   }
-  for (void* request : receives) ucp_request_cancel(worker_, request);
+  for (auto [worker, request] : receives) ucp_request_cancel(worker, request);
   // What cannot finish (unfinishable: exchanges with failed peers that UCX keeps) is not waited for.
   const auto settled = [&] {
     return std::none_of(ops_.begin(), ops_.end(),
@@ -152,7 +154,7 @@ void UcxTransport::shutdown() noexcept {
   // Steps 0 and 2 share one bound: a stopped peer neither returns a receipt nor
   // drains a flush, and it must cost the bound once, not once per step.
   const auto flush_deadline = Clock::now() + kUcxFlushWait;
-  if (worker_ != nullptr) {
+  if (!lanes_.empty()) {
     try {
       // 0. Aborts this rank sent: wait (bounded) until every live peer confirmed
       //    taking it in, so that its notice, not this rank's departure, is what the
@@ -163,16 +165,16 @@ void UcxTransport::shutdown() noexcept {
     }
   }
   closing_ = true;
-  if (worker_ != nullptr) {
+  if (!lanes_.empty()) {
     try {
       // 1. Nobody will read what pending receives (the abort receive included) get.
-      std::vector<void*> receives;
+      std::vector<std::pair<ucp_worker_h, void*>> receives;
       for (auto& [id, op] : ops_) {
         if ((op->kind == UcxOp::Kind::kRecv || op->kind == UcxOp::Kind::kControlRecv) && op->ucx_request != nullptr) {
-          receives.push_back(op->ucx_request);
+          receives.emplace_back(worker_of(*op), op->ucx_request);
         }
       }
-      for (void* request : receives) ucp_request_cancel(worker_, request);
+      for (auto [worker, request] : receives) ucp_request_cancel(worker, request);
       // 2. Give queued sends (an abort sent just before) a bounded chance to leave:
       //    endpoint by endpoint, to live peers only (a flush that includes a failed
       //    peer's endpoint would wait out the whole bound).
@@ -219,13 +221,12 @@ void UcxTransport::shutdown() noexcept {
           cma_reads_done_, cma_bytes_read_);
     }
     cma_slots_.reset();  // cleared, then freed: a late reader finds its exchange gone
-    ucp_worker_destroy(worker_);
-    worker_ = nullptr;
   }
-  if (context_ != nullptr) {
-    ucp_cleanup(context_);
-    context_ = nullptr;
+  for (UcxLane& lane : lanes_) {  // lanes made before a failed connect too
+    if (lane.worker != nullptr) ucp_worker_destroy(lane.worker);
+    if (lane.context != nullptr) ucp_cleanup(lane.context);
   }
+  lanes_.clear();
 }
 
 }  // namespace gradcomm::detail

@@ -148,76 +148,128 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
   }
 }
 
-void UcxTransport::connect(Store& store, const UcxOptions& options) {
-  const Deadline deadline = Deadline::after(options.timeout);
-  check_descriptor_headroom(rank_, size_);
-  ucp_config_t* config = nullptr;
+// Shared memory (and the single-copy cma, ucx_cma.h) are what a lane to other nodes
+// leaves out: UCX_TLS syntax, "all but these".
+constexpr const char* kNetLaneTransports = "^sysv,posix,cma,knem,xpmem";
+
+// Makes the lanes this rank needs (UcxLane): one for its node's peers and one for the
+// other nodes', or just one when all its peers are of one kind or UCX_TLS is the user's,
+// and publishes each lane's worker address under the kind of peer it serves: node peers
+// read <prefix>/ucx/addr/<r>, other nodes' <prefix>/ucx/net/<r>. A peer's relation to this
+// rank is the same seen from both sides, so each finds the lane the other made for it.
+void UcxTransport::make_lanes(Store& store, const UcxOptions& options, const Deadline&) {
+  bool node_peers = false, net_peers = false;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const bool same = options.same_node.empty() || options.same_node[static_cast<size_t>(r)];
+    (same ? node_peers : net_peers) = true;
+  }
+  const bool users_choice = env_string("UCX_TLS").has_value();
+  std::vector<UcxLane::Kind> kinds;
+  if (users_choice || !net_peers) {
+    kinds.push_back(UcxLane::Kind::kNode);  // UCX picks among what it (or the user) allows
+  } else if (!node_peers) {
+    kinds.push_back(UcxLane::Kind::kNet);
+  } else {
+    kinds = {UcxLane::Kind::kNode, UcxLane::Kind::kNet};
+  }
   // The UCX variables are process-wide, and ranks may be threads of one process (the
   // unit tests): setenv and the reads of the environment, ours and UCX's (config read,
   // init), happen under one lock, never beside another transport's setenv.
   static std::mutex environment;
-  std::unique_lock environment_lock(environment);
-  prefer_shared_memory();
-  prefer_large_tcp_segments(size_);
-  GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP | UCP_FEATURE_AM;  // AM: single-copy acks (ucx_cma.h)
-  params.estimated_num_eps = static_cast<size_t>(size_);
-  ucs_status_t status = UCS_OK;
-  try {
-    configure_defaults(config);
-    status = ucp_init(&params, config, &context_);
-  } catch (...) {
+  for (UcxLane::Kind kind : kinds) {
+    UcxLane& lane = lanes_.emplace_back();
+    lane.kind = kind;
+    ucp_config_t* config = nullptr;
+    std::unique_lock environment_lock(environment);
+    prefer_shared_memory();
+    prefer_large_tcp_segments(size_);
+    GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP | UCP_FEATURE_AM;  // AM: single-copy acks (ucx_cma.h)
+    params.estimated_num_eps = static_cast<size_t>(size_);
+    ucs_status_t status = UCS_OK;
+    try {
+      configure_defaults(config);
+      if (kind == UcxLane::Kind::kNet && !users_choice) {
+        GRADCOMM_UCX_CHECK(ucp_config_modify(config, "TLS", kNetLaneTransports), "leaving shared memory out");
+      }
+      status = ucp_init(&params, config, &lane.context);
+    } catch (...) {
+      ucp_config_release(config);
+      throw;
+    }
     ucp_config_release(config);
-    throw;
+    environment_lock.unlock();
+    GRADCOMM_UCX_CHECK(status, "creating the UCX context");
+
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // one thread drives the transport
+    GRADCOMM_UCX_CHECK(ucp_worker_create(lane.context, &worker_params, &lane.worker), "creating the UCX worker");
+    GRADCOMM_UCX_CHECK(ucp_worker_get_efd(lane.worker, &lane.event_fd), "getting the worker's event fd");
+    ucp_am_handler_param_t ack{};
+    ack.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    ack.id = kCmaAckAmId;
+    ack.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ack.cb = &UcxTransport::on_cma_ack;
+    ack.arg = this;
+    GRADCOMM_UCX_CHECK(ucp_worker_set_am_recv_handler(lane.worker, &ack), "setting the single-copy ack handler");
+
+    ucp_address_t* address = nullptr;
+    size_t address_bytes = 0;
+    GRADCOMM_UCX_CHECK(ucp_worker_get_address(lane.worker, &address, &address_bytes), "getting the worker address");
+    const std::vector<uint8_t> mine(reinterpret_cast<const uint8_t*>(address),
+                                    reinterpret_cast<const uint8_t*>(address) + address_bytes);
+    ucp_worker_release_address(lane.worker, address);
+    // One lane serving both kinds answers under both keys.
+    const bool serves_node = kind == UcxLane::Kind::kNode || kinds.size() == 1;
+    const bool serves_net = kind == UcxLane::Kind::kNet || kinds.size() == 1;
+    if (serves_node) store.set(fmt::format("{}/ucx/addr/{}", options.key_prefix, rank_), mine);
+    if (serves_net) store.set(fmt::format("{}/ucx/net/{}", options.key_prefix, rank_), mine);
   }
-  ucp_config_release(config);
-  environment_lock.unlock();
-  GRADCOMM_UCX_CHECK(status, "creating the UCX context");
+}
 
-  ucp_worker_params_t worker_params{};
-  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // one thread drives the transport
-  GRADCOMM_UCX_CHECK(ucp_worker_create(context_, &worker_params, &worker_), "creating the UCX worker");
-  GRADCOMM_UCX_CHECK(ucp_worker_get_efd(worker_, &event_fd_), "getting the worker's event fd");
-  ucp_am_handler_param_t ack{};
-  ack.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
-                   UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-  ack.id = kCmaAckAmId;
-  ack.flags = UCP_AM_FLAG_WHOLE_MSG;
-  ack.cb = &UcxTransport::on_cma_ack;
-  ack.arg = this;
-  GRADCOMM_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &ack), "setting the single-copy ack handler");
-
-  ucp_address_t* address = nullptr;
-  size_t address_bytes = 0;
-  GRADCOMM_UCX_CHECK(ucp_worker_get_address(worker_, &address, &address_bytes), "getting the worker address");
-  const std::vector<uint8_t> mine(reinterpret_cast<const uint8_t*>(address),
-                                  reinterpret_cast<const uint8_t*>(address) + address_bytes);
-  ucp_worker_release_address(worker_, address);
-  const auto key = [&](int r) { return fmt::format("{}/ucx/addr/{}", options.key_prefix, r); };
-  store.set(key(rank_), mine);
-
+void UcxTransport::connect(Store& store, const UcxOptions& options) {
+  const Deadline deadline = Deadline::after(options.timeout);
+  check_descriptor_headroom(rank_, size_);
+  if (!options.same_node.empty() && options.same_node.size() != static_cast<size_t>(size_)) {
+    throw InvalidArgument(fmt::format("ucx: rank {}: a node map of {} ranks for {}", rank_, options.same_node.size(),
+                                      size_));
+  }
+  make_lanes(store, options, deadline);
+  const auto lane_for = [&](bool same) {
+    const UcxLane::Kind want = same ? UcxLane::Kind::kNode : UcxLane::Kind::kNet;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i].kind == want) return static_cast<int>(i);
+    }
+    return 0;  // one lane serves both
+  };
   peers_.resize(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
     Peer& peer = peers_[static_cast<size_t>(r)];
     peer.transport = this;
     peer.rank = r;
+    const bool same = r == rank_ || options.same_node.empty() || options.same_node[static_cast<size_t>(r)];
+    peer.lane = lane_for(same);
+    const std::string key =
+        fmt::format("{}/ucx/{}/{}", options.key_prefix, same ? "addr" : "net", r);
     std::vector<uint8_t> theirs;
     try {
-      theirs = r == rank_ ? mine : store.get(key(r), deadline.remaining());
+      theirs = store.get(key, deadline.remaining());
     } catch (const TimeoutError& e) {
       throw TimeoutError(fmt::format(
           "ucx: rank {} timed out after {} ms waiting for rank {} to publish its worker address (key {} in store "
           "{}): {}",
-          rank_, options.timeout.count(), r, key(r), store.address(), e.what()));
+          rank_, options.timeout.count(), r, key, store.address(), e.what()));
     } catch (const Error& e) {  // a refused record, a mismatched world size: same class, with where
       throw_error(e.code(), fmt::format("ucx: rank {} reading rank {}'s worker address: {}", rank_, r, e.what()));
     }
     if (theirs.empty()) {
       throw TransportError(fmt::format("ucx: rank {} found an empty worker address for rank {} (key {} in store {})",
-                                       rank_, r, key(r), store.address()));
+                                       rank_, r, key, store.address()));
     }
     ucp_ep_params_t ep_params{};
     ep_params.field_mask =
@@ -226,15 +278,18 @@ void UcxTransport::connect(Store& store, const UcxOptions& options) {
     ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep_params.err_handler.cb = &UcxTransport::on_ep_error;
     ep_params.err_handler.arg = &peer;
-    GRADCOMM_UCX_CHECK(ucp_ep_create(worker_, &ep_params, &peer.ep),
+    GRADCOMM_UCX_CHECK(ucp_ep_create(worker_of(r), &ep_params, &peer.ep),
                        fmt::format("creating the endpoint from rank {} to rank {}", rank_, r));
   }
-  post_control_recv();
+  for (size_t i = 0; i < lanes_.size(); ++i) post_control_recv(static_cast<int>(i));
   for (Peer& peer : peers_) {
     if (peer.rank == rank_) continue;
     const std::string over = lanes(peer.ep);
     peer.shared_memory = over.find("sysv/") != std::string::npos || over.find("posix/") != std::string::npos;
-    log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}", rank_, peer.rank, over);
+    log(LogLevel::kInfo, "ucx: rank {} reaches rank {} over {}{}", rank_, peer.rank, over,
+        lanes_[static_cast<size_t>(peer.lane)].kind == UcxLane::Kind::kNet && lanes_.size() > 1
+            ? " (another node: no shared memory)"
+            : "");
   }
   connect_cma(store, options.key_prefix, deadline);
   connect_link_watch(store, options.key_prefix, deadline);
@@ -329,6 +384,7 @@ UcxOp* UcxTransport::new_op(UcxOp::Kind kind, int peer, uint64_t tag, size_t byt
   op->tag = tag;
   op->bytes = bytes;
   op->owner = owner;
+  op->lane = peer >= 0 ? peers_[static_cast<size_t>(peer)].lane : 0;
   if (owner != nullptr) owner->op_ = op->id;
   UcxOp* raw = op.get();
   if (polled(*raw)) ++polled_sends_;
@@ -396,13 +452,13 @@ RequestPtr UcxTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes)
   void* target = data;
   size_t capacity = bytes;
   cma_receive_into(*op, source, data, target, capacity);
-  after_post(op, ucp_tag_recv_nbx(worker_, target, capacity, ucx_wire_tag(tag, peer), ~0ull, &param));
+  after_post(op, ucp_tag_recv_nbx(worker_of(peer), target, capacity, ucx_wire_tag(tag, peer), ~0ull, &param));
   if (source.failed && request->pending()) {
     auto it = ops_.find(request->op_);
     void* ucx_request = it != ops_.end() ? it->second->ucx_request : nullptr;
     if (ucx_request == nullptr || ucp_request_check_status(ucx_request) == UCS_INPROGRESS) {
       // Nothing was waiting, and nothing more will come from a failed peer.
-      if (ucx_request != nullptr) ucp_request_cancel(worker_, ucx_request);
+      if (ucx_request != nullptr) ucp_request_cancel(worker_of(peer), ucx_request);
       request->fail(RequestState::kPeerFailed, source.error);
     }
   }
@@ -455,7 +511,7 @@ void UcxTransport::finish(UcxOp* op, ucs_status_t status, size_t length) {
   op->done = true;
   switch (op->kind) {
     case UcxOp::Kind::kControlRecv: {
-      control_posted_ = false;  // drive() re-posts, outside UCX callbacks
+      lanes_[static_cast<size_t>(op->lane)].control_posted = false;  // drive() re-posts, outside UCX callbacks
       if (status == UCS_OK) {
         auto frame = decode_control(std::span<const uint8_t>(op->storage.data(), length));
         const int sender = frame ? frame->sender : -1;
@@ -517,11 +573,15 @@ void UcxTransport::settle(UcxRequest& request, const UcxOp& op, ucs_status_t sta
 
 bool UcxTransport::drive() {
   const uint64_t before = events_;
-  for (int i = 0; i < kUcxMaxProgressRounds && ucp_worker_progress(worker_) != 0; ++i) {
+  for (const UcxLane& lane : lanes_) {
+    for (int i = 0; i < kUcxMaxProgressRounds && ucp_worker_progress(lane.worker) != 0; ++i) {
+    }
   }
   if (const auto now = Clock::now(); now - last_kick_ >= kUcxKeepaliveKick) {
     last_kick_ = now;
-    for (int i = 0; i < kUcxKeepaliveIterSkip; ++i) ucp_worker_progress(worker_);
+    for (const UcxLane& lane : lanes_) {
+      for (int i = 0; i < kUcxKeepaliveIterSkip; ++i) ucp_worker_progress(lane.worker);
+    }
   }
   if (!cma_reads_.empty()) run_cma_reads();
   if ((link_watch_ || watching_processes_) && !closing_) {
@@ -530,7 +590,9 @@ bool UcxTransport::drive() {
     if (watching_processes_ && now >= next_process_poll_) poll_processes(now);
   }
   if (peers_newly_failed_) cancel_receives_from_failed();
-  if (!control_posted_ && !closing_) post_control_recv();
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!lanes_[i].control_posted && !closing_) post_control_recv(static_cast<int>(i));
+  }
   if (!receipts_due_.empty()) send_receipts();
   if (!pongs_due_.empty() || departures_due_) answer_liveness();
   return events_ != before;
@@ -552,33 +614,38 @@ void UcxTransport::wait_for_event(std::chrono::microseconds max_wait) {
     return;
   }
   // Arm fails with BUSY when events are already queued: the caller should progress now.
-  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  pollfd fds[2]{};
+  for (size_t i = 0; i < lanes_.size() && i < 2; ++i) {
+    if (ucp_worker_arm(lanes_[i].worker) != UCS_OK) return;
+    fds[i] = pollfd{lanes_[i].event_fd, POLLIN, 0};
+  }
   const auto sleep = std::min<std::chrono::microseconds>(max_wait, kUcxMaxSleep);
   timespec ts{};
   ts.tv_sec = static_cast<time_t>(sleep.count() / 1'000'000);
   ts.tv_nsec = static_cast<long>((sleep.count() % 1'000'000) * 1000);
-  pollfd fd{event_fd_, POLLIN, 0};
-  (void)ppoll(&fd, 1, &ts, nullptr);  // EINTR or timeout: both just mean "go progress"
+  (void)ppoll(fds, std::min<nfds_t>(lanes_.size(), 2), &ts, nullptr);  // EINTR or timeout: both mean "go progress"
 }
 
 // ucp_worker_signal is safe from any thread (ucp.h); it makes the next arm fail
 // with BUSY or wakes the poll above, so a signal is never lost.
 void UcxTransport::interrupt() {
-  if (worker_ != nullptr) (void)ucp_worker_signal(worker_);
+  for (const UcxLane& lane : lanes_) (void)ucp_worker_signal(lane.worker);
 }
 
 // ---- control channel -------------------------------------------------------------
 
-void UcxTransport::post_control_recv() {
+void UcxTransport::post_control_recv(int lane) {
   // A loop because an abort already waiting completes the receive at once;
   // bounded so that a worker failing every post cannot spin here.
-  for (int attempt = 0; attempt < 64 && !control_posted_ && !closing_; ++attempt) {
+  UcxLane& l = lanes_[static_cast<size_t>(lane)];
+  for (int attempt = 0; attempt < 64 && !l.control_posted && !closing_; ++attempt) {
     UcxOp* op = new_op(UcxOp::Kind::kControlRecv, -1, 0, kControlWireBytes, nullptr);
+    op->lane = lane;
     op->storage.resize(kControlWireBytes);
     ucp_request_param_t param{};
     recv_params(op, param);
-    control_posted_ = true;
-    after_post(op, ucp_tag_recv_nbx(worker_, op->storage.data(), op->storage.size(), ucx_control_tag(0),
+    l.control_posted = true;
+    after_post(op, ucp_tag_recv_nbx(l.worker, op->storage.data(), op->storage.size(), ucx_control_tag(0),
                                     kUcxControlMask, &param));
   }
 }

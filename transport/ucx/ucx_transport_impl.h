@@ -86,6 +86,21 @@ constexpr int64_t kUcxLinkTimeoutS = 20;                            // GRADCOMM_
 class UcxTransport;
 struct UcxOp;
 
+// A UCX context and its worker. A transport has one per kind of peer it talks to
+// (UcxOptions::same_node): its node's ranks, over whatever UCX finds best (shared memory
+// on one host), and other nodes' ranks, with shared memory and cma left out, so that
+// ranks of different nodes on one host (containers, an emulated cluster) cross the
+// network between them as on a real cluster. One when every peer is of one kind, or
+// when the user set UCX_TLS (their choice serves every peer).
+struct UcxLane {
+  enum class Kind : uint8_t { kNode = 0, kNet = 1 };
+  Kind kind = Kind::kNode;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int event_fd = -1;
+  bool control_posted = false;  // its abort/liveness receive is posted
+};
+
 class UcxRequest final : public Request {
  public:
   UcxRequest(UcxTransport* transport, int peer, size_t bytes) : Request(peer, bytes), transport_(transport) {}
@@ -109,6 +124,7 @@ struct UcxOp {
   uint64_t tag = 0;             // interface tag, for error messages
   size_t bytes = 0;             // send size or receive capacity
   UcxRequest* owner = nullptr;  // null: nobody waits (control ops, abandoned requests)
+  int lane = 0;                 // the lane whose worker holds it (UcxTransport::lanes_)
   void* ucx_request = nullptr;  // the UCX request while UCX owns one
   bool posting = true;          // inside the *_nbx call: the poster erases, not the callback
   bool ucx_done = false;        // UCX finished its part (a single-copy exchange may go on)
@@ -151,6 +167,7 @@ class UcxTransport final : public Transport {
   struct Peer {
     UcxTransport* transport = nullptr;
     int rank = -1;
+    int lane = 0;  // lanes_[lane] reaches it
     ucp_ep_h ep = nullptr;
     bool failed = false;
     // UCX itself reported the endpoint failed (error callback): the process is gone or
@@ -199,6 +216,10 @@ class UcxTransport final : public Transport {
   }
 
   void connect(Store& store, const UcxOptions& options);
+  // The lanes this rank needs (UcxLane), made and published; returns which serves each kind.
+  void make_lanes(Store& store, const UcxOptions& options, const Deadline& deadline);
+  ucp_worker_h worker_of(int peer) const { return lanes_[static_cast<size_t>(peers_[peer].lane)].worker; }
+  ucp_worker_h worker_of(const UcxOp& op) const { return lanes_[static_cast<size_t>(op.lane)].worker; }
   void shutdown() noexcept;
   bool drive();
   void progress_until(Clock::time_point deadline, const auto& done);
@@ -216,7 +237,7 @@ class UcxTransport final : public Transport {
   void finish(UcxOp* op, ucs_status_t status, size_t length);
   void settle(UcxRequest& request, const UcxOp& op, ucs_status_t status, size_t length);
   std::string check_target(int peer, uint64_t tag) const;
-  void post_control_recv();
+  void post_control_recv(int lane);
   // One control message to `peer`, best effort (a failed or closed peer is skipped).
   bool send_control(int peer, const std::vector<uint8_t>& payload);
   // Confirms the aborts taken in since the last call (outside UCX callbacks).
@@ -271,15 +292,12 @@ class UcxTransport final : public Transport {
 
   int rank_;
   int size_;
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  int event_fd_ = -1;
+  std::vector<UcxLane> lanes_;  // empty once destroyed
   std::vector<Peer> peers_;  // sized once: endpoint error callbacks hold &peers_[r]
   std::unordered_map<uint64_t, std::unique_ptr<UcxOp>> ops_;
   uint64_t next_op_id_ = 1;
   uint64_t events_ = 0;  // completions, arrivals, failures: progress() reports changes
   size_t polled_sends_ = 0;  // sends in ops_ to shared-memory peers: while any, wait_for_event polls
-  bool control_posted_ = false;
   bool closing_ = false;
   bool peers_newly_failed_ = false;
   bool abandoned_ = false;  // abandon_pending() ran: destroyed Requests wait for nothing

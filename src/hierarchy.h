@@ -1,0 +1,74 @@
+// Two levels (docs/two-levels.md): a collective of a job whose ranks share nodes runs
+// inside the nodes first, where bytes are cheap, and across them only with each rank's
+// share, so all of a node's links work at once and the network carries each node's sum
+// once, not each rank's tensor.
+//
+//   allreduce of a tensor of n elements, node m holding L_m ranks:
+//     1. inside each node, a reduce-scatter (dense, exact): local rank l holds the node's
+//        sum of its segment, ring_segments(n, L_m, align)'s segment l;
+//     2. across the nodes, every piece (the segments' common refinement: where no node's
+//        segment boundary falls inside) is allreduced by its owners, one rank of every
+//        node, in a View of them: the flat algorithm, dense or compressed, on the piece.
+//        With nodes of one size every rank owns one piece, its segment, and its group is
+//        the ranks of its local rank on every node (Horovod's hierarchical allreduce,
+//        NCCL's tree of rings);
+//     3. inside each node, an allgather of the segments.
+//   The average divides each piece by the world size after step 2, so every rank divides
+//   the same sums. Compression happens in step 2 only: a key's residual holds what this
+//   rank's encodes of its pieces dropped, at those elements (one residual per key where
+//   the compression happens). Low-rank compression views the tensor whole: its nodes sum
+//   first (a dense allreduce inside), the nodes' first ranks compress across, and each
+//   broadcasts the result inside its node.
+//
+// Every phase runs in a View (op.h), one after another; tags between two ranks repeat
+// from phase to phase, which the transport's order per tag keeps apart.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "gradcomm/types.h"
+#include "op.h"
+#include "topology.h"
+
+namespace gradcomm::detail {
+
+// GRADCOMM_HIERARCHY=auto (default: two levels when the map has them, NodeMap::two_levels),
+// on (always, a degenerate level running as one group) or off (flat).
+bool use_two_levels(const NodeMap& nodes);
+
+// A piece of a tensor and the ranks that reduce it across nodes, one per node in node
+// order (communicator ranks).
+struct Piece {
+  int64_t begin = 0, end = 0;
+  std::vector<int> owners;
+};
+
+struct TwoLevelPlan {
+  std::vector<int> node;          // this rank's node: its ranks, in rank order
+  std::vector<int64_t> segments;  // where each local rank's segment starts (node.size() + 1 entries)
+  std::vector<Piece> pieces;      // the pieces of this rank's segment, in order
+  int local = 0;                  // this rank's place in `node`
+};
+// The plan of a tensor of `numel` elements whose segments start at multiples of `align`.
+TwoLevelPlan plan_two_levels(const NodeMap& nodes, int rank, int64_t numel, int64_t align);
+
+// Step 1, step 2 as `across(begin, end)` (run inside a View of the piece's owners, on
+// data[begin, end); for kAvg it must sum), step 3. `reduce_op` is the call's: the node's
+// reduce-scatter sums for kSum and kAvg, and kAvg divides by the world size after step 2.
+void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, int64_t align,
+                         uint32_t unit_base, const std::function<void(int64_t begin, int64_t end)>& across);
+
+// The dense allreduce over two levels: dense_allreduce (collectives.h) sends here at the
+// top of a two-level call.
+void two_level_dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
+                               uint32_t unit_base);
+
+// Low-rank (whole-tensor) compression over two levels: a dense allreduce inside each node,
+// `leaders(op)` inside a View of every node's first rank (which must sum), then a
+// broadcast inside each node; kAvg divides by the world size.
+void two_level_by_leaders(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                          const std::function<void()>& leaders);
+
+}  // namespace gradcomm::detail
