@@ -10,6 +10,7 @@
 #include "compressed_allreduce.h"
 #include "compressors/family.h"
 #include "compressors/topk/sparse_code.h"
+#include "env.h"
 #include "half.h"
 #include "hierarchy.h"
 #include "reduce.h"
@@ -75,7 +76,12 @@ class HostPrimitives {
 
   void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor,
                   RingPhases phases = RingPhases::kAllreduce) {
-    compressed_ring_allreduce(op_, data, numel, compression_.codec(spec_), rng, residual_, divisor, phases);
+    const DenseCodec& codec = compression_.codec(spec_);
+    if (codec_schedule(op_.size()) == CodecSchedule::kDirect) {
+      compressed_direct_allreduce(op_, data, numel, codec, rng, residual_, divisor, phases);
+    } else {
+      compressed_ring_allreduce(op_, data, numel, codec, rng, residual_, divisor, phases);
+    }
   }
 
   void dense_reduce_scatter(float* data, int64_t numel, ReduceOp reduce_op) {
@@ -201,6 +207,17 @@ class HostPrimitives {
 };
 
 }  // namespace
+
+CodecSchedule codec_schedule(int ranks) {
+  const std::string mode = env_string("GRADCOMM_SCHEDULE").value_or("auto");
+  if (mode == "ring") return CodecSchedule::kRing;
+  if (mode == "direct") return CodecSchedule::kDirect;
+  if (mode != "auto") {
+    throw InvalidArgument(fmt::format("GRADCOMM_SCHEDULE='{}' unknown; accepted: auto, ring, direct",
+                                      mode.substr(0, 40)));
+  }
+  return ranks >= 3 ? CodecSchedule::kDirect : CodecSchedule::kRing;
+}
 
 const CompressorSpec& HostCompression::spec(const std::string& text) {
   auto it = specs_.find(text);

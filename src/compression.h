@@ -77,6 +77,22 @@ class HostCompression {
 void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
                                const PhiloxStream& rng, float* residual, int divisor = 1,
                                RingPhases phases = RingPhases::kAllreduce);
+// The same result by the direct schedule (direct.cc): each segment to its owner, encoded
+// once; the owner's fp32 sum, encoded once, to every rank. Two roundings an element
+// instead of the ring's N.
+void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
+                                 const PhiloxStream& rng, float* residual, int divisor = 1,
+                                 RingPhases phases = RingPhases::kAllreduce);
+
+// Which of the two a codec's allreduce over `ranks` takes: GRADCOMM_SCHEDULE=ring|direct,
+// or auto (default), the model's pick. Both move the same bytes (each rank sends (N-1)/N of
+// the payload per phase) and run the same codec passes (one encode of the tensor, 2(N-1)/N
+// decodes); the direct schedule sends 2(N-1) messages to the ring's 2(N-1) x chunks and
+// rounds an element twice to the ring's N. So: direct from 3 ranks up; at 2 every term is
+// equal (both round twice) and the ring, pipelined in chunks, stays.
+enum class CodecSchedule : uint8_t { kRing, kDirect };
+CodecSchedule codec_schedule(int ranks);
+
 // `residual` (null without error feedback) still holds last step's; data becomes the result.
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                         const std::vector<TensorPart>& parts, KeyState* key, uint64_t key_hash, float* residual);

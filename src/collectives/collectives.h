@@ -30,6 +30,11 @@ void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceO
 // the last numel): balanced to within one alignment unit, each a multiple of `align`
 // (ring_schedule.h).
 std::vector<int64_t> ring_segments(int64_t numel, int size, int64_t align);
+// The direct reduce-scatter (direct.cc), in place: rank s's copy of segment s
+// ([starts[s], starts[s + 1]), N + 1 entries) is reduced with every other rank's, sent to
+// it at once; the average divided by N. The other segments are left as they were.
+void direct_reduce_scatter(Op& op, void* data, const std::vector<int64_t>& starts, DType dtype, ReduceOp reduce_op,
+                           uint32_t unit_base = 0);
 // reduce_scatter of a call: `in` (N x count elements, left unchanged) reduced over the
 // ranks, this rank's segment into `out` (count elements; it may be that segment of in).
 void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DType dtype, ReduceOp reduce_op);
