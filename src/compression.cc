@@ -171,6 +171,8 @@ class HostPrimitives {
 
   void check_payloads(int64_t /*numel*/) {}  // the host decoders throw where they find a fault
 
+  float* residual() const { return residual_; }  // null without error feedback
+
   void divide(float* data, int64_t numel, int ranks) {
     Op::PhaseTimer timer(op_, &Stats::reduce_s);
     divide_inplace(data, numel, DType::kFloat32, ranks);
@@ -277,7 +279,40 @@ void HostCompression::reduce_scatter(Op& op, float* data, int64_t numel, ReduceO
                                        const CompressorSpec& spec, KeyState* key, uint64_t key_hash) {
   const CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);
-  compressed_reduce_scatter(host, call, data, numel, reduce_op);
+  if (!op.two_levels()) return compressed_reduce_scatter(host, call, data, numel, reduce_op);
+  // Two levels (hierarchy.h): exact inside the nodes, each held block encoded once across.
+  const int64_t count = numel / op.size();
+  host.fold_and_clear(data, numel);  // data holds acc; the encodes across refill the residual
+  if (runs_dense(spec, call.step(), numel)) {
+    return detail::two_level_reduce_scatter(op, data, count, DType::kFloat32, reduce_op, nullptr);
+  }
+  class Blocks final : public BlockCodec {
+   public:
+    Blocks(const DenseCodec& codec, const PhiloxStream& rng, float* residual)
+        : codec_(codec), rng_(rng), residual_(residual) {}
+    size_t bytes(int64_t n) const override { return codec_.encoded_bytes(n); }
+    void encode(const float* values, int64_t n, int64_t position, uint8_t* out) override {
+      // A block need not start on the codec's alignment: its draws count from position x
+      // alignment, as the ring's reduce-scatter chunks' do (compressed_ring.cc).
+      const int64_t first = position * codec_.alignment();
+      if (residual_ == nullptr) return codec_.encode(values, n, out, rng_, first);
+      kept_.resize(static_cast<size_t>(n));
+      codec_.encode_with_values(values, n, out, rng_, first, kept_.data(), 1);
+      accumulate_loss(residual_ + position, values, kept_.data(), n);
+    }
+    void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) override {
+      codec_.decode_add(payload, n, out);
+    }
+
+   private:
+    const DenseCodec& codec_;
+    const PhiloxStream& rng_;
+    float* residual_;
+    std::vector<float> kept_;
+  };
+  const PhiloxStream mine{spec.seed, philox_stream_id(key_hash, call.step(), op.rank())};
+  Blocks blocks(codec(spec), mine, host.residual());
+  detail::two_level_reduce_scatter(op, data, count, DType::kFloat32, reduce_op, &blocks);
 }
 
 }  // namespace gradcomm::detail

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "gradcomm/types.h"
@@ -59,6 +60,31 @@ TwoLevelPlan plan_two_levels(const NodeMap& nodes, int rank, int64_t numel, int6
 // reduce-scatter sums for kSum and kAvg, and kAvg divides by the world size after step 2.
 void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, int64_t align,
                          uint32_t unit_base, const std::function<void(int64_t begin, int64_t end)>& across);
+
+// What the reduce-scatter across nodes sends of a block: the node's partial sum as it is
+// (dense, null), or encoded once (a compressed reduce_scatter: HostCompression).
+class BlockCodec {
+ public:
+  virtual ~BlockCodec() = default;
+  virtual size_t bytes(int64_t n) const = 0;
+  // Encodes values[0, n), the block at element `position` of the call's input (its
+  // residual's place); the encode's loss goes to the residual.
+  virtual void encode(const float* values, int64_t n, int64_t position, uint8_t* out) = 0;
+  virtual void decode_add(std::span<const uint8_t> payload, int64_t n, float* out) = 0;
+};
+
+// reduce_scatter over two levels, in place on data (N x count elements): rank r's block
+// [r count, (r + 1) count) ends reduced (divided for kAvg); the rest is scratch.
+//   1. inside each node, every block goes to the rank that holds it there: its own rank
+//      for the node's blocks, local rank (its rank's local rank mod L) for the other
+//      nodes' (a direct reduce-scatter: each holder sums its blocks over the node);
+//   2. across the nodes, each holder sends each block it holds to the block's rank, which
+//      sums them in node order (with `codec`, each encoded once, decoded in fp32).
+// With nodes of one size each rank holds M blocks, its own and its peers' of the other
+// nodes, and sends M - 1 of them: the flat ring's bytes, (N-1)/N of the input, of which
+// only (M-1)/N cross the network.
+void two_level_reduce_scatter(Op& op, void* data, int64_t count, DType dtype, ReduceOp reduce_op,
+                              BlockCodec* codec);
 
 // The dense allreduce over two levels: dense_allreduce (collectives.h) sends here at the
 // top of a two-level call.

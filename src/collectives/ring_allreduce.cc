@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "hierarchy.h"
 #include "collectives/host_ring_channel.h"
 #include "collectives/ring_driver.h"
 #include "collectives/ring_schedule.h"
@@ -168,6 +169,14 @@ void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DTyp
   const auto* input = static_cast<const uint8_t*>(in);
   if (n == 1 || count == 0) {  // one rank: its input is the result (an average over one divides by one)
     if (count > 0 && out != input) std::memmove(out, input, segment);
+    return;
+  }
+  if (op.two_levels()) {  // hierarchy.h: inside the nodes, then across them
+    const size_t total = segment * static_cast<size_t>(n);
+    const auto work = std::make_unique_for_overwrite<uint8_t[]>(total);
+    std::memcpy(work.get(), input, total);
+    two_level_reduce_scatter(op, work.get(), count, dtype, reduce_op, nullptr);
+    std::memcpy(out, work.get() + segment * static_cast<size_t>(op.rank()), segment);
     return;
   }
   // The ring folds partial sums into its buffer; the caller's input stays as given, so

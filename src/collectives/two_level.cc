@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 
 #include "collectives/collectives.h"
 #include "env.h"
@@ -78,6 +80,91 @@ void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceO
     for (size_t l = 0; l < counts.size(); ++l) counts[l] = plan.segments[l + 1] - plan.segments[l];
     ring_allgatherv(op, bytes, counts, elem, unit_base);
   }
+}
+
+void two_level_reduce_scatter(Op& op, void* data, int64_t count, DType dtype, ReduceOp reduce_op,
+                              BlockCodec* codec) {
+  const NodeMap& nodes = op.nodes();
+  const int n = nodes.size(), me = op.rank(), my_node = nodes.node_of(me);
+  const std::vector<int>& node = nodes.members(my_node);
+  const auto local_size = static_cast<int>(node.size());
+  const size_t elem = dtype_size(dtype);
+  const size_t block = static_cast<size_t>(count) * elem;
+  const auto holder = [&](int node_index, int g) {  // the local rank of node `node_index` that holds block g
+    if (nodes.node_of(g) == node_index) return nodes.local_rank(g);
+    return nodes.local_rank(g) % static_cast<int>(nodes.members(node_index).size());
+  };
+  // 1. Inside: the blocks packed by holder, then each holder's run summed over the node.
+  std::vector<int> order;  // blocks in packed order
+  std::vector<int64_t> starts{0};
+  for (int l = 0; l < local_size; ++l) {
+    for (int g = 0; g < n; ++g) {
+      if (holder(my_node, g) == l) order.push_back(g);
+    }
+    starts.push_back(static_cast<int64_t>(order.size()) * count);
+  }
+  auto* base = static_cast<uint8_t*>(data);
+  const auto packed = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(1, block * static_cast<size_t>(n)));
+  for (size_t j = 0; j < order.size(); ++j) std::memcpy(packed.get() + j * block, base + static_cast<size_t>(order[j]) * block, block);
+  const ReduceOp sum = reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : reduce_op;
+  {
+    const Op::View inside(op, node, 0);
+    if (local_size > 1 && count > 0) direct_reduce_scatter(op, packed.get(), starts, dtype, sum);
+  }
+  // 2. Across: the blocks this rank holds to their ranks; its own block's partials from
+  // the other nodes' holders, added in node order.
+  const int local = nodes.local_rank(me);
+  const auto first = static_cast<size_t>(starts[static_cast<size_t>(local)] / std::max<int64_t>(count, 1));
+  const auto last = static_cast<size_t>(starts[static_cast<size_t>(local) + 1] / std::max<int64_t>(count, 1));
+  uint8_t* own = nullptr;
+  std::vector<RequestPtr> sends;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t j = first; j < last && count > 0; ++j) {
+    const int g = order[j];
+    uint8_t* partial = packed.get() + j * block;
+    if (g == me) {
+      own = partial;
+      continue;
+    }
+    if (codec == nullptr) {
+      sends.push_back(op.send(g, 0, partial, block));
+      continue;
+    }
+    std::vector<uint8_t>& payload = payloads.emplace_back(codec->bytes(count));
+    {
+      Op::PhaseTimer timer(op, &Stats::encode_s);
+      codec->encode(reinterpret_cast<float*>(partial), count, static_cast<int64_t>(g) * count, payload.data());
+    }
+    sends.push_back(op.send(g, 0, payload.data(), payload.size()));
+  }
+  if (count > 0) {
+    std::vector<std::vector<uint8_t>> inbox(static_cast<size_t>(nodes.nodes()));
+    std::vector<RequestPtr> recvs(static_cast<size_t>(nodes.nodes()));
+    for (int m = 0; m < nodes.nodes(); ++m) {
+      if (m == my_node) continue;
+      const int from = nodes.members(m)[static_cast<size_t>(holder(m, me))];
+      inbox[static_cast<size_t>(m)].resize(codec == nullptr ? block : codec->bytes(count));
+      recvs[static_cast<size_t>(m)] =
+          op.recv(from, 0, inbox[static_cast<size_t>(m)].data(), inbox[static_cast<size_t>(m)].size());
+    }
+    for (int m = 0; m < nodes.nodes(); ++m) {
+      if (m == my_node) continue;
+      op.wait(*recvs[static_cast<size_t>(m)], "reduce-scatter across nodes");
+      if (codec == nullptr) {
+        Op::PhaseTimer timer(op, &Stats::reduce_s);
+        reduce_inplace(own, inbox[static_cast<size_t>(m)].data(), count, dtype, sum);
+      } else {
+        Op::PhaseTimer timer(op, &Stats::decode_s);
+        codec->decode_add(inbox[static_cast<size_t>(m)], count, reinterpret_cast<float*>(own));
+      }
+    }
+    if (reduce_op == ReduceOp::kAvg) {
+      Op::PhaseTimer timer(op, &Stats::reduce_s);
+      divide_inplace(own, count, dtype, n);
+    }
+    std::memcpy(base + static_cast<size_t>(me) * block, own, block);
+  }
+  op.wait_all(sends, "reduce-scatter across nodes: send");
 }
 
 void two_level_dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,

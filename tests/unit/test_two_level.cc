@@ -102,6 +102,34 @@ INSTANTIATE_TEST_SUITE_P(Shapes, TwoLevelDense, ::testing::ValuesIn(kShapes),
                                                           return s;
                                                         }(); });
 
+// reduce_scatter over two levels: each rank's share exact for every dtype and op.
+TEST_P(TwoLevelDense, ReduceScatterIsExact) {
+  const std::vector<int> sizes = GetParam();
+  const int n = std::accumulate(sizes.begin(), sizes.end(), 0);
+  ScopedEnv on("GRADCOMM_HIERARCHY", "on");
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{333}, int64_t{70001}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32,
+                        DType::kUInt8}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+        const int64_t numel = count * n;
+        const auto want = testing::expected_allreduce(dtype, op, n, numel, value);
+        run_on(sizes, [&](Communicator& comm) {
+          const size_t e = dtype_size(dtype);
+          std::vector<uint8_t> in(static_cast<size_t>(numel) * e), out(static_cast<size_t>(count) * e);
+          for (int64_t i = 0; i < numel; ++i) testing::store_value(dtype, in.data(), i, value(comm.rank(), i));
+          const auto before = in;
+          comm.reduce_scatter(TensorView{in.data(), numel, dtype, {}}, TensorView{out.data(), count, dtype, {}}, op);
+          EXPECT_EQ(in, before) << "the input changed";
+          const auto from = want.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(comm.rank() * count) * e);
+          EXPECT_TRUE(std::equal(out.begin(), out.end(), from))
+              << shape_name(sizes) << " rank " << comm.rank() << " count " << count << " " << dtype_name(dtype)
+              << " " << reduce_op_name(op);
+        });
+      }
+    }
+  }
+}
+
 // Every family over two levels: finite, bitwise identical on every rank, and within its
 // codec's reach of the exact sum (relative L2 error; the bound is the flat call's own
 // error measured beside it, times 1.5, or 1e-2 for the casts), N-rank error feedback kept.
@@ -217,6 +245,41 @@ TEST(TwoLevelTopk, SelectsOnceFromEachNodesSumOfItsPiece) {
     }
   }
   for (int r = 0; r < 4; ++r) EXPECT_EQ(got[static_cast<size_t>(r)], want) << "rank " << r;
+}
+
+// The compressed reduce_scatter over two levels: exact inside, each block encoded once
+// across; shares within one rounding per other node of the exact sum, and error feedback
+// keeps the long-run sum (what this rank's encodes dropped comes back next step).
+TEST(TwoLevelCompressedReduceScatter, SharesAreWithinOneRoundingPerNodeAndErrorFeedbackKeepsTheSum) {
+  ScopedEnv on("GRADCOMM_HIERARCHY", "on");
+  for (const std::vector<int>& sizes : {std::vector<int>{2, 2}, std::vector<int>{3, 2}}) {
+    const int n = std::accumulate(sizes.begin(), sizes.end(), 0);
+    const int64_t count = 2000;
+    const int steps = 40;
+    std::vector<std::vector<double>> total(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(count), 0));
+    run_on(sizes, [&](Communicator& comm) {
+      for (int s = 0; s < steps; ++s) {
+        auto in = gradient(comm.rank(), n * count, 0);  // the same gradient every step
+        std::vector<float> out(static_cast<size_t>(count));
+        comm.reduce_scatter(TensorView::of(in.data(), n * count), TensorView::of(out.data(), count), ReduceOp::kSum,
+                            CompressOptions{"quant:bits=4,ef=1", "rs", nullptr});
+        for (int64_t i = 0; i < count; ++i) total[static_cast<size_t>(comm.rank())][static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
+      }
+    });
+    std::vector<std::vector<float>> g(static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q) g[static_cast<size_t>(q)] = gradient(q, n * count, 0);
+    double num = 0, den = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < count; ++i) {
+        double exact = 0;
+        for (int q = 0; q < n; ++q) exact += g[static_cast<size_t>(q)][static_cast<size_t>(r * count + i)];
+        const double mean = total[static_cast<size_t>(r)][static_cast<size_t>(i)] / steps;
+        num += (mean - exact) * (mean - exact);
+        den += exact * exact;
+      }
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.01) << shape_name(sizes);  // one step alone: about 0.1
+  }
 }
 
 // The two levels run unless GRADCOMM_HIERARCHY=off, and only where the nodes differ:
