@@ -75,4 +75,27 @@ for r in 0 1; do
   [[ $line =~ over\ (tcp/[^\ ]+\ ?)+$ ]] || fail "rank $r is not on TCP alone in the cluster: $line"
 done
 [[ -z $(leftovers) ]] || fail "left behind after the lane check: $(leftovers)"
+
+# 5. Nodes of two ranks (docs/two-levels.md): 2 x 2 at 1 Gbit/s, two levels and flat in one
+#    run. Inside a node gradcomm reaches its peer over shared memory, across over TCP (its
+#    lanes, no UCX_TLS); the veths count what crosses: two levels put 2/3 of the flat ring's
+#    bytes on each node link (half the tensor each way, against the ring's 3/4), dense and
+#    exact.
+"$run" --nodes 2 --ranks-per-node 2 --rate 1gbit --sizes 4M --compressors none --baselines none \
+  --hierarchies auto,off --check 1 --iters 3 --warmup 1 --build "$build" --json "$tmp/nodes.json" \
+  >"$tmp/log5" 2>&1 || { cat "$tmp/log5"; fail "the nodes run failed"; }
+/usr/bin/python3 - "$tmp/nodes.json" <<'PY' || { cat "$tmp/log5"; fail "nodes records wrong"; }
+import json, sys
+recs = {r["hierarchy"]: r for r in json.load(open(sys.argv[1]))}
+two, flat = recs["auto"], recs["off"]
+for r in (two, flat):
+    assert r["nodes"] == 2 and r["ranks_per_node"] == 2 and r["ranks"] == 4, r
+    assert r["wrong"] in (None, 0), r
+    assert len(r["node_link_bytes_per_call"]) == 2, r
+ratio = max(two["node_link_bytes_per_call"]) / max(flat["node_link_bytes_per_call"])
+print(f"node link bytes per call: two levels {two['node_link_bytes_per_call']}, flat "
+      f"{flat['node_link_bytes_per_call']}: {ratio:.3f}x")
+assert 0.55 < ratio < 0.75, ratio
+PY
+[[ -z $(leftovers) ]] || fail "left behind after the nodes run: $(leftovers)"
 echo PASS
