@@ -52,7 +52,9 @@ def summarize(records):
     """{rate: {variant: cell}} with cells in first-seen variant order."""
     groups = defaultdict(lambda: OrderedDict())
     for r in records:
-        groups[r["link_rate"]].setdefault(r["variant"], []).append(r)
+        # Runs of one variant with GRADCOMM_HIERARCHY=off (run.sh --hierarchies) are a row of their own.
+        name = r["variant"] + (" (flat)" if r.get("hierarchy") == "off" else "")
+        groups[r["link_rate"]].setdefault(name, []).append(r)
     table = {}
     for rate in sorted(groups, key=rate_key):
         table[rate] = OrderedDict()
@@ -65,6 +67,8 @@ def summarize(records):
                     "wire": median([r.get("wire_bytes_per_step") for r in ok]),
                     "loss": median([r.get("final_loss") for r in ok]),
                     "cpu": median([r.get("cpu_s_per_step") for r in ok]),
+                    "node_link": median([max(r["node_link_bytes_per_step"]) for r in ok
+                                         if r.get("node_link_bytes_per_step")]),
                     "params": ok[0].get("params") if ok else None,
                     "kind": ok[0].get("kind") if ok else None,
                     "acc": [(r.get("seed"), r["test_accuracy"]) for r in ok if r.get("test_accuracy") is not None]}
@@ -110,9 +114,9 @@ def markdown(records, table, title):
         floor = cells.get("compute", {}).get("median")
         lines += [f"## {rate}", "",
                   "| variant | runs ok | step (ms) | range (ms) | p90 (ms) | ×gloo | ×PowerSGD | over compute (ms) "
-                  "| CPU/rank (ms) | comm CPU/param (ns) | wire (MB/step) | final loss |"
+                  "| CPU/rank (ms) | comm CPU/param (ns) | wire (MB/step) | node link (MB/step) | final loss |"
                   + (" test accuracy |" if with_acc else ""),
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_acc else "")]
         compute_cpu = cells.get("compute", {}).get("cpu")
         for v, c in cells.items():
             over = "–" if floor is None or c["median"] is None or v == "compute" else ms(c["median"] - floor)
@@ -123,6 +127,7 @@ def markdown(records, table, title):
                         or c.get("kind") == "train" else f"{(c['cpu'] - compute_cpu) / params * 1e9:.2f}")
             lines.append(f"| `{v}` | {c['ok']}/{c['runs']} | {ms(c['median'])} | {rng} | {ms(c['p90'])} | "
                          f"{ratio(gloo, c['median'])} | {ratio(psgd, c['median'])} | {over} | {ms(c['cpu'])} | {comm_cpu} | {mb(c['wire'])} | "
+                         f"{mb(c['node_link'])} | "
                          f"{loss} |" + (f" {', '.join(f'{sd}: {a:.4f}' for sd, a in sorted(c['acc'], key=str))} |"
                                         if with_acc else ""))
         gc = [(v, c) for v, c in cells.items() if "gradcomm" in c]

@@ -13,6 +13,10 @@
 #                                                      ("gradcomm") compressing with SPEC, no hook)
 #   train:overlap | train:no-overlap                   BUILD/trainer/gradcomm-train (MLP 784-2048-2048-10,
 #                                                      batch 64, --compressor topk:ratio=0.01)
+# Nodes of several ranks (docs/two-levels.md): --nodes M --ranks-per-node L, a namespace per node
+# holding its ranks (bench/cluster/netns.sh); --hierarchies auto,off runs every gradcomm variant
+# (gradcomm:, backend:, train:) once per GRADCOMM_HIERARCHY value in each round. Every record
+# carries the bytes each node put on its link per step (veth counters over the run).
 # Every run has a deadline (--timeout); the first rank to fail ends its run, its log is shown,
 # the run is recorded as failed and the next one starts. Output: OUT/records.jsonl (one JSON
 # record per run), OUT/logs/, and the report (bench/e2e/report.py): OUT.md and OUT.png.
@@ -28,6 +32,8 @@ usage() {
   cat <<EOF
 Options:
   --ranks N          ranks, one namespace each (default 4)
+  --nodes M --ranks-per-node L   M namespaces of L ranks each (replaces --ranks)
+  --hierarchies LIST GRADCOMM_HIERARCHY values for the gradcomm variants (default auto)
   --rates LIST       per-rank link rates, tc syntax, comma-separated (default 1gbit,10gbit)
   --rounds R         rounds; each runs every variant once (default 3)
   --steps S          timed steps per run (default 30)
@@ -49,10 +55,13 @@ EOF
 }
 
 ranks=4 rates=1gbit,10gbit rounds=3 steps=30 warmup=5 variants=$default_variants build=build
-out="" timeout_s=300 profile="" ddp_args="" py=/usr/bin/python3
+out="" timeout_s=300 profile="" ddp_args="" py=/usr/bin/python3 nodes=0 per_node=1 hierarchies=auto
 while [[ $# -gt 0 ]]; do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
+    --ranks-per-node) per_node=$2; shift 2 ;;
+    --hierarchies) hierarchies=$2; shift 2 ;;
     --rates) rates=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
@@ -73,6 +82,12 @@ die() { echo "e2e/run.sh: $*" >&2; exit 1; }
 # A rank stuck where its peers are not prints its Python stacks before theirs time out
 # (GRADCOMM_TIMEOUT_S=120 below) and the run is torn down: at 100 s, or at 90 % of a
 # shorter --timeout.
+if ((nodes > 0)); then
+  [[ $per_node =~ ^[0-9]+$ && $per_node -ge 1 ]] || die "--ranks-per-node must be 1 or more, got '$per_node'"
+  ranks=$((nodes * per_node))
+fi
+export NETNS_RANKS_PER_NODE=$per_node
+IFS=',' read -r -a hierarchy_list <<<"$hierarchies"
 [[ $ranks =~ ^[0-9]+$ && $ranks -ge 2 && $ranks -le 64 ]] || die "--ranks must be 2..64, got '$ranks'"
 for n in rounds steps timeout_s; do [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${n%_s} must be a positive integer"; done
 [[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be an integer >= 0"
@@ -120,40 +135,43 @@ mkdir -p "$out/logs"
 records=$out/records.jsonl
 touch "$records"
 echo "$command_line" >>"$out/commands.txt"
-echo "# e2e: $ranks ranks, rates $rates, $rounds round(s) x ${#variant_list[@]} variant(s), $steps timed steps," \
+echo "# e2e: $ranks ranks ($per_node per node), hierarchies $hierarchies, rates $rates, $rounds round(s) x ${#variant_list[@]} variant(s), $steps timed steps," \
      "build $build ($commit), torch $torch_version ($py, package $pkg_dir), out $out" >&2
 
 # ---- one run ------------------------------------------------------------------------------
-# run_variant VARIANT ROUND: starts every rank in its namespace, waits (first failure ends
-# the run), appends one record to $records. Returns 1 when the run failed.
+# run_variant VARIANT ROUND [HIERARCHY]: starts every rank in its namespace, waits (first
+# failure ends the run), appends one record to $records. Returns 1 when the run failed.
 run_variant() {
-  local v=$1 round=$2 tag pids=() r failed=0 t0 port token
-  tag=$(printf '%s' "$NETNS_RATE-r$round-$v" | tr -c 'A-Za-z0-9._=-' '_')
+  local v=$1 round=$2 hierarchy=${3:-auto} tag pids=() r failed=0 t0 port token before after
+  tag=$(printf '%s' "$NETNS_RATE-r$round-$v-h$hierarchy" | tr -c 'A-Za-z0-9._=-' '_')
   local logs=$out/logs/$tag rec=$out/logs/$tag.json
   rm -f "$logs".* "$rec"
   port=$(netns_free_port)
   token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   local load; load=$(cut -d' ' -f1 /proc/loadavg)
   t0=$EPOCHREALTIME
+  before=$(netns_link_bytes)
   for r in $(seq 0 $((ranks - 1))); do
     if [[ $v == train:* ]]; then
       local extra=()
       [[ $v == train:no-overlap && $overlap_flag == true ]] && extra=(--no-overlap)
       # Epoch 1 is the warm-up; epoch 2 is timed. --steps steps per rank per epoch.
       netns_exec "$r" GRADCOMM_STORE="tcp://$NETNS_SUBNET.1:$port" GRADCOMM_JOB_TOKEN="$token" \
-        GRADCOMM_TIMEOUT_S=120 timeout --signal=KILL "$timeout_s" "$trainer" \
+        GRADCOMM_HIERARCHY="$hierarchy" GRADCOMM_TIMEOUT_S=120 timeout --signal=KILL "$timeout_s" "$trainer" \
           --hidden 2048,2048 --batch-size 64 --compressor topk:ratio=0.01 --epochs 2 \
           --limit-train $((steps * ranks * 64)) --limit-test 1000 --threads 1 --seed 1 \
           --log "$logs.rank{rank}.jsonl" "${extra[@]}" >"$logs.rank$r.log" 2>&1 &
     else
       netns_exec "$r" MASTER_PORT="$port" PYTHONPATH="$pkg_dir" PYTHONDONTWRITEBYTECODE=1 \
-        GRADCOMM_TIMEOUT_S=120 GRADCOMM_E2E_HANG_DUMP_S=$hang_dump_s timeout --signal=KILL "$timeout_s" \
+        GRADCOMM_HIERARCHY="$hierarchy" GRADCOMM_TIMEOUT_S=120 GRADCOMM_E2E_HANG_DUMP_S=$hang_dump_s \
+        timeout --signal=KILL "$timeout_s" \
           "$py" "$here/ddp_step.py" "$v" --warmup "$warmup" --steps "$steps" --out "$rec" $profile $ddp_args \
           >"$logs.rank$r.log" 2>&1 &
     fi
     pids+=($!)
   done
   netns_wait_ranks "${pids[@]}" || failed=1
+  after=$(netns_link_bytes)
   local wall; wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   if [[ $v == train:* && $failed -eq 0 ]]; then
     "$py" "$here/train_record.py" "$v" "$ranks" "$overlap_flag" "$logs".rank*.jsonl >"$rec" || failed=1
@@ -167,17 +185,22 @@ run_variant() {
     echo "{\"variant\": \"$v\"}" >"$rec"
   fi
   "$py" - "$rec" "$records" "$NETNS_RATE" "$round" "$failed" "$wall" "$load" "$commit" "$build" \
-        "$NETNS_DELAY_APPLIED" "$(nproc)" <<'EOF'
+        "$NETNS_DELAY_APPLIED" "$(nproc)" "$hierarchy" "$NETNS_NODES" "$NETNS_RANKS_PER_NODE" "$before" "$after" \
+        "$((warmup + steps))" <<'EOF'
 import datetime, json, sys
-src, dst, rate, rnd, failed, wall, load, commit, build, delay, cores = sys.argv[1:]
+(src, dst, rate, rnd, failed, wall, load, commit, build, delay, cores, hierarchy, nodes, per_node, before, after,
+ steps) = sys.argv[1:]
 rec = json.load(open(src))
 rec.update(link_rate=rate, round=int(rnd), ok=failed == "0", run_wall_s=float(wall), loadavg_1m=float(load),
-           commit=commit, build=build, delay_applied=delay == "true", cores=int(cores),
+           commit=commit, build=build, delay_applied=delay == "true", cores=int(cores), hierarchy=hierarchy,
+           nodes=int(nodes), ranks_per_node=int(per_node),
            date=datetime.datetime.now().isoformat(timespec="seconds"))
+if not str(rec.get("variant", "")).startswith("train:"):  # DDP variants: warm-up + timed steps
+    rec["node_link_bytes_per_step"] = [(int(a) - int(b)) / int(steps) for a, b in zip(after.split(), before.split())]
 with open(dst, "a") as f:
     f.write(json.dumps(rec) + "\n")
 med = rec.get("step_s_median")
-print(f"  {rate:>7} round {rnd} {rec['variant']:<28} " +
+print(f"  {rate:>7} round {rnd} {rec['variant']:<28} {hierarchy:>4} " +
       (f"step {med * 1e3:8.1f} ms (p90 {rec['step_s_p90'] * 1e3:.1f})" if rec["ok"] and med else "FAILED") +
       f"  [{float(wall):.0f} s]", file=sys.stderr)
 EOF
@@ -189,7 +212,13 @@ status=0
 for rate in "${rate_list[@]}"; do
   netns_up "$ranks" "$rate"
   for round in $(seq 1 "$rounds"); do
-    for v in "${variant_list[@]}"; do run_variant "$v" "$round" || status=1; done
+    for v in "${variant_list[@]}"; do
+      case $v in
+        gradcomm:*|backend:*|train:*)
+          for h in "${hierarchy_list[@]}"; do run_variant "$v" "$round" "$h" || status=1; done ;;
+        *) run_variant "$v" "$round" || status=1 ;;
+      esac
+    done
   done
   netns_down
 done
