@@ -16,6 +16,7 @@
 #include "compressors/family.h"
 #include "compressors/philox.h"
 #include "env.h"
+#include "hierarchy.h"
 #include "logging.h"
 #include "reduce.h"
 #include "wire.h"
@@ -172,8 +173,42 @@ constexpr double kDriftCalls = 16;  // calls observed (on every rank) before the
 
 }  // namespace
 
-std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call& call, CallExecutor& exec) const {
-  const int64_t n = call.tensor.numel;
+// Where compression happens (hierarchy.h): across the whole job, or, over two levels,
+// across the nodes on each rank's piece, about numel / L elements, among one rank of every
+// node, every local rank's group at once on the node's link. The dense phases inside the
+// nodes are the same for every candidate, so the choice is priced on that level alone:
+// its ranks, its piece, and a link probed there.
+struct PricedLevel {
+  int ranks = 1;
+  int64_t numel = 0;
+  std::vector<int> across;  // two levels: the first piece's owners (a View of them); else empty
+};
+
+namespace {
+
+PricedLevel priced_level(const Op& op, int64_t numel) {
+  if (!op.two_levels()) return {op.size(), numel, {}};
+  const NodeMap& nodes = op.nodes();
+  const int per_node = static_cast<int>(nodes.members(0).size());
+  bool even = true;
+  for (int n = 0; n < nodes.nodes(); ++n) even &= static_cast<int>(nodes.members(n).size()) == per_node;
+  // Nodes of one size: each rank's piece is its segment, its group its local rank on every
+  // node, the same for all its members, so the groups probe at once. Uneven nodes cut their
+  // pieces differently: the probe runs over the whole job (both levels) instead.
+  if (!even) return {nodes.nodes(), numel / std::max(nodes.largest_node(), 1), {}};
+  const int local = nodes.local_rank(op.rank());
+  std::vector<int> across;
+  for (int n = 0; n < nodes.nodes(); ++n) across.push_back(nodes.members(n)[static_cast<size_t>(local)]);
+  const std::vector<int64_t> segments = ring_segments(numel, per_node, 1);
+  return {nodes.nodes(), segments[static_cast<size_t>(local) + 1] - segments[static_cast<size_t>(local)], across};
+}
+
+}  // namespace
+
+
+std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call& call, CallExecutor& exec,
+                                                int64_t numel) const {
+  const int64_t n = numel;
   const auto* grad = static_cast<const float*>(call.tensor.data);
   std::vector<float> work(grad, grad + n), other(grad, grad + n);
   const double pass_s = time_min2([&] { reduce_inplace(work.data(), other.data(), n, DType::kFloat32, ReduceOp::kSum); });
@@ -215,6 +250,12 @@ std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call
   return costs;
 }
 
+LinkModel AutoChooser::probe_level(Op& op, const PricedLevel& level) const {
+  if (level.across.empty()) return probe(op);
+  const Op::View across(op, level.across, 0);  // every local rank's group at once, as the calls run
+  return probe(op);
+}
+
 LinkModel AutoChooser::probe(Op& op) const {
   const int ranks = op.size();
   double small[kProbeSmallRounds];
@@ -245,7 +286,6 @@ LinkModel AutoChooser::probe(Op& op) const {
 
 void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   const AutoSpec& spec = *call.auto_spec;
-  const int ranks = exec.size();
   const uint32_t spec_hash = spec.hash;
   AutoKeyState& mine = state_of(*call.key);
   const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel ||
@@ -269,10 +309,13 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   const double overlap_mean =
       mine.overlap_count > 0 ? mine.overlap_sum_s / static_cast<double>(mine.overlap_count) : 0.0;
   bool relinked = false, judged = false;
+  PricedLevel level;
   exec.run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     // Inside the call: a failure here reaches the other ranks as any call's does.
+    level = priced_level(op, call.tensor.numel);
+    mine.level_ranks = level.ranks;
     if (measure_now) {
-      mine.costs = measure(spec, call, exec);
+      mine.costs = measure(spec, call, exec, level.numel);
       mine.spec_hash = spec_hash;
       mine.numel = call.tensor.numel;
       mine.generation = measure_generation_;
@@ -283,7 +326,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
       v[kHead + 3 * i + 2] = mine.costs[i].payload_bytes;
     }
     LinkModel link = test_link_ ? *test_link_ : link_;
-    if (probe_now) link = probe(op);
+    if (probe_now) link = probe_level(op, level);
     v[0] = link.alpha_s;
     v[1] = link.seconds_per_byte;
     v[2] = -drift;
@@ -304,7 +347,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
     const bool moved = shared_drift > drift_baseline_ * kDriftBand || shared_drift < drift_baseline_ / kDriftBand;
     drift_moved_ = moved ? drift_moved_ + 1 : 0;
     if (drift_moved_ >= 2) {
-      const LinkModel fresh = probe(op);
+      const LinkModel fresh = probe_level(op, level);
       double w[2] = {fresh.alpha_s, fresh.seconds_per_byte};
       dense_allreduce(op, w, 2, DType::kFloat64, ReduceOp::kMax, kRelinkUnits);
       v[0] = w[0];
@@ -329,7 +372,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
 
   std::vector<CandidateCost> shared(count);
   for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[kHead + 3 * i], v[kHead + 3 * i + 1], v[kHead + 3 * i + 2]};
-  const AutoDecision d = decide_auto(spec, shared, link_, call.tensor.numel, ranks, record.choice, shared_overlap);
+  const AutoDecision d = decide_auto(spec, shared, link_, level.numel, level.ranks, record.choice, shared_overlap);
   const bool changed = d.choice != record.choice;
   // The first choice knows no overlap yet (nothing was waited on): it is revisited after
   // a few calls have measured it.
@@ -347,7 +390,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   report.chosen = report.candidates[d.choice];
   report.predicted_s = d.predicted_s;
   for (size_t i = 0; i < count; ++i) {
-    report.compute_s.push_back(predict_compute_s(auto_shape(spec.candidates[i]), shared[i], ranks));
+    report.compute_s.push_back(predict_compute_s(auto_shape(spec.candidates[i]), shared[i], level.ranks));
     report.payload_bytes.push_back(shared[i].payload_bytes);
   }
   report.left_out = d.left_out;
@@ -429,7 +472,8 @@ void AutoChooser::observe(const Call& call, const Stats& before, const Stats& af
   const std::vector<CandidateCost>& costs = call.key->auto_state->costs;
   const size_t i = static_cast<size_t>(call.spec - call.auto_spec->candidates.data());
   if (i >= costs.size()) return;
-  const double predicted = predict_wire_s(auto_shape(*call.spec), costs[i].payload_bytes, link_, ranks);
+  const int level_ranks = call.key->auto_state->level_ranks > 0 ? call.key->auto_state->level_ranks : ranks;
+  const double predicted = predict_wire_s(auto_shape(*call.spec), costs[i].payload_bytes, link_, level_ranks);
   if (!(wire > 0) || !(predicted > 0)) return;
   drift_log_sum_ += std::log(wire / predicted);
   drift_count_ += 1;

@@ -74,6 +74,7 @@
 namespace gradcomm::detail {
 
 struct Call;
+struct PricedLevel;  // auto_choice.cc: the level a choice is priced on
 struct WorkState;
 class CallExecutor;
 class Op;
@@ -138,7 +139,8 @@ struct AutoKeyState {
   uint32_t spec_hash = 0;
   int64_t numel = 0;
   uint64_t generation = 0;  // AutoChooser::measure_generation_ when measured
-  std::vector<CandidateCost> costs;
+  std::vector<CandidateCost> costs;  // on the level's piece (auto_choice.cc, PricedLevel)
+  int level_ranks = 0;               // the ranks of that level
   // Overlap: the key's previous call (to read when it was first waited on), and the
   // mean since the last review.
   std::shared_ptr<WorkState> last;
@@ -168,8 +170,11 @@ class AutoChooser {
  private:
   void note_overlap(const Call& call);
   void review(CallExecutor& exec, Call& call, AutoRecord& record);
-  std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, CallExecutor& exec) const;
+  // Each candidate's costs on `numel` elements of the key's gradient (the level's piece).
+  std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, CallExecutor& exec, int64_t numel) const;
   LinkModel probe(Op& op) const;
+  // The probe on the level compression runs on (auto_choice.cc, PricedLevel).
+  LinkModel probe_level(Op& op, const PricedLevel& level) const;
   static AutoKeyState& state_of(KeyState& key);
 
   uint64_t measure_generation_ = 1;  // set_test_override: every key measures again

@@ -318,7 +318,10 @@ def main(argv):
                           "gradcomm": delta(s0, gradcomm_stats(gradcomm))})
 
     mine = {"rank": rank, "steps": steps, "final_loss": losses[-1], "bucket_sizes": bucket_sizes(model),
-            "hook_calls": profile.calls if profile else None}
+            "hook_calls": profile.calls if profile else None,
+            # compressor=auto: each key's spec as it stands at the end (what its steps ran on)
+            "auto_chosen": sorted({c["chosen"] for c in gradcomm.stats().get("auto_choices", [])})
+            if gradcomm is not None else []}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -370,6 +373,7 @@ def summarize(args, world, n_params, notes, everyone):
         "wire_bytes_per_step": float(np.mean(tx)) if tx else None,  # per rank, eth0, all protocols
         "bucket_sizes": everyone[0]["bucket_sizes"],
         "final_loss": float(np.mean([r["final_loss"] for r in everyone])),
+        "auto_chosen": everyone[0]["auto_chosen"],
         **notes,
     }
     gc = [s["gradcomm"] for r in everyone for s in r["steps"] if s["gradcomm"]]

@@ -282,6 +282,33 @@ TEST(TwoLevelCompressedReduceScatter, SharesAreWithinOneRoundingPerNodeAndErrorF
   }
 }
 
+// compressor=auto over two levels prices the level it compresses: every rank reviews (its
+// probe runs among its local rank's peers of the other nodes, all groups at once), the
+// ranks agree on each choice, and the results stay bitwise identical.
+TEST(TwoLevelAuto, ChoicesAgreeAndResultsAreIdentical) {
+  ScopedEnv on("GRADCOMM_HIERARCHY", "on");
+  for (const std::vector<int>& sizes : {std::vector<int>{2, 2}, std::vector<int>{3, 2}}) {
+    const int n = std::accumulate(sizes.begin(), sizes.end(), 0);
+    std::vector<std::vector<float>> out(static_cast<size_t>(n));
+    std::vector<std::string> chosen(static_cast<size_t>(n));
+    run_on(sizes, [&](Communicator& comm) {
+      for (int s = 0; s < 14; ++s) {  // past the second review (step 10)
+        auto g = gradient(comm.rank(), 40000, s);
+        comm.allreduce(TensorView::of(g.data(), 40000), ReduceOp::kAvg,
+                       CompressOptions{"auto:review=5,among=none|quant:bits=4,ef=1|topk:ratio=0.01", "k", nullptr});
+        out[static_cast<size_t>(comm.rank())] = g;
+      }
+      const Stats st = comm.stats();
+      ASSERT_EQ(st.auto_choices.size(), 1u);
+      chosen[static_cast<size_t>(comm.rank())] = st.auto_choices[0].chosen;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(out[static_cast<size_t>(r)], out[0]) << shape_name(sizes) << " rank " << r;
+      EXPECT_EQ(chosen[static_cast<size_t>(r)], chosen[0]) << shape_name(sizes) << " rank " << r;
+    }
+  }
+}
+
 // The two levels run unless GRADCOMM_HIERARCHY=off, and only where the nodes differ:
 // a message count tells (the node phases are messages the flat ring does not send).
 TEST(TwoLevel, HierarchyModesChooseTheSchedule) {
