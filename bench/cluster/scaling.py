@@ -348,6 +348,67 @@ def measured_section(m, dirs):
     return lines
 
 
+# --- two levels (two_level_model.py) --------------------------------------------------------
+
+# Inside a node of the large table: an NVLink-class fabric (H100: 450 GB/s per GPU each way;
+# counted at a third, for the protocol and the reductions' own traffic), alpha 5 us.
+NVLINK_BYTES_PER_S = 150e9
+NVLINK_ALPHA_S = 5e-6
+
+
+def two_level_sections(c, measured):
+    sys.path.insert(0, HERE)
+    import two_level_model as tlm
+    m = Model(c)
+    tl = tlm.TwoLevels(m, NVLINK_BYTES_PER_S, NVLINK_ALPHA_S)
+    lines = ["## Two levels: flat against hierarchical, ring against direct", "",
+             f"`two_level_model.py` (its docstring has the formulas). {m.S / 2**20:g} MiB fp32, 8 ranks per node,",
+             "one link per node between nodes, an NVLink-class fabric inside (150 GB/s each way per rank,",
+             "alpha 5 us), compute at one core of the development VM per rank. Times in ms; q4 =",
+             "quant:bits=4; its error column: the relative error of the sum, flat ring over N ranks against",
+             "the direct schedule across the nodes (inside is exact).", ""]
+    Ns = [x for x in c["ranks"] if x >= 16]  # at least two nodes of 8
+    for gbit in (25, 100):
+        lines += tlm.table(tl, Ns, 8, gbit, c["alpha_plot_us"])
+    if measured:
+        lines += two_level_measured(c, tlm, measured)
+    return lines
+
+
+def two_level_measured(c, tlm, files):
+    """The model's time for each bench/cluster/run.sh --nodes record beside the measured one."""
+    rows, errs = [], []
+    cores = val(c["cores_measured"])
+    for path in files:
+        for r in json.load(open(path)):
+            if r.get("impl") != "gradcomm":
+                continue
+            mm = Model(dict(c, size_bytes=r["size_bytes"]))
+            # Inside a node of the emulation: shared memory on the VM, a copy at its memset rate.
+            tl = tlm.TwoLevels(mm, mm.r_mem, 10e-6)
+            t = tlm.predict_record(tl, r, cores)
+            if t is None:
+                continue
+            meas = r["time_us"] / 1e6
+            errs.append(abs(t - meas) / meas)
+            links = r.get("node_link_bytes_per_call") or []
+            rows.append(f"| {os.path.basename(path)} | {r.get('nodes', '?')} x {r.get('ranks_per_node', '?')} | "
+                        f"{r['link_rate']} | {r['size_bytes'] / 2**20:g} MiB | `{r['compressor']}` | "
+                        f"{'flat' if r.get('hierarchy') == 'off' else 'two levels'} | {r.get('schedule', 'auto')} | "
+                        f"{meas * 1e3:.1f} | {t * 1e3:.1f} | {t / meas:.2f} | "
+                        f"{max(links) / 1e6 if links else float('nan'):.2f} |")
+    lines = ["### The two-level model against the emulated cluster (M x L <= 8)", "",
+             "Each record of `bench/cluster/run.sh --nodes M --ranks-per-node L` (this VM's 2 cores shared by",
+             "all ranks: compute counted max(1, N/2) times; inside a node, shared memory at the VM's copy",
+             "rate), the model's time beside it. Node link: MB each node put on its link per call.", "",
+             "| records | M x L | rate | size | compressor | schedule | codec schedule | measured (ms) | model (ms) "
+             "| model / measured | node link (MB) |", "|---|---|---|---|---|---|---|---|---|---|---|"] + rows
+    if errs:
+        lines += ["", f"Model error over {len(errs)} records: median {sorted(errs)[len(errs) // 2] * 100:.0f} %, "
+                      f"largest {max(errs) * 100:.0f} %.", ""]
+    return lines
+
+
 # --- outputs -----------------------------------------------------------------------------
 
 def constants_section(c, path):
@@ -395,6 +456,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--constants", default=os.path.join(HERE, "constants-2026-11-24.json"))
     ap.add_argument("--measured", action="append", default=[], metavar="DIR")
+    ap.add_argument("--two-levels", action="store_true",
+                    help="add the model over two levels (two_level_model.py): flat against two levels, ring "
+                         "against direct, to 1,024 ranks at 8 per node")
+    ap.add_argument("--measured-nodes", action="append", default=[], metavar="FILE",
+                    help="bench/cluster/run.sh --nodes records (JSON) to set beside the two-level model")
     ap.add_argument("--out", required=True, metavar="PREFIX")
     args = ap.parse_args()
     c = json.load(open(args.constants))
@@ -416,6 +482,8 @@ def main():
     lines.append("")
     if args.measured:
         lines += measured_section(m, args.measured)
+    if args.two_levels or args.measured_nodes:
+        lines += two_level_sections(c, args.measured_nodes)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     open(args.out + ".md", "w").write("\n".join(lines) + "\n")
     plot(m, c, args.out + ".png")
