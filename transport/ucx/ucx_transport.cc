@@ -149,8 +149,9 @@ UcxTransport::UcxTransport(int rank, int size, Store& store, const UcxOptions& o
 }
 
 // Shared memory (and the single-copy cma, ucx_cma.h) are what a lane to other nodes
-// leaves out: UCX_TLS syntax, "all but these".
-constexpr const char* kNetLaneTransports = "^sysv,posix,cma,knem,xpmem";
+// leaves out: UCX_TLS syntax, "all but these"; "sm" names every shared-memory transport
+// (posix, sysv, cma, knem, xpmem) without a warning for those this host lacks.
+constexpr const char* kNetLaneTransports = "^sm";
 
 // Makes the lanes this rank needs (UcxLane): one for its node's peers and one for the
 // other nodes', or just one when all its peers are of one kind or UCX_TLS is the user's,
