@@ -85,7 +85,8 @@ struct Family {
   CompressorId id;   // the byte payload headers carry: unique, never reused
   const char* name;  // the spec's name ("topk")
   // Keys in canonical order: the family's own first, then any of the common keys it
-  // takes (ef, min_numel, warmup, seed, values). Empty: the family takes no keys.
+  // takes (ef, min_numel, warmup, seed, values; inside for codec-ring families). Empty: the
+  // family takes no keys.
   std::span<const std::string_view> keys;
   bool ef_default;           // error feedback unless the spec says ef=0 (README's table)
   ValueType values_default;  // sparse values on the wire, for families with a `values` key

@@ -192,6 +192,7 @@ void parse_common(const SpecReader& r, const Family& family, CompressorSpec& s) 
     }
     s.seed = v;
   }
+  s.compress_inside = r.choice<bool>("inside", {{"dense", false}, {"compress", true}}, false);
   s.values = r.choice<ValueType>("values",
                                  {{"fp32", ValueType::kFp32}, {"fp16", ValueType::kFp16}, {"bf16", ValueType::kBf16}},
                                  family.takes("values") ? family.values_default : ValueType::kFp32);
@@ -328,6 +329,7 @@ std::string CompressorSpec::canonical() const {
   std::string out = fmt::format("{}:", family.name);
   if (family.canonical != nullptr) out += family.canonical(*this);
   out += fmt::format("ef={},min_numel={},warmup={},seed={}", ef ? 1 : 0, min_numel, warmup, seed);
+  if (compress_inside) out += ",inside=compress";  // printed when set: specs of before read as they did
   if (family.takes("values")) {
     out += fmt::format(",values={}", values == ValueType::kFp32   ? "fp32"
                                      : values == ValueType::kFp16 ? "fp16"

@@ -47,6 +47,9 @@ struct CompressorSpec {
   int64_t warmup = 0;         // the first `warmup` steps of a key go dense
   uint64_t seed = 0;          // Philox seed (stochastic rounding, random-k, sketch hashes)
   ValueType values = ValueType::kFp32;  // sparse values on the wire (topk: bf16; randomk, sketch: fp32)
+  // Codec-ring families over two levels (src/hierarchy.h): compress inside the nodes too
+  // (inside=compress), not only across them (inside=dense, the default).
+  bool compress_inside = false;
 
   // topk: exactly one of ratio / k is set (k = 0 means "use ratio").
   double ratio = 0.0;         // topk, randomk, sketch: fraction of elements, (0, 1]

@@ -74,7 +74,15 @@ void CommunicatorImpl::run_local(std::function<void()> fn) {
 void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& options, const char* what) {
   const TensorView& t = call.tensor;
   const ReduceOp reduce_op = call.reduce_op;
-  const std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
+  std::string text = options.compressor.empty() ? std::string("none") : options.compressor;
+  if (options.compress_inside_nodes) {  // the spec's inside=compress: the registry says where it does not apply
+    if (is_auto_spec(text)) {
+      throw InvalidArgument(fmt::format("rank {}: {}: compress_inside_nodes takes a codec-ring spec (fp16, bf16, "
+                                        "quant, qsgd, sign), not auto",
+                                        rank(), what));
+    }
+    text += text.find(':') == std::string::npos ? ":inside=compress" : ",inside=compress";
+  }
   call.key_name = options.key;
   call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
   if (is_auto_spec(text)) {

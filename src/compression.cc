@@ -266,6 +266,9 @@ void HostCompression::two_level_allreduce(Op& op, float* data, int64_t numel, Re
   }
   if (key != nullptr) key->sent.clear();  // the pieces add theirs (keep_selection)
   const int64_t align = family.collective == Collective::kCodecRing ? codec(spec).alignment() : 1;
+  if (spec.compress_inside && !runs_dense(spec, key != nullptr ? key->step : 0, numel)) {
+    return two_level_allreduce_compressed_inside(op, data, numel, reduce_op, spec, key, key_hash);
+  }
   detail::two_level_allreduce(op, data, numel, DType::kFloat32, reduce_op, align, 0, [&](int64_t b, int64_t e) {
     CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
     call.offset = b;
@@ -273,6 +276,38 @@ void HostCompression::two_level_allreduce(Op& op, float* data, int64_t numel, Re
     HostPrimitives host(*this, op, call, e - b);
     compressed_allreduce(host, call, data + b, e - b, ReduceOp::kSum);
   });
+}
+
+// inside=compress (codec-ring families): step 1 inside the nodes is the direct compressed
+// reduce-scatter over the node's segments (each rank's copy of a segment encoded once to its
+// holder), steps 2 and 3 as for inside=dense. The allgather inside stays dense: its values are
+// final, and encoding them again would round them a third time.
+void HostCompression::two_level_allreduce_compressed_inside(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                                                            const CompressorSpec& spec, KeyState* key,
+                                                            uint64_t key_hash) {
+  const DenseCodec& c = codec(spec);
+  const CompressedCall whole{spec, key, key_hash, nullptr, op.rank(), op.size()};
+  HostPrimitives host(*this, op, whole, numel);
+  host.fold_and_clear(data, numel);  // data holds acc; the encodes refill the residual
+  const PhiloxStream mine{spec.seed, philox_stream_id(key_hash, whole.step(), op.rank())};
+  const TwoLevelPlan plan = plan_two_levels(op.nodes(), op.rank(), numel, c.alignment());
+  {
+    const Op::View node(op, plan.node, 0);
+    if (op.size() > 1) compressed_direct_reduce_scatter(op, data, plan.segments, c, mine, host.residual(), true);
+  }
+  // The node's sums are this rank's segment now: steps 2 and 3 with step 1 done. (This rank's
+  // encodes above lost at the other ranks' segments only: its pieces' residual, which the
+  // pieces' calls fold, is still the zero the fold left.)
+  detail::two_level_allreduce(
+      op, data, numel, DType::kFloat32, reduce_op, c.alignment(), 0,
+      [&](int64_t b, int64_t e) {
+        CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
+        call.offset = b;
+        call.whole = numel;
+        HostPrimitives host(*this, op, call, e - b);
+        compressed_allreduce(host, call, data + b, e - b, ReduceOp::kSum);
+      },
+      Inside::kReduced);
 }
 
 void HostCompression::reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op,

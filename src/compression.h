@@ -59,6 +59,8 @@ class HostCompression {
   // allreduce at the top of a two-level call (Op::two_levels; hierarchy.h).
   void two_level_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                            KeyState* key, uint64_t key_hash, const std::vector<TensorPart>* parts);
+  void two_level_allreduce_compressed_inside(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
+                                             const CompressorSpec& spec, KeyState* key, uint64_t key_hash);
 
   // The spec's CPU codec (kCodecRing families), made once per canonical spec.
   const DenseCodec& codec(const CompressorSpec& spec);
@@ -83,6 +85,14 @@ void compressed_ring_allreduce(Op& op, float* data, int64_t numel, const DenseCo
 void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec,
                                  const PhiloxStream& rng, float* residual, int divisor = 1,
                                  RingPhases phases = RingPhases::kAllreduce);
+
+// Its first phase alone over given segments ([starts[s], starts[s + 1]), N + 1 entries): rank
+// s's segment ends holding its own values plus everyone else's, each encoded once and decoded
+// in fp32 (not divided). `aligned`: every start is a multiple of the codec's alignment (the
+// draws count from the start); otherwise from start x alignment, distinct for every element.
+void compressed_direct_reduce_scatter(Op& op, float* data, const std::vector<int64_t>& starts,
+                                      const DenseCodec& codec, const PhiloxStream& rng, float* residual,
+                                      bool aligned);
 
 // Which of the two a codec's allreduce over `ranks` takes: GRADCOMM_SCHEDULE=ring|direct,
 // or auto (default), the model's pick. Both move the same bytes (each rank sends (N-1)/N of

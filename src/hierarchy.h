@@ -58,8 +58,12 @@ TwoLevelPlan plan_two_levels(const NodeMap& nodes, int rank, int64_t numel, int6
 // Step 1, step 2 as `across(begin, end)` (run inside a View of the piece's owners, on
 // data[begin, end); for kAvg it must sum), step 3. `reduce_op` is the call's: the node's
 // reduce-scatter sums for kSum and kAvg, and kAvg divides by the world size after step 2.
+// Inside::kReduced: the caller ran step 1 itself (inside=compress: a compressed reduce-scatter
+// over the same segments).
+enum class Inside : uint8_t { kReduce, kReduced };
 void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, int64_t align,
-                         uint32_t unit_base, const std::function<void(int64_t begin, int64_t end)>& across);
+                         uint32_t unit_base, const std::function<void(int64_t begin, int64_t end)>& across,
+                         Inside inside = Inside::kReduce);
 
 // What the reduce-scatter across nodes sends of a block: the node's partial sum as it is
 // (dense, null), or encoded once (a compressed reduce_scatter: HostCompression).

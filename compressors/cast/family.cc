@@ -10,7 +10,7 @@
 namespace gradcomm::detail {
 namespace {
 
-constexpr std::string_view kKeys[] = {"ef", "min_numel", "warmup", "seed"};
+constexpr std::string_view kKeys[] = {"ef", "min_numel", "warmup", "seed", "inside"};
 
 std::unique_ptr<DenseCodec> make_codec(const CompressorSpec& spec) { return make_cast_codec(spec.id); }
 

@@ -19,8 +19,9 @@ namespace {
 
 constexpr int64_t kMaxLevels = int64_t{1} << 15;
 
-constexpr std::string_view kQsgdKeys[] = {"levels", "bucket", "ef", "min_numel", "warmup", "seed"};
-constexpr std::string_view kQuantKeys[] = {"bits", "bucket", "round", "ef", "min_numel", "warmup", "seed"};
+constexpr std::string_view kQsgdKeys[] = {"levels", "bucket", "ef", "min_numel", "warmup", "seed", "inside"};
+constexpr std::string_view kQuantKeys[] = {"bits", "bucket", "round", "ef", "min_numel", "warmup", "seed",
+                                           "inside"};
 
 // Error feedback re-sends what a codec dropped: acc = grad + residual, residual = acc -
 // decode(encode(acc)). It stays bounded only when a codec's error is below its input

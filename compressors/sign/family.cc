@@ -13,7 +13,7 @@
 namespace gradcomm::detail {
 namespace {
 
-constexpr std::string_view kKeys[] = {"bucket", "ef", "min_numel", "warmup", "seed"};
+constexpr std::string_view kKeys[] = {"bucket", "ef", "min_numel", "warmup", "seed", "inside"};
 
 void parse(const SpecReader& r, CompressorSpec& s) { s.bucket = r.integer("bucket", 1, kMaxBucket, 512); }
 

@@ -21,6 +21,10 @@ struct CompressOptions {
   // shape[0], cols = the rest; fewer than 2 dimensions goes dense). Empty: 1-D. Its
   // product must be the tensor's numel.
   std::vector<int64_t> shape;
+  // Over two levels (GRADCOMM_HIERARCHY, docs/two-levels.md) compression happens across the
+  // nodes only; true compresses inside them too, as the spec key inside=compress does (the
+  // codec-ring families: fp16, bf16, quant, qsgd, sign; InvalidArgument for others).
+  bool compress_inside_nodes = false;
   // Or: the tensor holds these tensors laid end to end (a DDP bucket's parameters),
   // each viewed on its own; their numels must add up to the tensor's. At most one of
   // shape and parts may be given. Every rank must pass the same (MismatchError).

@@ -61,17 +61,11 @@ void direct_reduce_scatter(Op& op, void* data, const std::vector<int64_t>& start
   op.wait_all(sends, "direct reduce-scatter send");
 }
 
-void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec, const PhiloxStream& rng,
-                                 float* residual, int divisor, RingPhases phases) {
+void compressed_direct_reduce_scatter(Op& op, float* data, const std::vector<int64_t>& starts,
+                                      const DenseCodec& codec, const PhiloxStream& rng, float* residual,
+                                      bool aligned) {
   const int n = op.size(), me = op.rank();
-  // Owners' segments at the codec's alignment, so each encodes exactly as inside the
-  // whole tensor (its buckets and draws are positions in it). The reduce-scatter alone
-  // keeps the call's blocks (numel = N x count, alignment 1); its encodes then draw at
-  // position x alignment, as the ring's reduce-scatter chunks do, distinct for every element.
-  const bool allgather = phases == RingPhases::kAllreduce;
-  const std::vector<int64_t> starts = ring_segments(numel, n, allgather ? codec.alignment() : 1);
-  const auto first = [&](int64_t b) { return allgather ? b : b * codec.alignment(); };
-  const auto bytes_of = [&](int s) { return codec.encoded_bytes(length(starts, s)); };
+  const auto first = [&](int64_t b) { return aligned ? b : b * codec.alignment(); };
   const int64_t mine = length(starts, me);
   float* own = data + starts[static_cast<size_t>(me)];
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n)), in(static_cast<size_t>(n));
@@ -79,8 +73,6 @@ void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const Dense
   int64_t longest = 1;
   for (int s = 0; s < n; ++s) longest = std::max(longest, length(starts, s));
   std::vector<float> decoded(static_cast<size_t>(longest));  // an encode's values, for its loss
-
-  // 1. Every other owner's segment, encoded once, to its owner; ours stays exact.
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     in[static_cast<size_t>(p)].resize(codec.encoded_bytes(mine));
@@ -90,7 +82,7 @@ void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const Dense
     const int p = (me + k) % n;
     const int64_t b = starts[static_cast<size_t>(p)], len = length(starts, p);
     std::vector<uint8_t>& payload = out[static_cast<size_t>(p)];
-    payload.resize(bytes_of(p));
+    payload.resize(codec.encoded_bytes(len));
     {
       Op::PhaseTimer timer(op, &Stats::encode_s);
       if (residual != nullptr) {
@@ -109,19 +101,35 @@ void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const Dense
     codec.decode_add(in[static_cast<size_t>(p)], mine, own);
   }
   op.wait_all(sends, "direct compressed reduce-scatter send");
-  if (phases == RingPhases::kReduceScatter) {  // the owner's sum is its share, exact in what it received
+}
+
+void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const DenseCodec& codec, const PhiloxStream& rng,
+                                 float* residual, int divisor, RingPhases phases) {
+  const int n = op.size(), me = op.rank();
+  // Owners' segments at the codec's alignment, so each encodes exactly as inside the
+  // whole tensor (its buckets and draws are positions in it). The reduce-scatter alone
+  // keeps the call's blocks (numel = N x count, alignment 1); its encodes then draw at
+  // position x alignment, as the ring's reduce-scatter chunks do, distinct for every element.
+  const bool allgather = phases == RingPhases::kAllreduce;
+  const std::vector<int64_t> starts = ring_segments(numel, n, allgather ? codec.alignment() : 1);
+  const int64_t mine = length(starts, me);
+  float* own = data + starts[static_cast<size_t>(me)];
+
+  // 1. Every other owner's segment, encoded once, to its owner; ours stays exact.
+  compressed_direct_reduce_scatter(op, data, starts, codec, rng, residual, allgather);
+  if (!allgather) {  // the owner's sum is its share, exact in what it received
     Op::PhaseTimer timer(op, &Stats::reduce_s);
     divide_inplace(own, mine, DType::kFloat32, divisor);
     return;
   }
 
   // 2. The owner's sum, encoded once; every rank decodes those bytes, the owner too.
-  std::vector<uint8_t>& final_payload = out[static_cast<size_t>(me)];
-  final_payload.resize(bytes_of(me));
+  std::vector<uint8_t> final_payload(codec.encoded_bytes(mine));
   {
     Op::PhaseTimer timer(op, &Stats::encode_s);
     const int64_t b = starts[static_cast<size_t>(me)];
     if (residual != nullptr) {
+      std::vector<float> decoded(static_cast<size_t>(std::max<int64_t>(mine, 1)));
       codec.encode_with_values(own, mine, final_payload.data(), rng, b, decoded.data(), 1);
       accumulate_loss(residual + b, own, decoded.data(), mine);
       std::copy_n(decoded.data(), mine, own);
@@ -130,10 +138,11 @@ void compressed_direct_allreduce(Op& op, float* data, int64_t numel, const Dense
       codec.encode_with_values(own, mine, final_payload.data(), rng, b, own, divisor);
     }
   }
-  sends.clear();
+  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n));
+  std::vector<RequestPtr> recvs(static_cast<size_t>(n)), sends;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    in[static_cast<size_t>(p)].resize(bytes_of(p));
+    in[static_cast<size_t>(p)].resize(codec.encoded_bytes(length(starts, p)));
     recvs[static_cast<size_t>(p)] = op.recv(p, 1, in[static_cast<size_t>(p)].data(), in[static_cast<size_t>(p)].size());
   }
   for (int k = 1; k < n; ++k) sends.push_back(op.send((me + k) % n, 1, final_payload.data(), final_payload.size()));

@@ -55,14 +55,14 @@ TwoLevelPlan plan_two_levels(const NodeMap& nodes, int rank, int64_t numel, int6
 }
 
 void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, int64_t align,
-                         uint32_t unit_base, const std::function<void(int64_t, int64_t)>& across) {
+                         uint32_t unit_base, const std::function<void(int64_t, int64_t)>& across, Inside inside) {
   const TwoLevelPlan plan = plan_two_levels(op.nodes(), op.rank(), numel, align);
-  const ReduceOp inside = reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : reduce_op;
+  const ReduceOp sum_op = reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : reduce_op;
   auto* bytes = static_cast<uint8_t*>(data);
   const size_t elem = dtype_size(dtype);
-  {  // 1. The node's reduce-scatter: local rank l ends with the node's sum of segment l.
+  if (inside == Inside::kReduce) {  // 1. The node's reduce-scatter: local rank l ends with the node's sum of segment l.
     const Op::View node(op, plan.node, 0);
-    ring_reduce_scatter(op, data, numel, dtype, inside, unit_base, align);
+    ring_reduce_scatter(op, data, numel, dtype, sum_op, unit_base, align);
   }
   for (const Piece& piece : plan.pieces) {  // 2. Each piece across the nodes, by its owners.
     const Op::View owners(op, piece.owners, 0);

@@ -11,6 +11,7 @@
 #include <map>
 #include <numeric>
 
+#include "compressors/spec.h"
 #include "hierarchy.h"
 #include "test_util.h"
 
@@ -134,6 +135,7 @@ TEST_P(TwoLevelDense, ReduceScatterIsExact) {
 // codec's reach of the exact sum (relative L2 error; the bound is the flat call's own
 // error measured beside it, times 1.5, or 1e-2 for the casts), N-rank error feedback kept.
 const char* kSpecs[] = {"fp16", "bf16", "quant:bits=8", "quant:bits=4,round=nearest", "qsgd", "sign",
+                        "quant:bits=8,ef=1,inside=compress", "fp16:inside=compress",
                         "topk:ratio=0.05", "topk:k=37,select=sample", "randomk:ratio=0.1", "sketch:k=50",
                         "powersgd:rank=2"};
 
@@ -207,6 +209,34 @@ INSTANTIATE_TEST_SUITE_P(Specs, TwoLevelCompressed, ::testing::ValuesIn(kSpecs),
   }
   return name;
 });
+
+// CompressOptions::compress_inside_nodes is the spec's inside=compress (the same bytes), and
+// the families it does not apply to refuse it, naming the key.
+TEST(TwoLevelInside, TheOptionIsTheSpecKeyAndOtherFamiliesRefuseIt) {
+  ScopedEnv on("GRADCOMM_HIERARCHY", "on");
+  std::vector<std::vector<float>> by_key(4), by_option(4);
+  run_on({2, 2}, [&](Communicator& comm) {
+    auto a = gradient(comm.rank(), 5000, 0), b = a;
+    comm.allreduce(TensorView::of(a.data(), 5000), ReduceOp::kSum, CompressOptions{"quant:bits=4,round=nearest,inside=compress", "", nullptr});
+    CompressOptions o{"quant:bits=4,round=nearest", "", nullptr};
+    o.compress_inside_nodes = true;
+    comm.allreduce(TensorView::of(b.data(), 5000), ReduceOp::kSum, o);
+    by_key[static_cast<size_t>(comm.rank())] = a;
+    by_option[static_cast<size_t>(comm.rank())] = b;
+    CompressOptions topk{"topk:ratio=0.1", "t", nullptr};
+    topk.compress_inside_nodes = true;
+    try {
+      comm.allreduce(TensorView::of(a.data(), 5000), ReduceOp::kSum, topk);
+      ADD_FAILURE() << "top-k accepted compress_inside_nodes";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown key 'inside'"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(by_key, by_option);
+  EXPECT_EQ(detail::parse_compressor_spec("sign:inside=compress").canonical(),
+            "sign:bucket=512,ef=1,min_numel=0,warmup=0,seed=0,inside=compress");
+  EXPECT_EQ(detail::parse_compressor_spec("sign").canonical(), "sign:bucket=512,ef=1,min_numel=0,warmup=0,seed=0");
+}
 
 // Top-k across nodes selects once per piece, from the node's sum: the result is the sum
 // over nodes of each node's top k of its piece (no error feedback, fp32 values, integer
