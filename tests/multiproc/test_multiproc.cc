@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <random>
 #include <regex>
 #include <string>
@@ -42,6 +43,92 @@ TEST_P(MultiprocCollectives, ExactAndBitwiseIdenticalOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocCollectives, ::testing::Values(2, 3, 5));
+
+// Nodes of several ranks on this host (GRADCOMM_NODE per rank; docs/two-levels.md): the
+// collectives run over two levels, ranks of a node over shared memory and of different nodes
+// over TCP, exact and bitwise identical as flat. `nodes` as node sizes, e.g. {3, 2}.
+Job run_job_on_nodes(const std::vector<int>& nodes, const std::string& args, const std::string& env = "") {
+  std::string which;  // the node of $RANK, as shell arithmetic
+  int first = 0;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    first += nodes[k];
+    which += fmt::format("$((RANK < {} ? {} : ", first, k);
+  }
+  which += "-1" + std::string(nodes.size() * 2, ')');
+  int n = first;
+  return gradcomm::testing::run_command(fmt::format(
+      "{} GRADCOMM_LOG=info timeout -k 5 120 {} -n {} --grace 5 -- sh -c 'GRADCOMM_NODE=node{} exec {} {}' 2>&1", env,
+      GRADCOMM_RUN_PATH, n, which, WORKER_PATH, args));
+}
+
+class MultiprocTwoLevels : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(MultiprocTwoLevels, CollectivesAndCompressionAreExactAndIdentical) {
+  const std::vector<int> nodes = GetParam();
+  const int n = std::accumulate(nodes.begin(), nodes.end(), 0);
+  for (const char* mode : {"collectives", "compressed"}) {
+    const Job job = run_job_on_nodes(nodes, mode);
+    ASSERT_EQ(job.exit_code, 0) << mode << "\n" << job.output;
+    ASSERT_EQ(job.results.size(), static_cast<size_t>(n)) << job.output;
+    for (const auto& r : job.results) EXPECT_EQ(r.at("wrong"), "0") << mode << "\n" << job.output;
+    // The lanes: shared memory to the node's ranks, TCP to the others'.
+    const std::regex lane(R"(ucx: rank (\d+) reaches rank (\d+) over (\S+))");
+    int lanes = 0;
+    for (std::sregex_iterator it(job.output.begin(), job.output.end(), lane), end; it != end; ++it, ++lanes) {
+      const auto node_of = [&](int r) {
+        int first = 0;
+        for (size_t k = 0; k < nodes.size(); ++k) {
+          first += nodes[k];
+          if (r < first) return static_cast<int>(k);
+        }
+        return -1;
+      };
+      const bool same = node_of(std::stoi((*it)[1])) == node_of(std::stoi((*it)[2]));
+      const std::string over = (*it)[3];
+      EXPECT_EQ(same, over.rfind("tcp/", 0) != 0) << (*it)[0];
+    }
+    EXPECT_EQ(lanes, n * (n - 1)) << job.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocTwoLevels,
+                         ::testing::Values(std::vector<int>{2, 2}, std::vector<int>{3, 2}),
+                         [](const auto& info) {
+                           std::string s = "nodes";
+                           for (int v : info.param) s += "_" + std::to_string(v);
+                           return s;
+                         });
+
+// A rank killed or stopped at 2 x 2: every other rank of both nodes raises PeerFailure (a
+// death: the TCP or the shared-memory lane finds it) or TimeoutError naming the stalled rank
+// (a stop), within the fault matrix's bounds.
+class MultiprocTwoLevelFaults : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MultiprocTwoLevelFaults, EveryRankOfBothNodesRaises) {
+  const std::string kind = GetParam();
+  const uint32_t seed = std::random_device{}();
+  const int victim = static_cast<int>(seed % 4);
+  SCOPED_TRACE(fmt::format("{} victim {} seed {}", kind, victim, seed));
+  const bool stop = kind == "sigstop";
+  const Job job = run_job_on_nodes({2, 2}, fmt::format("fault {} {} {} none {}", kind, victim, stop ? 2000 : 60000, seed));
+  int64_t died_at = -1;
+  for (const auto& r : job.results) {
+    if (r.count("kind")) died_at = std::stoll(r.at("at_ms"));
+  }
+  ASSERT_GT(died_at, 0) << job.output;
+  int errors = 0;
+  for (const auto& r : job.results) {
+    if (!r.count("error")) continue;
+    ++errors;
+    EXPECT_EQ(r.at("error"), stop ? "TimeoutError" : "PeerFailure") << r.at("message");
+    EXPECT_NE(r.at("message").find(fmt::format("rank {}", victim)), std::string::npos) << r.at("message");
+    const double latency_s = (std::stoll(r.at("at_ms")) - died_at) / 1000.0;
+    EXPECT_LT(latency_s, stop ? 2.0 + 10.0 : 10.0) << r.at("message");
+  }
+  EXPECT_EQ(errors, 3) << job.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocTwoLevelFaults, ::testing::Values("sigkill", "sigstop"));
 
 class MultiprocCompressed : public ::testing::TestWithParam<int> {};
 
