@@ -1,5 +1,6 @@
 #include "process_identity.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,34 @@ std::optional<std::string> read_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// /proc/PID/stat's text; `gone` says whether it failed because there is no such process
+// (ENOENT, ESRCH), as against anything else (out of descriptors, a procfs that hides it),
+// which must never read as a death.
+std::optional<std::string> read_stat(uint64_t pid, bool& gone) {
+  gone = false;
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    gone = errno == ENOENT || errno == ESRCH;
+    return std::nullopt;
+  }
+  char buffer[1024];
+  std::string text;
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      gone = got < 0 && errno == ESRCH;  // the process went between the open and the read
+      if (got < 0) text.clear();
+      break;
+    }
+    text.append(buffer, static_cast<size_t>(got));
+  }
+  ::close(fd);
+  if (text.empty()) return std::nullopt;
+  return text;
 }
 
 std::optional<std::string> boot_id() {
@@ -98,8 +127,12 @@ std::optional<ProcessState> observe(const ProcessIdentity& process) {
   static const std::optional<std::string> boot = boot_id();
   static const std::optional<uint64_t> ns = pid_namespace();
   if (!boot || !ns || *boot != process.boot_id || *ns != process.pid_namespace) return std::nullopt;
-  const auto stat = read_file("/proc/" + std::to_string(process.pid) + "/stat");
-  if (!stat) return ProcessState::kGone;  // no /proc/PID: reaped
+  bool gone = false;
+  const auto stat = read_stat(process.pid, gone);
+  if (!stat) {
+    if (gone) return ProcessState::kGone;  // no /proc/PID: reaped
+    return std::nullopt;                   // cannot tell now (descriptors, permissions): not a death
+  }
   const auto line = parse_stat_line(*stat);
   if (!line) return std::nullopt;
   if (line->start_ticks != process.start_ticks) return ProcessState::kGone;  // the pid was reused

@@ -125,7 +125,14 @@ NodeMap exchange_node_names(Store& store, const std::string& prefix, int rank, i
       names[static_cast<size_t>(r)] = name;
       continue;
     }
-    const std::vector<uint8_t> bytes = store.get(key(r), deadline.remaining());
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = store.get(key(r), deadline.remaining());
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("topology: rank {} timed out after {} ms waiting for rank {} to publish its "
+                                     "node (key {} in store {}): {}",
+                                     rank, timeout.count(), r, key(r), store.address(), e.what()));
+    }
     const auto theirs = checked_name(std::string(bytes.begin(), bytes.end()));
     if (!theirs) {
       throw CorruptPayload(fmt::format("topology: rank {} published a malformed node name ({} bytes, key {} in store "

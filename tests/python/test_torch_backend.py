@@ -36,6 +36,16 @@ def _ddp(mode, spec):
     return digests.pop()
 
 
+def test_collectives_and_ddp_over_two_levels():
+    # 2 nodes of 2 ranks on this host (workers/nodes.py): every collective against numpy,
+    # reduce_scatter included, and DDP with the hook, replicas identical (docs/two-levels.md).
+    env = {"GRADCOMM_TEST_RANKS_PER_NODE": "2"}
+    expect_ok(launch(4, os.path.join(WORKERS, "torch_backend_collectives.py"), env=env), 4, "torch-backend")
+    result = launch(4, os.path.join(WORKERS, "torch_backend_ddp.py"), "hook", "quant:bits=4,ef=1", env=env)
+    expect_ok(result, 4, "torch-backend-ddp")
+    assert len(set(re.findall(r"digest=([0-9a-f]+)", result.stdout))) == 1, result.stdout
+
+
 def test_ddp_without_hook_topk_bitwise_identical_and_compressed():
     compressed = _ddp("nohook", "topk:ratio=0.01")
     exact = _ddp("nohook", "none")

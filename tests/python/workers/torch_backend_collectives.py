@@ -7,6 +7,8 @@ reduce ops, and the errors for unsupported ops and dtypes.
 Prints 'OK torch-backend rank=R' when all hold."""
 import datetime
 
+import nodes  # noqa: F401  (first: GRADCOMM_NODE, when the test asks for nodes)
+
 import numpy as np
 import torch
 import torch.distributed as dist

@@ -7,6 +7,8 @@ store (each rank's parameter bytes under a key), not through the backend under
 test. Also checks that the parameters moved and the loss fell.
 Prints 'OK torch-backend-ddp rank=R'."""
 import datetime
+
+import nodes  # noqa: F401  (first: GRADCOMM_NODE, when the test asks for nodes)
 import hashlib
 import sys
 
