@@ -21,7 +21,7 @@
 # between them. --hierarchies auto,off measures gradcomm over two levels and flat in the same run
 # (GRADCOMM_HIERARCHY; each record says which), --schedules likewise GRADCOMM_SCHEDULE. Every
 # record carries the bytes each node put on its link during its run, per call (the veth's counter
-# over the run, divided by warm-up + timed calls: setup traffic is in it, a few KB).
+# over the run, divided by warm-up + timed + check calls: setup traffic is in it, a few KB).
 #
 # Output: per (size, compressor, impl) one record (gradcomm-bench's JSON plus rate, delay,
 # ranks), all written to --json FILE as one list, and a table on stdout.
@@ -122,7 +122,7 @@ run_bench() {
     return 1
   fi
   $py - "$out" "$workdir/records.jsonl" "$rate" "$delay" "$NETNS_DELAY_APPLIED" "$hierarchy" "$schedule" \
-    "$NETNS_NODES" "$NETNS_RANKS_PER_NODE" "$before" "$after" "$((iters + warmup))" <<'EOF'
+    "$NETNS_NODES" "$NETNS_RANKS_PER_NODE" "$before" "$after" "$((iters + warmup + check))" <<'EOF'
 import json, sys
 src, dst, rate, delay, applied, hierarchy, schedule, nodes, per_node, before, after, calls = sys.argv[1:]
 recs = json.load(open(src))
