@@ -44,6 +44,8 @@ class CallContext {
   // Whether this communicator's collectives run over two levels (GRADCOMM_HIERARCHY,
   // hierarchy.h), decided once at creation.
   virtual bool two_levels() const = 0;
+  // GRADCOMM_SCHEDULE (hierarchy.h), also read once at creation.
+  virtual ScheduleMode schedule_mode() const = 0;
   virtual Transport& transport() = 0;
   virtual Stats& mutable_stats() = 0;
 

@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "fusion.h"
 #include "gpu_plan.h"
+#include "hierarchy.h"
 #include "logging.h"
 #include "shape.h"
 
@@ -113,7 +114,15 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
         const std::function<void(float*)> host_allreduce = [&](float* host) {
           compression_.allreduce(op, host, t.numel, call.reduce_op, spec, call.key, call.key_hash, &call.parts);
         };
-        const DevicePath::Compressed compressed{&spec, call.key, call.key_hash, &host_allreduce, &call.parts};
+        const std::function<void(float*, const TwoLevelPlan&)> host_across = [&](float* segment,
+                                                                                   const TwoLevelPlan& plan) {
+          compression_.two_level_across(op, segment, t.numel, plan, call.reduce_op, spec, call.key, call.key_hash);
+        };
+        DevicePath::Compressed compressed{&spec, call.key, call.key_hash, &host_allreduce, &call.parts};
+        if (op.two_levels() && HostCompression::compresses_pieces(spec)) {
+          compressed.host_across = &host_across;
+          compressed.align = compression_.piece_alignment(spec);
+        }
         device_->allreduce(op, t, call.reduce_op, call.stream, t.numel > 0 ? &compressed : nullptr);
         if (call.key != nullptr) call.key->step += 1;
         break;

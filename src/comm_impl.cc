@@ -24,6 +24,7 @@ CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::ch
       nodes_(nodes ? std::move(*nodes) : NodeMap::single(transport->size())),
       topology_(nodes_.view(rank_)),
       two_levels_(use_two_levels(nodes_)),
+      schedule_mode_(schedule_mode_from_env()),
       transport_(std::move(transport)),
       store_(std::move(store)),
       timeout_(timeout) {

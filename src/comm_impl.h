@@ -29,6 +29,7 @@
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
+#include "hierarchy.h"
 #include "op.h"
 #include "state.h"
 #include "topology.h"
@@ -53,6 +54,7 @@ class CommunicatorImpl final : public CallExecutor {
   std::chrono::milliseconds timeout() const override { return timeout_; }
   const NodeMap& nodes() const override { return nodes_; }
   bool two_levels() const override { return two_levels_; }
+  ScheduleMode schedule_mode() const override { return schedule_mode_; }
   const Topology& topology() const { return topology_; }
   // Counters of the calls completed so far (a snapshot the engine publishes).
   Stats stats() const;
@@ -150,6 +152,7 @@ class CommunicatorImpl final : public CallExecutor {
   const NodeMap nodes_;
   const Topology topology_;
   const bool two_levels_;
+  const ScheduleMode schedule_mode_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Store> store_;  // rank 0 serves the TCP store for the job's lifetime
   std::chrono::milliseconds timeout_;

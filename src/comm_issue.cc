@@ -394,9 +394,10 @@ void CommunicatorImpl::connect_barrier() {
     WireHeader header;
     header.op = OpKind::kBarrier;
     header.seq = 0;
-    // Every rank derives the topology from the same records; the digest makes sure
-    // (a mismatch is a MismatchError at create naming both digests).
-    header.fused_digest = nodes_.digest();
+    // Every rank derives the topology from the same records, and reads GRADCOMM_HIERARCHY and
+    // GRADCOMM_SCHEDULE itself; the digest makes sure they agree (a mismatch is a
+    // MismatchError at create naming both digests).
+    header.fused_digest = levels_digest(nodes_, two_levels_, schedule_mode_);
     run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
       if (size() > 1) dissemination_barrier(op);
       return 0;

@@ -77,7 +77,7 @@ class HostPrimitives {
   void codec_ring(float* data, int64_t numel, const PhiloxStream& rng, int divisor,
                   RingPhases phases = RingPhases::kAllreduce) {
     const DenseCodec& codec = compression_.codec(spec_);
-    if (codec_schedule(op_.size()) == CodecSchedule::kDirect) {
+    if (codec_schedule(op_.schedule_mode(), op_.size()) == CodecSchedule::kDirect) {
       compressed_direct_allreduce(op_, data, numel, codec, rng, residual_, divisor, phases);
     } else {
       compressed_ring_allreduce(op_, data, numel, codec, rng, residual_, divisor, phases);
@@ -210,14 +210,9 @@ class HostPrimitives {
 
 }  // namespace
 
-CodecSchedule codec_schedule(int ranks) {
-  const std::string mode = env_string("GRADCOMM_SCHEDULE").value_or("auto");
-  if (mode == "ring") return CodecSchedule::kRing;
-  if (mode == "direct") return CodecSchedule::kDirect;
-  if (mode != "auto") {
-    throw InvalidArgument(fmt::format("GRADCOMM_SCHEDULE='{}' unknown; accepted: auto, ring, direct",
-                                      mode.substr(0, 40)));
-  }
+CodecSchedule codec_schedule(ScheduleMode mode, int ranks) {
+  if (mode == ScheduleMode::kRing) return CodecSchedule::kRing;
+  if (mode == ScheduleMode::kDirect) return CodecSchedule::kDirect;
   return ranks >= 3 ? CodecSchedule::kDirect : CodecSchedule::kRing;
 }
 
@@ -265,17 +260,38 @@ void HostCompression::two_level_allreduce(Op& op, float* data, int64_t numel, Re
     return;
   }
   if (key != nullptr) key->sent.clear();  // the pieces add theirs (keep_selection)
-  const int64_t align = family.collective == Collective::kCodecRing ? codec(spec).alignment() : 1;
   if (spec.compress_inside && !runs_dense(spec, key != nullptr ? key->step : 0, numel)) {
     return two_level_allreduce_compressed_inside(op, data, numel, reduce_op, spec, key, key_hash);
   }
-  detail::two_level_allreduce(op, data, numel, DType::kFloat32, reduce_op, align, 0, [&](int64_t b, int64_t e) {
-    CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
-    call.offset = b;
-    call.whole = numel;
-    HostPrimitives host(*this, op, call, e - b);
-    compressed_allreduce(host, call, data + b, e - b, ReduceOp::kSum);
+  detail::two_level_allreduce(op, data, numel, DType::kFloat32, reduce_op, piece_alignment(spec), 0,
+                              [&](int64_t b, int64_t e) { compress_piece(op, data + b, b, e, numel, spec, key, key_hash); });
+}
+
+void HostCompression::two_level_across(Op& op, float* segment, int64_t numel, const TwoLevelPlan& plan,
+                                       ReduceOp reduce_op, const CompressorSpec& spec, KeyState* key,
+                                       uint64_t key_hash) {
+  if (key != nullptr) key->sent.clear();
+  const int64_t first = plan.segments[static_cast<size_t>(plan.local)];
+  detail::two_level_across(op, plan, segment, DType::kFloat32, reduce_op, [&](int64_t b, int64_t e) {
+    compress_piece(op, segment + (b - first), b, e, numel, spec, key, key_hash);
   });
+}
+
+bool HostCompression::compresses_pieces(const CompressorSpec& spec) {
+  return family_of(spec.id).collective != Collective::kLowRank && !spec.compress_inside;
+}
+
+int64_t HostCompression::piece_alignment(const CompressorSpec& spec) {
+  return family_of(spec.id).collective == Collective::kCodecRing ? codec(spec).alignment() : 1;
+}
+
+void HostCompression::compress_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel,
+                                     const CompressorSpec& spec, KeyState* key, uint64_t key_hash) {
+  CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
+  call.offset = begin;
+  call.whole = numel;
+  HostPrimitives host(*this, op, call, end - begin);
+  compressed_allreduce(host, call, values, end - begin, ReduceOp::kSum);
 }
 
 // inside=compress (codec-ring families): step 1 inside the nodes is the direct compressed
@@ -300,14 +316,7 @@ void HostCompression::two_level_allreduce_compressed_inside(Op& op, float* data,
   // pieces' calls fold, is still the zero the fold left.)
   detail::two_level_allreduce(
       op, data, numel, DType::kFloat32, reduce_op, c.alignment(), 0,
-      [&](int64_t b, int64_t e) {
-        CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
-        call.offset = b;
-        call.whole = numel;
-        HostPrimitives host(*this, op, call, e - b);
-        compressed_allreduce(host, call, data + b, e - b, ReduceOp::kSum);
-      },
-      Inside::kReduced);
+      [&](int64_t b, int64_t e) { compress_piece(op, data + b, b, e, numel, spec, key, key_hash); }, Inside::kReduced);
 }
 
 void HostCompression::reduce_scatter(Op& op, float* data, int64_t numel, ReduceOp reduce_op,

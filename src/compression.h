@@ -33,6 +33,8 @@
 namespace gradcomm::detail {
 
 class Op;
+struct TwoLevelPlan;                // hierarchy.h
+enum class ScheduleMode : uint8_t;  // hierarchy.h
 
 // The host side of compression: parsed specs, the CPU codecs, and the compressed calls
 // on host tensors. (The engine is the thread of engine.h; the compression procedure the
@@ -62,10 +64,28 @@ class HostCompression {
   void two_level_allreduce_compressed_inside(Op& op, float* data, int64_t numel, ReduceOp reduce_op,
                                              const CompressorSpec& spec, KeyState* key, uint64_t key_hash);
 
+  // Step 2 of a two-level call alone (the CUDA path's level across the nodes, its levels
+  // inside on NCCL): `segment` is this rank's segment of a tensor of `numel` elements under
+  // `plan`, holding the node's sums; each piece is compressed across by its owners, the
+  // residual kept at the piece's place in the whole tensor, as two_level_allreduce does.
+  // Only for specs where compresses_pieces() holds; plan at piece_alignment(spec).
+  void two_level_across(Op& op, float* segment, int64_t numel, const TwoLevelPlan& plan, ReduceOp reduce_op,
+                        const CompressorSpec& spec, KeyState* key, uint64_t key_hash);
+  // Whether a spec's two-level call is steps 1 and 3 dense around compressed pieces (not a
+  // low-rank family, which compresses whole tensors, nor inside=compress).
+  static bool compresses_pieces(const CompressorSpec& spec);
+  // Where the segments of a two-level call start: multiples of the codec's bucket (codec-ring
+  // families), else 1.
+  int64_t piece_alignment(const CompressorSpec& spec);
+
   // The spec's CPU codec (kCodecRing families), made once per canonical spec.
   const DenseCodec& codec(const CompressorSpec& spec);
 
  private:
+  // One piece [begin, end) of a tensor of `numel` elements, at `values`, across the nodes.
+  void compress_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel, const CompressorSpec& spec,
+                      KeyState* key, uint64_t key_hash);
+
   std::unordered_map<std::string, CompressorSpec> specs_;
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec
 };
@@ -94,14 +114,14 @@ void compressed_direct_reduce_scatter(Op& op, float* data, const std::vector<int
                                       const DenseCodec& codec, const PhiloxStream& rng, float* residual,
                                       bool aligned);
 
-// Which of the two a codec's allreduce over `ranks` takes: GRADCOMM_SCHEDULE=ring|direct,
-// or auto (default), the model's pick. Both move the same bytes (each rank sends (N-1)/N of
+// Which of the two a codec's allreduce over `ranks` takes: GRADCOMM_SCHEDULE=ring|direct
+// (the communicator's ScheduleMode, hierarchy.h), or auto (default), the model's pick. Both move the same bytes (each rank sends (N-1)/N of
 // the payload per phase) and run the same codec passes (one encode of the tensor, 2(N-1)/N
 // decodes); the direct schedule sends 2(N-1) messages to the ring's 2(N-1) x chunks and
 // rounds an element twice to the ring's N. So: direct from 3 ranks up; at 2 every term is
 // equal (both round twice) and the ring, pipelined in chunks, stays.
 enum class CodecSchedule : uint8_t { kRing, kDirect };
-CodecSchedule codec_schedule(int ranks);
+CodecSchedule codec_schedule(ScheduleMode mode, int ranks);
 
 // `residual` (null without error feedback) still holds last step's; data becomes the result.
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,

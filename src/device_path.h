@@ -25,6 +25,7 @@
 namespace gradcomm::detail {
 
 class Op;
+struct TwoLevelPlan;  // hierarchy.h
 
 class DevicePath {
  public:
@@ -36,13 +37,20 @@ class DevicePath {
     uint64_t key_hash;
     const std::function<void(float* host)>* host_allreduce;
     const std::vector<TensorPart>* parts;  // the tensor's shapes (Family::reads_shapes)
+    // Over two levels (Op::two_levels), where the spec compresses pieces
+    // (HostCompression::compresses_pieces): step 2 of hierarchy.h on a host copy of this
+    // rank's segment under `plan`, and the alignment the plan's segments take. Null otherwise.
+    const std::function<void(float* segment, const TwoLevelPlan& plan)>* host_across = nullptr;
+    int64_t align = 1;
   };
 
   virtual ~DevicePath() = default;
   virtual const char* name() const = 0;  // "nccl" | "staging"
 
   // Inside the call's Op (its header matched); ordered on `stream` (null: the legacy
-  // default stream). `compressed` null: a dense allreduce.
+  // default stream). `compressed` null: a dense allreduce. Over two levels (Op::two_levels)
+  // the NCCL path runs the levels inside the nodes on NCCL and the level across on the
+  // device (dense) or staged through the host's compression (compressed); docs/two-levels.md.
   virtual void allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream, const Compressed* compressed) = 0;
   virtual void allgather(Op& op, TensorView in, TensorView out) = 0;
   virtual void reduce_scatter(Op& op, TensorView in, TensorView out, ReduceOp reduce_op) = 0;

@@ -14,6 +14,7 @@
 #include "cuda/device.h"
 #include "device_path.h"
 #include "gpu_context.h"
+#include "hierarchy.h"
 #include "op.h"
 
 namespace gradcomm::detail {
@@ -42,7 +43,12 @@ class GpuPathBase : public DevicePath {
       copy.up_offset = segment * op.rank();
       copy.host_bytes = in.nbytes();
       staged_call(op, *gpu_, copy, nullptr, [&](uint8_t* host) {
-        if (op.size() > 1 && out.numel > 0) ring_reduce_scatter(op, host, in.numel, in.dtype, reduce_op);
+        if (op.size() == 1 || out.numel == 0) return;
+        if (op.two_levels()) {
+          two_level_reduce_scatter(op, host, out.numel, in.dtype, reduce_op, /*codec=*/nullptr);
+        } else {
+          ring_reduce_scatter(op, host, in.numel, in.dtype, reduce_op);
+        }
       });
     });
   }
@@ -71,6 +77,7 @@ class NcclPath final : public GpuPathBase {
   void allreduce(Op& op, TensorView t, ReduceOp reduce_op, void* stream_ptr, const Compressed* compressed) override {
     const auto stream = static_cast<cudaStream_t>(stream_ptr);
     call(op, stream, "allreduce", [&] {
+      if (op.two_levels() && two_level_allreduce(op, t, reduce_op, stream, compressed)) return;
       if (compressed != nullptr) {
         nccl_compressed_allreduce(op, *gpu_, static_cast<float*>(t.data), t.numel, reduce_op, *compressed->spec,
                                   compressed->key, compressed->key_hash, compressed->parts, stream);
@@ -86,6 +93,52 @@ class NcclPath final : public GpuPathBase {
 
   void broadcast(Op& op, TensorView t, int root) override {
     call(op, nullptr, "broadcast", [&] { nccl_broadcast(op, *gpu_, t.data, t.nbytes(), root, nullptr); });
+  }
+
+ private:
+  // Over two levels (docs/two-levels.md): the levels inside the nodes on NCCL; across, a
+  // dense call stays on the device (the NCCL ring among each piece's owners) and a
+  // compressed one stages this rank's segment through pinned memory into the host's
+  // compression (the CPU codecs, the residual on the host, as the staging path keeps it).
+  // inside=compress stages the whole tensor into the host's two-level call; a low-rank
+  // family is not handled here (false: the flat NCCL path, its own whole-tensor schedule).
+  bool two_level_allreduce(Op& op, TensorView t, ReduceOp reduce_op, cudaStream_t stream,
+                           const Compressed* compressed) {
+    if (compressed == nullptr) {
+      nccl_two_level_dense_allreduce(op, *gpu_, t.data, t.numel, t.dtype, reduce_op, stream);
+      return true;
+    }
+    if (compressed->host_across == nullptr) {
+      if (!compressed->spec->compress_inside) return false;
+      const int64_t bytes = t.nbytes();
+      StagedCopy copy;
+      copy.down_src = t.data;
+      copy.down_bytes = bytes;
+      copy.up_dst = t.data;
+      copy.up_bytes = bytes;
+      copy.host_bytes = bytes;
+      staged_call(op, *gpu_, copy, stream,
+                  [&](uint8_t* host) { (*compressed->host_allreduce)(reinterpret_cast<float*>(host)); });
+      return true;
+    }
+    auto* values = static_cast<float*>(t.data);
+    nccl_two_level_allreduce(op, *gpu_, t.data, t.numel, DType::kFloat32, reduce_op, compressed->align, stream,
+                             [&](const TwoLevelPlan& plan) {
+                               const int64_t first = plan.segments[static_cast<size_t>(plan.local)];
+                               const int64_t bytes =
+                                   (plan.segments[static_cast<size_t>(plan.local) + 1] - first) *
+                                   static_cast<int64_t>(sizeof(float));
+                               StagedCopy copy;
+                               copy.down_src = values + first;
+                               copy.down_bytes = bytes;
+                               copy.up_dst = values + first;
+                               copy.up_bytes = bytes;
+                               copy.host_bytes = bytes;
+                               staged_call(op, *gpu_, copy, stream, [&](uint8_t* host) {
+                                 (*compressed->host_across)(reinterpret_cast<float*>(host), plan);
+                               });
+                             });
+    return true;
   }
 };
 

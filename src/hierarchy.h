@@ -39,6 +39,16 @@ namespace gradcomm::detail {
 // on (always, a degenerate level running as one group) or off (flat).
 bool use_two_levels(const NodeMap& nodes);
 
+// GRADCOMM_SCHEDULE=auto (default) | ring | direct: how the codec-ring families run
+// (compression.h, codec_schedule). Read once per communicator, at create.
+enum class ScheduleMode : uint8_t { kAuto, kRing, kDirect };
+ScheduleMode schedule_mode_from_env();
+
+// What every rank must derive alike, or its calls would not match: the topology, whether
+// calls run over two levels, and the schedule. The connect barrier carries it (a
+// MismatchError at create names both digests).
+uint32_t levels_digest(const NodeMap& nodes, bool two_levels, ScheduleMode schedule);
+
 // A piece of a tensor and the ranks that reduce it across nodes, one per node in node
 // order (communicator ranks).
 struct Piece {
@@ -64,6 +74,13 @@ enum class Inside : uint8_t { kReduce, kReduced };
 void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, int64_t align,
                          uint32_t unit_base, const std::function<void(int64_t begin, int64_t end)>& across,
                          Inside inside = Inside::kReduce);
+
+// Step 2 alone (the CUDA path runs steps 1 and 3 on the device, collectives/gpu_collectives.h):
+// every piece of this rank's segment across the nodes, `across(begin, end)` inside a View of the
+// piece's owners; kAvg divides `segment` (this rank's segment, plan.segments[plan.local]
+// onward, holding the node's sums) by the world size after each piece.
+void two_level_across(Op& op, const TwoLevelPlan& plan, void* segment, DType dtype, ReduceOp reduce_op,
+                      const std::function<void(int64_t begin, int64_t end)>& across);
 
 // What the reduce-scatter across nodes sends of a block: the node's partial sum as it is
 // (dense, null), or encoded once (a compressed reduce_scatter: HostCompression).

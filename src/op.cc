@@ -60,6 +60,7 @@ Op::~Op() = default;
 
 const NodeMap& Op::nodes() const { return comm_.nodes(); }
 bool Op::two_levels() const { return view_ == nullptr && comm_.two_levels(); }
+ScheduleMode Op::schedule_mode() const { return comm_.schedule_mode(); }
 
 void Op::post_header(const WireHeader& header) {
   header_ = header;
@@ -75,14 +76,14 @@ RequestPtr Op::send(int peer, uint32_t unit, const void* data, size_t bytes) {
   auto& stats = comm_.mutable_stats();
   stats.bytes_sent += bytes;
   stats.messages_sent += 1;
-  return comm_.transport().isend(peer_rank(peer), make_tag(TagKind::kData, header_.seq, unit + unit_offset_), data,
+  return comm_.transport().isend(comm_rank(peer), make_tag(TagKind::kData, header_.seq, unit + unit_offset_), data,
                                  bytes);
 }
 
 RequestPtr Op::recv(int peer, uint32_t unit, void* data, size_t bytes) {
   // Counted when posted, like sends: a receive that then fails ends the communicator anyway.
   comm_.mutable_stats().bytes_received += bytes;
-  return comm_.transport().irecv(peer_rank(peer), make_tag(TagKind::kData, header_.seq, unit + unit_offset_), data,
+  return comm_.transport().irecv(comm_rank(peer), make_tag(TagKind::kData, header_.seq, unit + unit_offset_), data,
                                  bytes);
 }
 
@@ -92,7 +93,7 @@ Op::View::View(Op& op, const std::vector<int>& members, uint32_t unit_offset)
   int place = -1;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == op.rank()) place = static_cast<int>(i);
-    members_.push_back(op.peer_rank(members[i]));
+    members_.push_back(op.comm_rank(members[i]));
   }
   if (place < 0) throw std::logic_error("Op::View: this rank is not among the view's members");
   op.view_ = &members_;

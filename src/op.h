@@ -23,7 +23,8 @@
 
 namespace gradcomm::detail {
 
-class CallContext;  // call_context.h: all an Op sees of its communicator
+class CallContext;                  // call_context.h: all an Op sees of its communicator
+enum class ScheduleMode : uint8_t;  // hierarchy.h
 class NodeMap;      // topology.h
 struct FusionPlan;
 
@@ -39,6 +40,8 @@ class Op {
   // inside a View) goes over two levels (hierarchy.h).
   const NodeMap& nodes() const;
   bool two_levels() const;
+  // How the codec-ring families run (GRADCOMM_SCHEDULE, hierarchy.h).
+  ScheduleMode schedule_mode() const;
 
   // This rank and the ranks of the call, or, inside a View, of the view's group.
   int rank() const { return view_ != nullptr ? view_rank_ : rank_; }
@@ -66,6 +69,10 @@ class Op {
     int outer_rank_;
     uint32_t outer_offset_;
   };
+
+  // The communicator rank of `peer` (a place in the current View, or a rank outside one):
+  // what transports that do not go through send()/recv() address (NCCL groups).
+  int comm_rank(int peer) const { return view_ != nullptr ? (*view_)[static_cast<size_t>(peer)] : peer; }
 
   // Data messages of this call; `unit` tells messages of one call apart (pipeline
   // step and chunk). Byte counts go to Stats.
@@ -141,9 +148,6 @@ class Op {
   // `plan.first_seq`, checked to hold a count in [1, plan.count].
   void send_counts(const FusionPlan& plan, uint64_t tag, std::vector<uint8_t>& out, int first, int last);
   uint32_t receive_count(int peer, uint64_t tag, const FusionPlan& plan, const char* what);
-
-  // The peer of send()/recv(): a communicator rank.
-  int peer_rank(int peer) const { return view_ != nullptr ? (*view_)[static_cast<size_t>(peer)] : peer; }
 
   CallContext& comm_;
   WireHeader header_;

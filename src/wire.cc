@@ -181,7 +181,7 @@ std::string WireHeader::differences(const WireHeader& o) const {
   note("payload_bytes", payload_bytes, o.payload_bytes);
   note("fused calls", fused, o.fused);
   if (fused_digest != o.fused_digest) {
-    const char* what = fused > 0 ? "fused members' digest" : op == OpKind::kBarrier ? "topology digest" : "shapes digest";
+    const char* what = fused > 0 ? "fused members' digest" : op == OpKind::kBarrier ? "topology and levels digest (GRADCOMM_NODE, GRADCOMM_HIERARCHY, GRADCOMM_SCHEDULE)" : "shapes digest";
     out += fmt::format("{}{} {:08x} against {:08x}", out.empty() ? "" : ", ", what, fused_digest, o.fused_digest);
   }
   return out;

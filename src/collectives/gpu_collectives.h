@@ -2,6 +2,7 @@
 //   nccl_ring_allreduce.cc  dense ring allreduce, stream-ordered over NCCL
 //   nccl_allgather.cc       ring allgather over NCCL
 //   nccl_broadcast.cc       pipelined chain broadcast over NCCL
+//   nccl_two_level.cc       the levels inside the nodes over NCCL (two levels, hierarchy.h)
 //   staging.cc              the UCX path: device <-> pinned host copies around the
 //                           host algorithms (chunked and overlapped for dense allreduce)
 // Each runs inside the call's Op, after the call headers matched (the caller runs
@@ -30,6 +31,20 @@ void nccl_ring_allreduce(Op& op, GpuContext& gpu, void* data, int64_t numel, DTy
 // `in` (bytes_per_rank) to out[rank * bytes_per_rank], then the ring.
 void nccl_allgather(Op& op, GpuContext& gpu, const void* in, void* out, int64_t bytes_per_rank, cudaStream_t stream);
 void nccl_broadcast(Op& op, GpuContext& gpu, void* data, int64_t bytes, int root, cudaStream_t stream);
+
+// Two levels (hierarchy.h) over NCCL: inside each node a direct reduce-scatter (each rank's
+// copy of segment l to local rank l, summed there in local-rank order; kSum for kAvg), then
+// `across(plan)` on this rank's segment, then an allgather inside the node; the plan's segments
+// start at multiples of `align`. `across` must leave the segment's final values (divided for
+// kAvg) on the device, ordered on `stream`.
+struct TwoLevelPlan;
+void nccl_two_level_allreduce(Op& op, GpuContext& gpu, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
+                              int64_t align, cudaStream_t stream,
+                              const std::function<void(const TwoLevelPlan&)>& across);
+// The dense call: across, each piece by the NCCL ring in a View of its owners, divided by
+// the world size for kAvg.
+void nccl_two_level_dense_allreduce(Op& op, GpuContext& gpu, void* data, int64_t numel, DType dtype,
+                                    ReduceOp reduce_op, cudaStream_t stream);
 
 // Dense allreduce through pinned host memory and the host ring (dense_allreduce),
 // in chunks of GRADCOMM_STAGING_CHUNK_BYTES: the copy down of chunk i+1 and the

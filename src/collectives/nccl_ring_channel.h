@@ -22,7 +22,8 @@ class NcclRingStreams {
                   const char* ag_name)
       : op_(op), nccl_(*gpu.nccl()), stream_(stream), side_(gpu.side_stream()),
         events_(gpu.events(static_cast<size_t>(events) + 2)), arrival_(events_[events]), done_(events_[events + 1]),
-        entry_(gpu.entry_event()), right_((op.rank() + 1) % op.size()), left_((op.rank() + op.size() - 1) % op.size()),
+        entry_(gpu.entry_event()), right_(op.comm_rank((op.rank() + 1) % op.size())),
+        left_(op.comm_rank((op.rank() + op.size() - 1) % op.size())),
         rs_name_(rs_name), ag_name_(ag_name) {}
 
   cudaStream_t side() const { return side_; }

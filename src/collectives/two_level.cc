@@ -22,6 +22,23 @@ bool use_two_levels(const NodeMap& nodes) {
   throw InvalidArgument(fmt::format("GRADCOMM_HIERARCHY='{}' unknown; accepted: auto, on, off", mode.substr(0, 40)));
 }
 
+ScheduleMode schedule_mode_from_env() {
+  const std::string mode = env_string("GRADCOMM_SCHEDULE").value_or("auto");
+  if (mode == "auto") return ScheduleMode::kAuto;
+  if (mode == "ring") return ScheduleMode::kRing;
+  if (mode == "direct") return ScheduleMode::kDirect;
+  throw InvalidArgument(fmt::format("GRADCOMM_SCHEDULE='{}' unknown; accepted: auto, ring, direct", mode.substr(0, 40)));
+}
+
+uint32_t levels_digest(const NodeMap& nodes, bool two_levels, ScheduleMode schedule) {
+  uint32_t h = nodes.digest();
+  for (const uint8_t byte : {static_cast<uint8_t>(two_levels), static_cast<uint8_t>(schedule)}) {
+    h ^= byte;  // FNV-1a, continued
+    h *= 16777619u;
+  }
+  return h;
+}
+
 TwoLevelPlan plan_two_levels(const NodeMap& nodes, int rank, int64_t numel, int64_t align) {
   TwoLevelPlan plan;
   const int me = nodes.node_of(rank);
@@ -64,21 +81,32 @@ void two_level_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceO
     const Op::View node(op, plan.node, 0);
     ring_reduce_scatter(op, data, numel, dtype, sum_op, unit_base, align);
   }
-  for (const Piece& piece : plan.pieces) {  // 2. Each piece across the nodes, by its owners.
-    const Op::View owners(op, piece.owners, 0);
-    across(piece.begin, piece.end);
-    if (reduce_op == ReduceOp::kAvg) {
-      Op::PhaseTimer timer(op, &Stats::reduce_s);
-      divide_inplace(bytes + static_cast<size_t>(piece.begin) * elem, piece.end - piece.begin, dtype,
-                     op.nodes().size());
-    }
-  }
+  // 2. Each piece across the nodes, by its owners.
+  two_level_across(op, plan, bytes + static_cast<size_t>(plan.segments[static_cast<size_t>(plan.local)]) * elem, dtype,
+                   reduce_op, across);
   // 3. The node's allgather of its segments.
   const Op::View node(op, plan.node, 0);
   if (plan.node.size() > 1) {
     std::vector<int64_t> counts(plan.node.size());
     for (size_t l = 0; l < counts.size(); ++l) counts[l] = plan.segments[l + 1] - plan.segments[l];
     ring_allgatherv(op, bytes, counts, elem, unit_base);
+  }
+}
+
+void two_level_across(Op& op, const TwoLevelPlan& plan, void* segment, DType dtype, ReduceOp reduce_op,
+                      const std::function<void(int64_t, int64_t)>& across) {
+  const int64_t first = plan.segments[static_cast<size_t>(plan.local)];
+  const size_t elem = dtype_size(dtype);
+  for (const Piece& piece : plan.pieces) {
+    {
+      const Op::View owners(op, piece.owners, 0);
+      across(piece.begin, piece.end);
+    }
+    if (reduce_op == ReduceOp::kAvg) {
+      Op::PhaseTimer timer(op, &Stats::reduce_s);
+      divide_inplace(static_cast<uint8_t*>(segment) + static_cast<size_t>(piece.begin - first) * elem,
+                     piece.end - piece.begin, dtype, op.nodes().size());
+    }
   }
 }
 

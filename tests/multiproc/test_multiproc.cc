@@ -99,6 +99,27 @@ INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocTwoLevels,
                            return s;
                          });
 
+// One rank of a 2 x 2 job that reads GRADCOMM_HIERARCHY or GRADCOMM_SCHEDULE otherwise would
+// run another schedule than its peers: every rank refuses at create with a MismatchError
+// naming the variables, instead of exchanging messages that do not pair.
+class MultiprocLevelSettings : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MultiprocLevelSettings, EveryRankRefusesAtCreate) {
+  const Job job = gradcomm::testing::run_command(fmt::format(
+      "timeout -k 5 120 {} -n 4 --grace 5 -- sh -c 'if [ $RANK = 1 ]; then export {}; fi; "
+      "GRADCOMM_NODE=node$((RANK / 2)) exec {} collectives' 2>&1",
+      GRADCOMM_RUN_PATH, GetParam(), WORKER_PATH));
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  const std::regex refusal(R"(worker: MismatchError: [^\n]*GRADCOMM_HIERARCHY, GRADCOMM_SCHEDULE)");
+  const auto refusals = std::distance(std::sregex_iterator(job.output.begin(), job.output.end(), refusal),
+                                      std::sregex_iterator());
+  EXPECT_EQ(refusals, 4) << job.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocLevelSettings,
+                         ::testing::Values("GRADCOMM_HIERARCHY=off", "GRADCOMM_SCHEDULE=ring"),
+                         [](const auto& info) { return info.param.substr(9, info.param.find('=') - 9); });
+
 // A rank killed or stopped at 2 x 2: every other rank of both nodes raises PeerFailure (a
 // death: the TCP or the shared-memory lane finds it) or TimeoutError naming the stalled rank
 // (a stop), within the fault matrix's bounds.

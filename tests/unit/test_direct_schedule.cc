@@ -10,6 +10,7 @@
 #include "collectives/collectives.h"
 #include "common/normal.h"
 #include "compression.h"
+#include "hierarchy.h"
 #include "test_util.h"
 
 namespace gradcomm {
@@ -82,12 +83,18 @@ TEST(DirectSchedule, AtEightRanksTheErrorIsWellBelowTheRings) {
 }
 
 TEST(DirectSchedule, AutoTakesDirectFromThreeRanks) {
+  using detail::CodecSchedule;
+  using detail::ScheduleMode;
   ScopedEnv env("GRADCOMM_SCHEDULE", nullptr);
-  EXPECT_EQ(detail::codec_schedule(2), detail::CodecSchedule::kRing);
-  EXPECT_EQ(detail::codec_schedule(3), detail::CodecSchedule::kDirect);
-  EXPECT_EQ(detail::codec_schedule(1024), detail::CodecSchedule::kDirect);
+  const ScheduleMode mode = detail::schedule_mode_from_env();
+  EXPECT_EQ(mode, ScheduleMode::kAuto);
+  EXPECT_EQ(detail::codec_schedule(mode, 2), CodecSchedule::kRing);
+  EXPECT_EQ(detail::codec_schedule(mode, 3), CodecSchedule::kDirect);
+  EXPECT_EQ(detail::codec_schedule(mode, 1024), CodecSchedule::kDirect);
+  EXPECT_EQ(detail::codec_schedule(ScheduleMode::kRing, 8), CodecSchedule::kRing);
+  EXPECT_EQ(detail::codec_schedule(ScheduleMode::kDirect, 2), CodecSchedule::kDirect);
   ScopedEnv bad("GRADCOMM_SCHEDULE", "tree");
-  EXPECT_THROW(detail::codec_schedule(4), InvalidArgument);
+  EXPECT_THROW(detail::schedule_mode_from_env(), InvalidArgument);
 }
 
 // The compressed reduce_scatter by the direct schedule: each share is its own values plus
