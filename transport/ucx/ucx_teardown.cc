@@ -150,6 +150,37 @@ void UcxTransport::abandon_pending(std::chrono::milliseconds grace) {
 
 // ---- teardown --------------------------------------------------------------------
 
+// Step 3b of shutdown: messages that arrived after this rank stopped receiving (a peer's
+// release, goodbye or pong crossing this rank's own departure; data of a call a failure
+// abandoned) sit in UCX's unexpected queue, and ucp_worker_destroy reports each as a
+// warning ("unexpected tag-receive descriptor ... was not matched") on a clean exit. They
+// are taken here and dropped, within kUcxDropWait (a large message whose sender is gone
+// cannot complete: its request is let go at the bound).
+void UcxTransport::drop_unreceived() noexcept {
+  const auto deadline = Clock::now() + kUcxDropWait;
+  std::vector<uint8_t>& sink = drop_sink_;  // a request let go at the bound may still write here until ucp_worker_destroy
+  for (UcxLane& lane : lanes_) {
+    if (lane.worker == nullptr) continue;
+    for (int n = 0; n < kUcxMaxDropped && Clock::now() < deadline; ++n) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h message = ucp_tag_probe_nb(lane.worker, 0, 0, /*remove=*/1, &info);
+      if (message == nullptr) break;
+      try {
+        sink.resize(std::max<size_t>(sink.size(), info.length));
+      } catch (...) {
+        return;  // out of memory at teardown: UCX keeps it, and says so at ucp_worker_destroy
+      }
+      ucp_request_param_t param{};
+      ucs_status_ptr_t request = ucp_tag_msg_recv_nbx(lane.worker, sink.data(), info.length, message, &param);
+      if (!UCS_PTR_IS_PTR(request)) continue;  // done at once (or failed): nothing to wait for
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
+        ucp_worker_progress(lane.worker);
+      }
+      ucp_request_free(request);
+    }
+  }
+}
+
 void UcxTransport::shutdown() noexcept {
   // Steps 0 and 2 share one bound: a stopped peer neither returns a receipt nor
   // drains a flush, and it must cost the bound once, not once per step.
@@ -201,6 +232,7 @@ void UcxTransport::shutdown() noexcept {
     }
     for (void* request : close_requests_) ucp_request_free(request);
     close_requests_.clear();
+    drop_unreceived();
     // 4. Whatever is still in flight is detached: its Request reports kFailed and
     //    its destructor touches nothing. ucp_request_free also drops the
     //    completion callback, so UCX never calls back into a freed UcxOp.

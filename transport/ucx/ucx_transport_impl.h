@@ -79,6 +79,8 @@ constexpr auto kUcxCancelWait = std::chrono::milliseconds{100};     // cancelled
 constexpr auto kUcxLostDrain = std::chrono::milliseconds{10};       // a failed peer's queued fragments drain
 constexpr auto kUcxFlushWait = std::chrono::seconds{1};             // destructor: let queued sends (aborts) leave
 constexpr auto kUcxCloseWait = std::chrono::seconds{2};             // destructor: endpoint closes and cancellations
+constexpr auto kUcxDropWait = std::chrono::milliseconds{100};       // destructor: unreceived messages taken and dropped
+constexpr int kUcxMaxDropped = 4096;                                // at most this many of them a lane
 constexpr auto kUcxLinkPoll = std::chrono::seconds{1};              // LinkWatch scans at most this often
 constexpr auto kUcxProcessPoll = std::chrono::milliseconds{200};    // shared-memory peers' processes, this often
 constexpr int64_t kUcxLinkTimeoutS = 20;                            // GRADCOMM_LINK_TIMEOUT_S default
@@ -247,6 +249,8 @@ class UcxTransport final : public Transport {
   void fail_peer(int peer, std::string error);
   void cancel_receives_from_failed();
   void force_close(int peer);
+  // Destructor: takes and drops the messages that arrived but were never received.
+  void drop_unreceived() noexcept;
   void abandon_ucx(uint64_t id);
   bool alive(uint64_t id) const { return ops_.count(id) != 0; }
 
@@ -299,6 +303,7 @@ class UcxTransport final : public Transport {
   uint64_t events_ = 0;  // completions, arrivals, failures: progress() reports changes
   size_t polled_sends_ = 0;  // sends in ops_ to shared-memory peers: while any, wait_for_event polls
   bool closing_ = false;
+  std::vector<uint8_t> drop_sink_;  // drop_unreceived's buffer: lives until the workers are destroyed
   bool peers_newly_failed_ = false;
   bool abandoned_ = false;  // abandon_pending() ran: destroyed Requests wait for nothing
   std::deque<ControlMessage> aborts_;
