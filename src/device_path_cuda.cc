@@ -54,6 +54,12 @@ class GpuPathBase : public DevicePath {
   }
 
  protected:
+  // A compressed allreduce by the CPU path on a staged copy of the whole tensor.
+  void staged_host_allreduce(Op& op, TensorView t, cudaStream_t stream, const Compressed& compressed) {
+    staged_call(op, *gpu_, StagedCopy::round_trip(t.data, t.nbytes()), stream,
+                [&](uint8_t* host) { (*compressed.host_allreduce)(reinterpret_cast<float*>(host)); });
+  }
+
   // Runs `body` as one call on `stream`: every rank agrees on the call before
   // anything is enqueued for it, and the call is ordered after the previous one.
   template <class Body>
@@ -110,15 +116,7 @@ class NcclPath final : public GpuPathBase {
     }
     if (compressed->host_across == nullptr) {
       if (!compressed->spec->compress_inside) return false;
-      const int64_t bytes = t.nbytes();
-      StagedCopy copy;
-      copy.down_src = t.data;
-      copy.down_bytes = bytes;
-      copy.up_dst = t.data;
-      copy.up_bytes = bytes;
-      copy.host_bytes = bytes;
-      staged_call(op, *gpu_, copy, stream,
-                  [&](uint8_t* host) { (*compressed->host_allreduce)(reinterpret_cast<float*>(host)); });
+      staged_host_allreduce(op, t, stream, *compressed);
       return true;
     }
     auto* values = static_cast<float*>(t.data);
@@ -128,12 +126,7 @@ class NcclPath final : public GpuPathBase {
                                const int64_t bytes =
                                    (plan.segments[static_cast<size_t>(plan.local) + 1] - first) *
                                    static_cast<int64_t>(sizeof(float));
-                               StagedCopy copy;
-                               copy.down_src = values + first;
-                               copy.down_bytes = bytes;
-                               copy.up_dst = values + first;
-                               copy.up_bytes = bytes;
-                               copy.host_bytes = bytes;
+                               const StagedCopy copy = StagedCopy::round_trip(values + first, bytes);
                                staged_call(op, *gpu_, copy, stream, [&](uint8_t* host) {
                                  (*compressed->host_across)(reinterpret_cast<float*>(host), plan);
                                });
@@ -158,15 +151,7 @@ class StagingPath final : public GpuPathBase {
         staged_dense_allreduce(op, *gpu_, t.data, t.numel, t.dtype, reduce_op, stream);
         return;
       }
-      const int64_t bytes = t.nbytes();
-      StagedCopy copy;
-      copy.down_src = t.data;
-      copy.down_bytes = bytes;
-      copy.up_dst = t.data;
-      copy.up_bytes = bytes;
-      copy.host_bytes = bytes;
-      staged_call(op, *gpu_, copy, stream,
-                  [&](uint8_t* host) { (*compressed->host_allreduce)(reinterpret_cast<float*>(host)); });
+      staged_host_allreduce(op, t, stream, *compressed);
     });
   }
 

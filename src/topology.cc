@@ -146,16 +146,23 @@ NodeMap exchange_node_names(Store& store, const std::string& prefix, int rank, i
 
 void check_launcher_local_ranks(const NodeMap& map, int rank) {
   if (node_named_by_user()) return;
-  static constexpr const char* kVars[][2] = {
-      {"LOCAL_RANK", "LOCAL_WORLD_SIZE"},                               // torchrun, gradcomm-run
-      {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},     // mpirun (OpenMPI)
-      {"SLURM_LOCALID", nullptr},                                        // srun
+  // Per launcher: its local rank and size, and its global rank and size, which say whether
+  // this communicator is the launcher's world (a subgroup, a torch.distributed new_group
+  // say, holds some of a host's processes: their local numbers are not its own).
+  static constexpr const char* kVars[][4] = {
+      {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE"},  // torchrun, gradcomm-run
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_RANK",
+       "OMPI_COMM_WORLD_SIZE"},                                  // mpirun (OpenMPI)
+      {"SLURM_LOCALID", nullptr, "SLURM_PROCID", "SLURM_NTASKS"},  // srun
   };
   const Topology t = map.view(rank);
-  for (const auto& [rank_var, size_var] : kVars) {
+  for (const auto& [rank_var, size_var, world_rank_var, world_size_var] : kVars) {
     const std::optional<int64_t> local = env_int_if_set(rank_var, 0, 1 << 24);
     const std::optional<int64_t> local_size = size_var != nullptr ? env_int_if_set(size_var, 1, 1 << 24) : std::nullopt;
     if (!local && !local_size) continue;
+    const std::optional<int64_t> world_rank = env_int_if_set(world_rank_var, 0, 1 << 24);
+    const std::optional<int64_t> world_size = env_int_if_set(world_size_var, 1, 1 << 24);
+    if (world_rank != rank || world_size != map.size()) return;  // not the launcher's world: nothing to compare
     if ((local && *local != t.local_rank) || (local_size && *local_size != t.local_size)) {
       throw InvalidArgument(fmt::format(
           "topology: rank {}: the launcher says {}={}{} but the ranks that share this host ({}) make it local rank "

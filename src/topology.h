@@ -66,7 +66,9 @@ NodeMap exchange_node_names(Store& store, const std::string& prefix, int rank, i
 // Where the launcher says how many ranks share this host and which this one is
 // (LOCAL_RANK/LOCAL_WORLD_SIZE: torchrun, gradcomm-run; OMPI_COMM_WORLD_LOCAL_RANK/
 // _LOCAL_SIZE: mpirun; SLURM_LOCALID: srun), they must match the map: InvalidArgument
-// naming both otherwise. Skipped when GRADCOMM_NODE names the nodes.
+// naming both otherwise. Skipped when GRADCOMM_NODE names the nodes, and for a communicator
+// that is not the launcher's world (its rank and size are not the launcher's RANK and
+// WORLD_SIZE, or their OpenMPI and Slurm forms): a subgroup's local numbers differ.
 void check_launcher_local_ranks(const NodeMap& map, int rank);
 
 }  // namespace gradcomm::detail

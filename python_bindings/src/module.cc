@@ -23,6 +23,7 @@
 #include "compressors/spec.h"
 #include "gradcomm/gradcomm.h"
 #include "python_store.h"
+#include "stats_dict.h"
 
 namespace py = pybind11;
 
@@ -125,6 +126,17 @@ Communicator& communicator(const char* call) {
   return *s.comm;
 }
 
+// Runs f(communicator) with the GIL released and the session locked, in that order, as
+// every entry point must (init() holds the mutex while its store callbacks wait for the
+// GIL). `call` names the entry point in NotInitialized. f returns C++ values only: no
+// Python object may be made without the GIL.
+template <class F>
+auto with_communicator(const char* call, F&& f) {
+  py::gil_scoped_release release;
+  std::lock_guard lock(session().mutex);
+  return f(communicator(call));
+}
+
 // ---- conversions -------------------------------------------------------------------
 
 DType parse_dtype(const std::string& name) {
@@ -218,18 +230,14 @@ std::shared_ptr<Work> allreduce_async(uintptr_t data, int64_t numel, const std::
   options.stream = reinterpret_cast<void*>(stream);
   options.shape = std::move(shape);
   options.parts = std::move(parts);
-  py::gil_scoped_release release;
-  std::lock_guard lock(session().mutex);
-  return communicator("allreduce").allreduce_async(t, reduce_op, options);
+  return with_communicator("allreduce", [&](Communicator& c) { return c.allreduce_async(t, reduce_op, options); });
 }
 
 std::shared_ptr<Work> allgather_async(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel,
                                       const std::string& dtype, const std::string& device, int index) {
   const TensorView tin = view(in, numel, dtype, device, index);
   const TensorView tout = view(out, out_numel, dtype, device, index);
-  py::gil_scoped_release release;
-  std::lock_guard lock(session().mutex);
-  return communicator("allgather").allgather_async(tin, tout);
+  return with_communicator("allgather", [&](Communicator& c) { return c.allgather_async(tin, tout); });
 }
 
 std::shared_ptr<Work> reduce_scatter_async(uintptr_t in, uintptr_t out, int64_t numel, int64_t out_numel,
@@ -242,17 +250,14 @@ std::shared_ptr<Work> reduce_scatter_async(uintptr_t in, uintptr_t out, int64_t 
   CompressOptions options;
   options.compressor = compression;
   options.key = key;
-  py::gil_scoped_release release;
-  std::lock_guard lock(session().mutex);
-  return communicator("reduce_scatter").reduce_scatter_async(tin, tout, reduce_op, options);
+  return with_communicator("reduce_scatter",
+                           [&](Communicator& c) { return c.reduce_scatter_async(tin, tout, reduce_op, options); });
 }
 
 std::shared_ptr<Work> broadcast_async(uintptr_t data, int64_t numel, const std::string& dtype,
                                       const std::string& device, int index, int root) {
   const TensorView t = view(data, numel, dtype, device, index);
-  py::gil_scoped_release release;
-  std::lock_guard lock(session().mutex);
-  return communicator("broadcast").broadcast_async(t, root);
+  return with_communicator("broadcast", [&](Communicator& c) { return c.broadcast_async(t, root); });
 }
 
 // Work.wait(timeout_ms, helper): -1 waits for good; returns False when the time passed.
@@ -268,9 +273,7 @@ bool wait_work(Work& work, int64_t timeout_ms, bool helper) {
 }
 
 void barrier() {
-  py::gil_scoped_release release;
-  std::lock_guard lock(session().mutex);
-  communicator("barrier").barrier();
+  with_communicator("barrier", [](Communicator& c) { c.barrier(); });
 }
 
 }  // namespace
@@ -303,23 +306,10 @@ PYBIND11_MODULE(_gradcomm, m) {
     std::lock_guard lock(session().mutex);
     return static_cast<bool>(session().comm);
   });
-  m.def("rank", [] {
-    py::gil_scoped_release release;
-    std::lock_guard lock(session().mutex);
-    return communicator("rank").rank();
-  });
-  m.def("size", [] {
-    py::gil_scoped_release release;
-    std::lock_guard lock(session().mutex);
-    return communicator("size").size();
-  });
+  m.def("rank", [] { return with_communicator("rank", [](Communicator& c) { return c.rank(); }); });
+  m.def("size", [] { return with_communicator("size", [](Communicator& c) { return c.size(); }); });
   m.def("topology", [] {
-    Topology t;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(session().mutex);
-      t = communicator("topology").topology();
-    }
+    const Topology t = with_communicator("topology", [](Communicator& c) { return c.topology(); });
     py::dict d;
     d["nodes"] = t.nodes;
     d["node"] = t.node;
@@ -349,44 +339,23 @@ PYBIND11_MODULE(_gradcomm, m) {
         py::arg("device_index"), py::arg("root"));
   m.def("barrier", &barrier);
   m.def("save_state", [] {
-    std::vector<uint8_t> bytes;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(session().mutex);
-      bytes = communicator("save_state").save_state();
-    }
+    const std::vector<uint8_t> bytes = with_communicator("save_state", [](Communicator& c) { return c.save_state(); });
     return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   });
   m.def("load_state", [](py::bytes data) {
     std::string bytes = data;  // a copy: the GIL is released below
-    py::gil_scoped_release release;
-    std::lock_guard lock(session().mutex);
-    communicator("load_state")
-        .load_state(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    with_communicator("load_state", [&](Communicator& c) {
+      c.load_state(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    });
   });
   // Parses a spec as the engine will at its first compressed call: InvalidArgument
   // (gradcomm.InvalidArgument, a ValueError) naming the problem and what is accepted.
   m.def("check_compression", [](const std::string& spec) { detail::check_compressor_spec(spec); },
         py::arg("spec"));
   m.def("stats", [] {
-    Stats st;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(session().mutex);
-      st = communicator("stats").stats();
-    }
+    const Stats st = with_communicator("stats", [](Communicator& c) { return c.stats(); });
     py::dict d;
-    d["bytes_sent"] = st.bytes_sent;
-    d["bytes_received"] = st.bytes_received;
-    d["messages_sent"] = st.messages_sent;
-    d["ops"] = st.ops;
-    d["total_s"] = st.total_s;
-    d["reduce_s"] = st.reduce_s;
-    d["encode_s"] = st.encode_s;
-    d["decode_s"] = st.decode_s;
-    d["comm_s"] = st.comm_s();
-    d["fused_calls"] = st.fused_calls;
-    d["engine_cpu_s"] = st.engine_cpu_s;
+    python::put_counters(d, st);
     // compressor=auto: per key, the latest choice and the predicted seconds per call of
     // every candidate (None: left out, with the reason in "left_out").
     py::list choices;

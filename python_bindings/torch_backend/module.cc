@@ -15,6 +15,7 @@
 #include <pybind11/chrono.h>
 
 #include "process_group.h"
+#include "stats_dict.h"  // python_bindings/src
 
 namespace py = pybind11;
 
@@ -94,15 +95,7 @@ PYBIND11_MODULE(_gradcomm_torch, m) {
           s = pg.stats();
         }
         py::dict d;
-        d["bytes_sent"] = s.comm.bytes_sent;
-        d["bytes_received"] = s.comm.bytes_received;
-        d["ops"] = s.comm.ops;
-        d["total_s"] = s.comm.total_s;
-        d["reduce_s"] = s.comm.reduce_s;
-        d["encode_s"] = s.comm.encode_s;
-        d["decode_s"] = s.comm.decode_s;
-        d["comm_s"] = s.comm.comm_s();
-        d["engine_cpu_s"] = s.comm.engine_cpu_s;
+        gradcomm::python::put_counters(d, s.comm);
         d["reductions"] = s.reductions;
         d["compressed_reductions"] = s.compressed;
         d["reduced_bytes"] = s.reduced_bytes;

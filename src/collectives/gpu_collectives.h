@@ -62,6 +62,17 @@ struct StagedCopy {
   void* up_dst = nullptr;
   int64_t up_bytes = 0, up_offset = 0;
   int64_t host_bytes = 0;
+
+  // `bytes` at `data` down, worked on in place, and back up.
+  static StagedCopy round_trip(void* data, int64_t bytes) {
+    StagedCopy copy;
+    copy.down_src = data;
+    copy.down_bytes = bytes;
+    copy.up_dst = data;
+    copy.up_bytes = bytes;
+    copy.host_bytes = bytes;
+    return copy;
+  }
 };
 void staged_call(Op& op, GpuContext& gpu, const StagedCopy& copy, cudaStream_t stream,
                  const std::function<void(uint8_t* host)>& body);

@@ -28,58 +28,66 @@ Segment segment_of(const TwoLevelPlan& plan, size_t local) {
   return {plan.segments[local], plan.segments[local + 1]};
 }
 
+struct Buffer {
+  uint8_t* data;
+  size_t bytes;
+};
+
+// One NCCL group with every other rank of this rank's node, on `stream`: to local rank l
+// what `out(l)` names, from it into `in(l)`.
+template <class Out, class In>
+void exchange_inside(Op& op, GpuContext& gpu, const TwoLevelPlan& plan, cudaStream_t stream, const char* what,
+                     Out&& out, In&& in) {
+  std::vector<P2pOp> ops;
+  uint64_t sent = 0, received = 0;
+  for (size_t l = 0; l < plan.node.size(); ++l) {
+    if (l == static_cast<size_t>(plan.local)) continue;
+    const Buffer o = out(l), i = in(l);
+    ops.push_back({P2pOp::kSend, plan.node[l], o.data, o.bytes});
+    ops.push_back({P2pOp::kRecv, plan.node[l], i.data, i.bytes});
+    sent += o.bytes;
+    received += i.bytes;
+  }
+  if (ops.empty()) return;
+  gpu.nccl()->group(ops, stream, what);
+  op.count_wire(sent, received, ops.size() / 2);
+}
+
 // Step 1: this rank's segment ends holding the node's sum (kSum for kAvg; the divide
-// comes after the level across).
+// comes after the level across). The copies land in scratch slots, in local-rank order.
 void reduce_inside(Op& op, GpuContext& gpu, uint8_t* data, const TwoLevelPlan& plan, DType dtype,
                    ReduceOp sum_op, cudaStream_t stream) {
   const size_t local_size = plan.node.size();
   if (local_size == 1) return;
   const size_t elem = dtype_size(dtype);
-  const auto me = static_cast<size_t>(plan.local);
-  const Segment mine = segment_of(plan, me);
+  const Segment mine = segment_of(plan, static_cast<size_t>(plan.local));
   const size_t mine_bytes = static_cast<size_t>(mine.end - mine.begin) * elem;
   uint8_t* slots = gpu.scratch(std::max<size_t>(1, mine_bytes * (local_size - 1))).as<uint8_t>();
-  std::vector<P2pOp> ops;
-  uint64_t sent = 0;
-  size_t slot = 0;
-  for (size_t l = 0; l < local_size; ++l) {
-    if (l == me) continue;
-    const Segment theirs = segment_of(plan, l);
-    const size_t bytes = static_cast<size_t>(theirs.end - theirs.begin) * elem;
-    ops.push_back({P2pOp::kSend, plan.node[l], data + static_cast<size_t>(theirs.begin) * elem, bytes});
-    ops.push_back({P2pOp::kRecv, plan.node[l], slots + slot * mine_bytes, mine_bytes});
-    sent += bytes;
-    ++slot;
-  }
-  gpu.nccl()->group(ops, stream, "two levels: reduce-scatter inside the node");
-  op.count_wire(sent, mine_bytes * (local_size - 1), ops.size() / 2);
+  const auto slot = [&](size_t l) { return slots + (l < static_cast<size_t>(plan.local) ? l : l - 1) * mine_bytes; };
+  exchange_inside(
+      op, gpu, plan, stream, "two levels: reduce-scatter inside the node",
+      [&](size_t l) {
+        const Segment theirs = segment_of(plan, l);
+        return Buffer{data + static_cast<size_t>(theirs.begin) * elem,
+                      static_cast<size_t>(theirs.end - theirs.begin) * elem};
+      },
+      [&](size_t l) { return Buffer{slot(l), mine_bytes}; });
   for (size_t s = 0; s + 1 < local_size; ++s) {
     launch_reduce_inplace(data + static_cast<size_t>(mine.begin) * elem, slots + s * mine_bytes, mine.end - mine.begin,
                           dtype, sum_op, 1, stream);
   }
 }
 
-// Step 3: every rank's segment to the other ranks of its node.
+// Step 3: every rank's segment to the other ranks of its node, in place.
 void gather_inside(Op& op, GpuContext& gpu, uint8_t* data, const TwoLevelPlan& plan, DType dtype,
                    cudaStream_t stream) {
-  const size_t local_size = plan.node.size();
-  if (local_size == 1) return;
   const size_t elem = dtype_size(dtype);
-  const auto me = static_cast<size_t>(plan.local);
-  const Segment mine = segment_of(plan, me);
-  const size_t mine_bytes = static_cast<size_t>(mine.end - mine.begin) * elem;
-  std::vector<P2pOp> ops;
-  uint64_t received = 0;
-  for (size_t l = 0; l < local_size; ++l) {
-    if (l == me) continue;
-    const Segment theirs = segment_of(plan, l);
-    const size_t bytes = static_cast<size_t>(theirs.end - theirs.begin) * elem;
-    ops.push_back({P2pOp::kSend, plan.node[l], data + static_cast<size_t>(mine.begin) * elem, mine_bytes});
-    ops.push_back({P2pOp::kRecv, plan.node[l], data + static_cast<size_t>(theirs.begin) * elem, bytes});
-    received += bytes;
-  }
-  gpu.nccl()->group(ops, stream, "two levels: allgather inside the node");
-  op.count_wire(mine_bytes * (local_size - 1), received, ops.size() / 2);
+  const auto segment = [&](size_t l) {
+    const Segment s = segment_of(plan, l);
+    return Buffer{data + static_cast<size_t>(s.begin) * elem, static_cast<size_t>(s.end - s.begin) * elem};
+  };
+  exchange_inside(op, gpu, plan, stream, "two levels: allgather inside the node",
+                  [&](size_t) { return segment(static_cast<size_t>(plan.local)); }, segment);
 }
 
 }  // namespace

@@ -261,11 +261,13 @@ def test_python_store_wait_timeout_is_timeout_error():
     torch = pytest.importorskip("torch")
     store = torch.distributed.HashStore()
     prefix = f"gradcomm/init{gradcomm._python_store_inits}/"
-    with pytest.raises(gradcomm.TimeoutError, match=f"waiting for rank 1 .*{prefix}gradcomm/g1/comm/ucx/addr/1"):
+    # The first record every rank publishes and reads is its node (the topology, which the
+    # transport's lanes follow); a missing rank is named there.
+    with pytest.raises(gradcomm.TimeoutError, match=f"waiting for rank 1 to publish its node .*{prefix}gradcomm/g1/comm/node/1"):
         gradcomm.init(rank=0, world_size=2, store=store, timeout=0.5)
     assert not gradcomm.is_initialized()
-    # Rank 0 published its address under our prefix, not a bare key torch might use.
-    assert len(store.get(f"{prefix}gradcomm/g1/comm/ucx/addr/0")) > 0
+    # Rank 0 published its node under our prefix, not a bare key torch might use.
+    assert len(store.get(f"{prefix}gradcomm/g1/comm/node/0")) > 0
     # A second init uses a new prefix: it can never read the first one's addresses.
     assert gradcomm._python_store_inits == int(prefix.split("init")[1].rstrip("/")) + 1
 
@@ -320,11 +322,11 @@ def test_python_store_polls_compare_set_and_never_waits():
             raise AssertionError("wait() called")
 
     store = DictStore()
-    with pytest.raises(gradcomm.TimeoutError, match=r"waiting for rank 1 .*gradcomm/g1/comm/ucx/addr/1"):
+    with pytest.raises(gradcomm.TimeoutError, match=r"waiting for rank 1 to publish its node .*gradcomm/g1/comm/node/1"):
         gradcomm.init(rank=0, world_size=2, store=store, timeout=0.5)
     assert store.waits == 0 and store.probes > 0
     # The probe changed nothing: only what rank 0 set is there (its join record,
-    # counter and address), no key of rank 1's.
+    # counter and node), no key of rank 1's.
     assert not [k for k in store.d if k.endswith("/1")], sorted(store.d)
 
 

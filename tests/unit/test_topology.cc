@@ -77,9 +77,14 @@ TEST(NodeMap, NodeNameComesFromTheEnvironmentOrTheHost) {
 TEST(NodeMap, LaunchersLocalRanksMustAgreeUnlessNodesAreNamed) {
   const NodeMap map = NodeMap::from_names({"h", "h", "h", "h"});
   ScopedEnv named("GRADCOMM_NODE", nullptr);
+  ScopedEnv world_size("WORLD_SIZE", "4");
   {
     ScopedEnv local("LOCAL_RANK", "2"), local_size("LOCAL_WORLD_SIZE", "4");
-    EXPECT_NO_THROW(check_launcher_local_ranks(map, 2));
+    {
+      ScopedEnv world_rank("RANK", "2");
+      EXPECT_NO_THROW(check_launcher_local_ranks(map, 2));
+    }
+    ScopedEnv world_rank("RANK", "1");
     try {
       check_launcher_local_ranks(map, 1);
       ADD_FAILURE() << "a wrong LOCAL_RANK was accepted";
@@ -91,17 +96,35 @@ TEST(NodeMap, LaunchersLocalRanksMustAgreeUnlessNodesAreNamed) {
     }
   }
   {
-    ScopedEnv local("LOCAL_RANK", "1"), local_size("LOCAL_WORLD_SIZE", "2");  // two torchruns on one host
+    ScopedEnv local("LOCAL_RANK", "1"), local_size("LOCAL_WORLD_SIZE", "2"), world_rank("RANK", "1");  // two torchruns
     EXPECT_THROW(check_launcher_local_ranks(map, 1), InvalidArgument);
     ScopedEnv node("GRADCOMM_NODE", "n0");  // the user names the nodes: the launcher's hosts do not count
     EXPECT_NO_THROW(check_launcher_local_ranks(map, 1));
   }
   {
     ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", "3"), ompi_size("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+    ScopedEnv ompi_world("OMPI_COMM_WORLD_SIZE", "4");
     ScopedEnv local("LOCAL_RANK", nullptr), local_size("LOCAL_WORLD_SIZE", nullptr);
-    EXPECT_NO_THROW(check_launcher_local_ranks(map, 3));
+    {
+      ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", "3");
+      EXPECT_NO_THROW(check_launcher_local_ranks(map, 3));
+    }
+    ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", "0");
     EXPECT_THROW(check_launcher_local_ranks(map, 0), InvalidArgument);
   }
+}
+
+// A communicator of some of the launcher's processes (a torch.distributed new_group of 2
+// of 3 ranks on one host): the launcher's local numbers describe its world, not this group.
+TEST(NodeMap, ASubgroupIsNotCheckedAgainstTheLaunchersWorld) {
+  const NodeMap pair = NodeMap::from_names({"h", "h"});
+  ScopedEnv named("GRADCOMM_NODE", nullptr);
+  ScopedEnv local("LOCAL_RANK", "1"), local_size("LOCAL_WORLD_SIZE", "3"), rank("RANK", "1"), world("WORLD_SIZE", "3");
+  EXPECT_NO_THROW(check_launcher_local_ranks(pair, 1));  // local rank 1 of 2 here, of 3 for the launcher
+  const NodeMap world_map = NodeMap::from_names({"h", "h", "h"});
+  EXPECT_NO_THROW(check_launcher_local_ranks(world_map, 1));
+  ScopedEnv wrong("LOCAL_WORLD_SIZE", "2");
+  EXPECT_THROW(check_launcher_local_ranks(world_map, 1), InvalidArgument);
 }
 
 // The in-process tests' communicators get a topology too (CommunicatorImpl's `nodes`).
