@@ -159,10 +159,10 @@ void fuzz_control(uint8_t flags, std::vector<uint8_t> bytes) {
   const auto frame = decode_control(bytes);
   const uint8_t* p = bytes.data();
   const bool valid = bytes.size() >= kControlHeaderBytes && load<uint32_t>(p) == kControlMagic &&
-                     p[4] == kControlVersion && p[5] >= 1 && p[5] <= 8 && p[6] <= 1 && p[7] == 0 &&
+                     p[4] == kControlVersion && p[5] >= 1 && p[5] <= 8 && p[6] <= 5 && p[7] == 0 &&
                      load<uint32_t>(p + 12) <= ControlMessage::kMaxText &&
                      bytes.size() == kControlHeaderBytes + load<uint32_t>(p + 12) &&
-                     (p[6] == 0 || load<uint32_t>(p + 12) == 0);  // a receipt has no text
+                     (p[6] == 0 || load<uint32_t>(p + 12) == 0);  // kinds 0-5 (abort .. release); only an abort has text
   GRADCOMM_FUZZ_CHECK(frame.has_value() == valid, "decode_control %s a message the reference %s",
                       frame ? "accepted" : "refused", valid ? "accepts" : "refuses");
   if (!frame) return;
@@ -309,6 +309,10 @@ void write_seeds(gradcomm::fuzz::SeedWriter& seeds) {
   auto control = encode_control(ControlMessage{ErrorCode::kCuda, 65535, ~uint64_t{0}, std::string(40, 'x')});
   control[5] = 9;  // unknown code
   seeds.add("control_bad_code", input(1, 2, control));
+  const ControlMessage liveness{ErrorCode::kPeerFailure, 1, 42, ""};
+  seeds.add("control_ping", input(1, 0, encode_control(liveness, ControlKind::kPing, 1)));
+  seeds.add("control_goodbye", input(1, 0, encode_control(liveness, ControlKind::kGoodbye, 2)));
+  seeds.add("control_release", input(1, 0, encode_control(liveness, ControlKind::kRelease, 0)));
 
   std::vector<uint8_t> records;
   for (int r = 0; r < 3; ++r) {
