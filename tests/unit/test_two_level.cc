@@ -186,7 +186,8 @@ class TwoLevelCompressed : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TwoLevelCompressed, FiniteIdenticalAndAsCloseAsFlat) {
   const std::string spec = GetParam();
-  for (const std::vector<int>& sizes : {std::vector<int>{2, 2}, std::vector<int>{3, 2}, std::vector<int>{2, 2, 2}}) {
+  for (const std::vector<int>& sizes : {std::vector<int>{2, 2}, std::vector<int>{3, 2}, std::vector<int>{2, 2, 2},
+                                        std::vector<int>{3, 3}, std::vector<int>{2, 2, 2, 2}}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
       const int64_t numel = 16 * 640;
       const Outcome two = run_compressed(sizes, "on", spec, op, numel, 3);
