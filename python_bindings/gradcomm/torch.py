@@ -590,12 +590,40 @@ def _unpack_state(data):
 
 # ---- the torch.distributed backend ---------------------------------------------------
 
-try:  # built only for a torch it supports (python_bindings/torch_backend/CMakeLists.txt)
-    from . import _gradcomm_torch
-    _backend_import_error = None
-except ImportError as e:
-    _gradcomm_torch = None
-    _backend_import_error = e
+def _backend_build_record():
+    """The build's record of the backend (python_bindings/torch_backend/CMakeLists.txt):
+    "ON (torch <version> at <dir>)" or "OFF (<why>)"."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_backend_status.txt")) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown (no build record)"
+
+
+def _backend_built_for():
+    """The torch version the backend was built against, or None when the record does not say."""
+    built = _backend_build_record()
+    if built.startswith("ON (torch ") and " at " in built:
+        return built[len("ON (torch "):built.index(" at ")]
+    return None
+
+
+# The module links against one torch's C++ ABI: loaded into another torch it does not fail
+# an import, it aborts the interpreter (std::system_error out of a static initializer). So
+# it is loaded only into the torch it was built for; otherwise the backend is unavailable
+# with an ImportError naming both versions, and gradcomm.torch's hook still works.
+_backend_import_error = None
+_gradcomm_torch = None
+if _backend_built_for() not in (None, torch.__version__):
+    _backend_import_error = ImportError(
+        f"gradcomm's torch backend was built for torch {_backend_built_for()}, but this interpreter runs torch "
+        f"{torch.__version__}; loading it would abort the process. Reinstall gradcomm with this torch "
+        f"(pip install . under this interpreter), or use the DDP communication hook (gradcomm.torch.compression_hook), which needs no backend")
+else:
+    try:  # built only for a torch it supports (python_bindings/torch_backend/CMakeLists.txt)
+        from . import _gradcomm_torch
+    except ImportError as e:
+        _backend_import_error = e
 
 
 class BackendAvailability:
@@ -621,11 +649,7 @@ def backend_available():
     skips the backend when it cannot build against the interpreter's torch (the
     reason is recorded at build time), and a module built for another torch does not
     load."""
-    try:
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_backend_status.txt")) as f:
-            built = f.read().strip()
-    except OSError:
-        built = "unknown (no build record)"
+    built = _backend_build_record()
     if _gradcomm_torch is not None:
         return BackendAvailability(True, f"built: {built}; running torch {torch.__version__}")
     if not torch.distributed.is_available():
@@ -633,6 +657,8 @@ def backend_available():
     if built.startswith("OFF"):
         why = built[len("OFF ("):-1] if built.startswith("OFF (") and built.endswith(")") else built
         return BackendAvailability(False, f"not built: {why}")
+    if _backend_built_for() not in (None, torch.__version__):
+        return BackendAvailability(False, str(_backend_import_error))
     return BackendAvailability(False, f"built ({built}) but it does not load with torch {torch.__version__}: "
                                       f"{_backend_import_error}; reinstall gradcomm against this torch")
 

@@ -46,6 +46,34 @@ def test_collectives_and_ddp_over_two_levels():
     assert len(set(re.findall(r"digest=([0-9a-f]+)", result.stdout))) == 1, result.stdout
 
 
+def test_a_backend_built_for_another_torch_is_an_import_error_not_an_abort(tmp_path):
+    # The package as installed, but its build record names another torch: loading the module
+    # into this torch would abort the interpreter (issue 44: terminate ... std::system_error),
+    # so it is not loaded. gradcomm.torch still imports (the hook needs no backend), the backend
+    # is unavailable naming both versions, and asking for it is an ImportError saying the same.
+    import shutil
+    copy = tmp_path / "gradcomm"
+    shutil.copytree(os.path.dirname(gtorch.__file__), copy, symlinks=True)
+    (copy / "_torch_backend_status.txt").write_text("ON (torch 0.0.1 at /elsewhere/torch)\n")
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "import gradcomm.torch as gt\n"
+        "assert gt._gradcomm_torch is None\n"
+        "print('AVAILABLE', bool(gt.backend_available()), gt.backend_available().reason)\n"
+        "try:\n"
+        "    dist.init_process_group('gradcomm', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "except ImportError as e:\n"
+        "    print('IMPORTERROR', e)\n"
+    )
+    result = run([PYTHON, "-c", code], env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stdout
+    assert "AVAILABLE False" in result.stdout, result.stdout
+    error = re.search(r"IMPORTERROR (.*)", result.stdout)
+    assert error, result.stdout
+    for text in ("torch 0.0.1", f"torch {torch.__version__}", "Reinstall"):
+        assert text in error.group(1), error.group(1)
+
+
 def test_ddp_without_hook_topk_bitwise_identical_and_compressed():
     compressed = _ddp("nohook", "topk:ratio=0.01")
     exact = _ddp("nohook", "none")
