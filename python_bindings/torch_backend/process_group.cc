@@ -20,7 +20,7 @@ namespace gradcomm::torch_backend {
 namespace {
 
 constexpr const char* kSupported =
-    "supported: all_reduce (sum, avg, min, max), all_reduce_coalesced, all_gather, all_gather_into_tensor, "
+    "supported: all_reduce (sum, avg, min, max, premul_sum), all_reduce_coalesced, all_gather, all_gather_into_tensor, "
     "broadcast, reduce_scatter, reduce_scatter_tensor, barrier"
 #if GRADCOMM_TORCH2
     ", and their coalesced forms (_coalescing_manager)"
@@ -99,17 +99,67 @@ TensorView copy_view(const at::Tensor& flat) {
                     gradcomm_device(flat)};
 }
 
-ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name) {
+// A c10d reduce op as the library runs it. PREMUL_SUM(f) is NCCL's sum of f * x over
+// the ranks (FSDP2's set_gradient_divide_factor sends PREMUL_SUM(1 / factor)): each rank
+// multiplies its own buffer by f, then the library sums, dense or compressed alike.
+struct Reduction {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<double> factor;  // PREMUL_SUM by a number
+  at::Tensor factor_tensor;      // PREMUL_SUM by a one-element tensor
+
+  bool premultiplies() const { return factor.has_value() || factor_tensor.defined(); }
+  // Multiplies `flat` (a buffer this call owns, or the caller's in-place tensor) by f.
+  void premultiply(const at::Tensor& flat) const {
+    if (factor) {
+      flat.mul_(*factor);
+    } else if (factor_tensor.defined()) {
+      flat.mul_(factor_tensor.to(flat.device(), flat.scalar_type()).reshape({}));
+    }
+  }
+};
+
+Reduction reduce_op(const c10d::ReduceOp& op, const char* name) {
   switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
-    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
-    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
-    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
-    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::SUM: return {ReduceOp::kSum};
+    case c10d::ReduceOp::AVG: return {ReduceOp::kAvg};
+    case c10d::ReduceOp::MIN: return {ReduceOp::kMin};
+    case c10d::ReduceOp::MAX: return {ReduceOp::kMax};
+    case c10d::ReduceOp::PREMUL_SUM: {
+      // torch 2.x: PreMulSumSupplement{double_factor | tensor_factor}; 1.13 has one
+      // tensor per device in tensor_factors (one device per process here).
+#if GRADCOMM_TORCH2
+      const auto* supplement = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+      const at::Tensor tensor = supplement ? supplement->tensor_factor : at::Tensor();
+#else
+      const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      const at::Tensor tensor =
+          supplement && !supplement->tensor_factors.empty() ? supplement->tensor_factors[0] : at::Tensor();
+#endif
+      if (!supplement) bad_argument(fmt::format("{}: PREMUL_SUM without its factor (make it with ReduceOp.PREMUL_SUM(f))", name));
+      Reduction r{ReduceOp::kSum};
+      if (tensor.defined()) {
+        if (tensor.numel() != 1) {
+          bad_argument(fmt::format("{}: PREMUL_SUM's factor tensor has {} elements; it must have one", name,
+                                   tensor.numel()));
+        }
+        r.factor_tensor = tensor;
+      } else {
+        r.factor = supplement->double_factor;
+      }
+      return r;
+    }
     default:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "gradcomm: ", name, ": reduce op ",
                                   static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)),
-                                  " (PRODUCT, BAND, BOR, BXOR or PREMUL_SUM) is not supported; supported: SUM, AVG, "
-                                  "MIN, MAX");
+                                  " (PRODUCT, BAND, BOR or BXOR) is not supported; supported: SUM, AVG, MIN, MAX, "
+                                  "PREMUL_SUM");
+  }
+}
+
+// PREMUL_SUM scales the values: floating-point tensors only (as for AVG's division).
+void check_premultipliable(const Reduction& r, const at::Tensor& t, const char* name) {
+  if (r.premultiplies() && !at::isFloatingType(t.scalar_type())) {
+    bad_argument(fmt::format("{}: PREMUL_SUM on a {} tensor; it needs a floating-point dtype", name, dtype_text(t)));
   }
 }
 
@@ -407,8 +457,11 @@ ProcessGroupGradcomm::GroupStats ProcessGroupGradcomm::stats() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
   const at::Tensor t = single(tensors, "allreduce");
-  const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
+  const Reduction reduction = reduce_op(opts.reduceOp, "allreduce");
+  check_premultipliable(reduction, t, "allreduce");
+  const ReduceOp op = reduction.op;
   const at::Tensor flat = staged(t, compress_through_float32(t, op));
+  reduction.premultiply(flat);
   const TensorView view = reduce_view(flat, "allreduce");
   std::function<void()> finish;
   if (!flat.is_same(t)) finish = [t, flat] { t.copy_(flat); };
@@ -420,12 +473,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                         const c10d::AllreduceCoalescedOptions& opts) {
-  const ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
+  const Reduction reduction = reduce_op(opts.reduceOp, "allreduce_coalesced");
+  const ReduceOp op = reduction.op;
   std::vector<at::Tensor> flats;
   std::vector<TensorView> views;
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_tensor(tensors[i], "allreduce_coalesced", fmt::format("tensor {}", i));
+    check_premultipliable(reduction, tensors[i], "allreduce_coalesced");
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
     flats.push_back(staged(tensors[i], compress_through_float32(tensors[i], op)));
+    reduction.premultiply(flats.back());
     views.push_back(reduce_view(flats.back(), "allreduce_coalesced"));
   }
   std::function<void()> finish = [tensors, flats] {
@@ -517,7 +575,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
                                                                    std::vector<std::vector<at::Tensor>>& inputs,
                                                                    const c10d::ReduceScatterOptions& opts) {
   const at::Tensor out = single(outputs, "reduce_scatter");
-  const ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
+  const Reduction reduction = reduce_op(opts.reduceOp, "reduce_scatter");
+  check_premultipliable(reduction, out, "reduce_scatter");
+  const ReduceOp op = reduction.op;
   if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())) {
     bad_argument(fmt::format("reduce_scatter: expects one list of {} input tensors (the group's size), got {} "
                              "list(s) of {}",
@@ -536,6 +596,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
     for (size_t i = 0; i < inputs[0].size(); ++i) {
       flat.narrow(0, static_cast<int64_t>(i) * n, n).copy_(inputs[0][i].reshape({n}));
     }
+    reduction.premultiply(flat);
     return dense_reduce_scatter(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", flat, out, op);
   }
   // Compressed: the inputs end to end (float32 when a float16/bfloat16 input is compressed).
@@ -545,6 +606,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<
   for (size_t i = 0; i < inputs[0].size(); ++i) {
     flat.narrow(0, static_cast<int64_t>(i) * n, n).copy_(inputs[0][i].reshape({n}));
   }
+  reduction.premultiply(flat);
   return compressed_reduce_scatter(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", flat, out, op);
 }
 
@@ -590,7 +652,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
                                                                          const c10d::ReduceScatterOptions& opts) {
   check_tensor(output, "reduce_scatter_tensor", "the output");
   same_kind(input, output, "reduce_scatter_tensor", "the input");
-  const ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter_tensor");
+  const Reduction reduction = reduce_op(opts.reduceOp, "reduce_scatter_tensor");
+  check_premultipliable(reduction, input, "reduce_scatter_tensor");
+  const ReduceOp op = reduction.op;
   const int64_t n = output.numel();
   if (input.numel() != getSize() * n) {
     bad_argument(fmt::format("reduce_scatter_tensor: the input has {} elements, expected {} (group size {} x "
@@ -599,13 +663,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
   }
   const at::Tensor out = output;
   if (!compresses(input, op)) {
-    return dense_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", input, out, op);
+    if (!reduction.premultiplies()) {
+      return dense_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", input, out, op);
+    }
+    const at::Tensor scaled = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);  // the input stays unchanged
+    reduction.premultiply(scaled);
+    return dense_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", scaled, out, op);
   }
   // Compressed: a copy (the input stays unchanged; the allreduce form works in place),
   // float32 when a float16/bfloat16 input is compressed.
   const at::Tensor flat = compress_through_float32(input, op)
                               ? input.reshape({-1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
                               : input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
+  reduction.premultiply(flat);
   return compressed_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", flat, out, op);
 }
 

@@ -74,6 +74,14 @@ def test_a_backend_built_for_another_torch_is_an_import_error_not_an_abort(tmp_p
         assert text in error.group(1), error.group(1)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_premul_sum_and_fsdp2_divide_factor(n):
+    """PREMUL_SUM (number and tensor factor; dense exact, compressed as SUM of f * x) and,
+    on torch 2.x, FSDP2's set_gradient_divide_factor(2N) with lr doubled equal to the
+    default to 1e-6."""
+    expect_ok(launch(n, os.path.join(WORKERS, "torch_backend_premul.py")), n, "torch-premul")
+
+
 def test_ddp_without_hook_topk_bitwise_identical_and_compressed():
     compressed = _ddp("nohook", "topk:ratio=0.01")
     exact = _ddp("nohook", "none")
