@@ -88,7 +88,7 @@ struct Family {
   // takes (ef, min_numel, warmup, seed, values; inside for codec-ring families). Empty: the
   // family takes no keys.
   std::span<const std::string_view> keys;
-  bool ef_default;           // error feedback unless the spec says ef=0 (README's table)
+  bool ef_default;           // error feedback unless ef=0 in the spec (docs/api.md, "Compression")
   ValueType values_default;  // sparse values on the wire, for families with a `values` key
   Collective collective;
   // Reads the family's own keys into `spec` (the common ones are read already).

@@ -42,7 +42,7 @@ struct CompressorSpec {
   CompressorId id = CompressorId::kNone;
 
   // Common keys (every compressor but none):
-  bool ef = false;            // error feedback; default per compressor (the table in README, "Compression")
+  bool ef = false;            // error feedback; default per compressor (docs/api.md, "Compression")
   int64_t min_numel = 0;      // smaller tensors go dense
   int64_t warmup = 0;         // the first `warmup` steps of a key go dense
   uint64_t seed = 0;          // Philox seed (stochastic rounding, random-k, sketch hashes)

@@ -14,7 +14,7 @@
 # torch, numpy and pytest. A venv that already imports a torch >= 2 is reused as it
 # is (nothing is downloaded); delete it to get a newer torch.
 #
-# Cost on a fresh machine (measured, README.md, "PyTorch 2.x"): the index serves
+# Cost on a fresh machine (measured, docs/development.md, "PyTorch 2.x"): the index serves
 # only the CUDA build of torch for Linux (download.pytorch.org's CPU-only wheels are
 # not reachable from the project's machines): about 3 GB downloaded (torch 540 MB
 # plus the nvidia-* wheels it depends on), 5.4 GB on disk, about 2 minutes here. The

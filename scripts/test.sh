@@ -3,7 +3,8 @@
 # sanitizer stage (scripts/test-sanitizers.sh: the unit, launcher, multi-process and
 # trainer tests again under ASan+UBSan, the threaded ones under TSan).
 #   scripts/test.sh                 everything (about 45 minutes from a fresh clone on 2 cores with
-#                                   the torch 2.x tests; README says what they add)
+#                                   the torch 2.x tests; docs/development.md, "Testing", says
+#                                   what they add)
 #   TORCH2=0 scripts/test.sh        without the torch 2.x tests (no venv, no download)
 #   SANITIZERS=0 scripts/test.sh    the plain build's tests only (about 18 minutes)
 #   BUILD_DIR=b scripts/test.sh     another build directory

@@ -14,7 +14,8 @@
 // returns a value only when its frame and tag check out; anything else is a
 // TransportError naming the key, and never reaches the transport (UCX asserts on a
 // malformed worker address). Without a token the tag is a checksum: it stops garbage,
-// not someone who can reach the store on purpose (README, "Trust").
+// not someone who can reach the store on purpose (the trust model:
+// docs/fault-model.md, "The store and its token").
 //
 // Joining. The constructor publishes a join record (rank, world size, process) in the
 // new generation. A value from a rank with another world size is InvalidArgument at

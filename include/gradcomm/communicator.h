@@ -31,7 +31,7 @@ struct CompressOptions {
   std::vector<std::vector<int64_t>> parts;
 };
 
-struct InitOptions {  // unset fields come from the environment (see README, "Launching")
+struct InitOptions {  // unset fields come from the environment (see docs/launching.md, "Launching")
   int rank = -1, world_size = -1;
   std::string store;                // "tcp://host:port" | "file:///shared/dir"
   std::string transport = "auto";   // "ucx" | "nccl" | "auto"
@@ -185,7 +185,7 @@ class Communicator {
   // a Work; the blocking calls above are these followed by wait(). Every rank must
   // issue the same sequence of calls, blocking and non-blocking alike. Small
   // allreduces issued close together may travel as one fused collective
-  // (GRADCOMM_FUSION_BYTES, GRADCOMM_CYCLE_MS; README "Overlap and fusion").
+  // (GRADCOMM_FUSION_BYTES, GRADCOMM_CYCLE_MS; docs/api.md, "Overlap and fusion").
   std::shared_ptr<Work> allreduce_async(TensorView t, ReduceOp op = ReduceOp::kSum,
                                         const CompressOptions& options = {});
   std::shared_ptr<Work> allgather_async(TensorView in, TensorView out);

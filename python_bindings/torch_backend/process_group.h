@@ -95,7 +95,7 @@ using BackendBase = c10d::ProcessGroup;
 namespace gradcomm::torch_backend {
 
 struct CompressionConfig {
-  std::string spec = "none";  // gradcomm spec string (README, "Compression")
+  std::string spec = "none";  // gradcomm spec string (docs/api.md, "Compression")
   // Smaller tensors are reduced exactly: a process group also carries metrics and
   // counters, which a lossy compressor must not touch (gradcomm.torch.PG_MIN_COMPRESS_NUMEL).
   int64_t min_numel = 1024;

@@ -1,6 +1,7 @@
 """PyTorch 2.x (issue 31): runs only where the interpreter's torch is 2.x (the venv
 that scripts/install-torch2-venv.sh makes; ctest's python-torch2.* entries, see
-README "PyTorch 2.x"); elsewhere every test skips, saying so. Under torchrun with 2 ranks:
+docs/development.md, "PyTorch 2.x"); elsewhere every test skips, saying so. Under torchrun
+with 2 ranks:
 DDP on the "gradcomm" backend with set_compression(WORLD, "topk:ratio=0.01"), and
 DDP over gloo with gradcomm's compression_hook: parameters bitwise identical across
 ranks after 5 steps, plain all_reduce exact, the compressor really ran; the backend's
