@@ -79,6 +79,10 @@ EXTERNAL = {
     "src/common.cu", "src/util.cu",
     # Torch's CMake package, which the torch backend's build deliberately does not use
     "TorchConfig.cmake",
+    # System headers that pip install's build-requirement check looks for
+    # (scripts/check-build-deps.py), and the pip internals setup.py's progress lines work with
+    "Python.h", "pybind11/pybind11.h", "openssl/evp.h", "fmt/core.h", "zlib.h", "nlohmann/json.hpp",
+    "CLI/CLI.hpp", "sitecustomize.py", "pip/_internal/utils/subprocess.py", "cli/spinners.py",
 }
 
 # Files that a build or a run writes, cited as what comes out, never in the tree: the

@@ -112,6 +112,10 @@ bool CommunicatorImpl::fail_and_tell(ErrorCode code, const std::string& message,
   return true;
 }
 
+void CommunicatorImpl::refuse_calls(const std::string& why) {
+  if (engine_) engine_->refuse(why);
+}
+
 std::optional<std::string> CommunicatorImpl::refusal() const {
   if (!engine_) return std::nullopt;
   return engine_->refusal();

@@ -109,6 +109,7 @@ class CommunicatorImpl final : public CallExecutor {
   std::optional<ControlMessage>& pending_abort() override { return pending_abort_; }
   bool stopping() const override;
   std::optional<std::string> refusal() const override;
+  void refuse_calls(const std::string& why);  // any thread: Engine::refuse
   bool waited_on() const override;
   void mark_failed(ErrorCode code, const std::string& message) override;
   bool fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq) override;

@@ -50,13 +50,30 @@ double Engine::cpu_seconds() const {
 
 Engine::~Engine() { stop(); }
 
+int& issuer_override() {
+  thread_local int issuer = 0;
+  return issuer;
+}
+
+void Engine::refuse(const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!refused_.load(std::memory_order_relaxed)) {
+      refusal_ = why;
+      refused_.store(true, std::memory_order_release);
+    }
+    ++generation_;
+  }
+  comm_.transport().interrupt();
+}
+
 std::shared_ptr<WorkState> Engine::submit(Call call) {
   auto work = std::make_shared<WorkState>();
   work->doorbell = doorbell_;
   call.work = work;
   call.issued = Clock::now();
   thread_local const int tid = static_cast<int>(gettid());  // a system call: once per thread
-  call.issuer = tid;
+  call.issuer = issuer_override() != 0 ? issuer_override() : tid;
   std::optional<std::string> refused;
   {
     std::lock_guard lock(mutex_);

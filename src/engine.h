@@ -25,7 +25,10 @@
 // collectives another thread issued are still outstanding (queued or running) is
 // refused, and the communicator is aborted on every rank (docs/fault-model.md,
 // "Issuing threads"). Handing over from one thread to another after waiting on
-// the first thread's calls is fine; so are local calls from any thread.
+// the first thread's calls is fine; so are local calls from any thread. A caller
+// that orders its threads itself (the torch backend: a future callback's calls
+// follow the op whose callback issued them) names one issuer for all of them
+// (IssueAs, introspect.h) and refuses truly concurrent issuers on its own (refuse()).
 //
 // Shutdown. stop() interrupts a running call (its Op sees stopping(), fails with
 // InvalidArgument here and tells the peers), fails every queued call the same
@@ -48,6 +51,10 @@
 
 namespace gradcomm::detail {
 
+// The issuer submit() records for calls made on this thread: the thread's id, or
+// the one an IssueAs (introspect.h) set for the time being (0: none set).
+int& issuer_override();
+
 class CallExecutor;  // call_context.h: all the engine sees of its communicator
 
 class Engine {
@@ -66,6 +73,9 @@ class Engine {
   void stop();
   // Why a call was refused (submit: concurrent issuing threads), once one was.
   std::optional<std::string> refusal() const;
+  // Refuses every later call and aborts the communicator on every rank with `why`,
+  // as a refused concurrent issue does (a caller that checks its issuers itself).
+  void refuse(const std::string& why);
   bool stopping() const { return stopping_.load(std::memory_order_relaxed); }
   // A caller is blocked waiting on a call (Doorbell::waited_on): waits poll first.
   bool waited_on() const { return doorbell_->waited_on(); }

@@ -7,6 +7,7 @@
 
 #include "comm_impl.h"
 #include "device_path.h"
+#include "engine.h"  // issuer_override
 #include "compressors/family.h"
 #include "compressors/spec.h"
 
@@ -105,5 +106,10 @@ void forget_keys(Communicator& comm, std::span<const std::string> keys) {
   for (const std::string& key : keys) state.keys.erase(key);
   comm.impl().forget_auto_reports(keys);
 }
+
+IssueAs::IssueAs(int issuer) : previous_(issuer_override()) { issuer_override() = issuer; }
+IssueAs::~IssueAs() { issuer_override() = previous_; }
+
+void refuse_calls(Communicator& comm, const std::string& why) { comm.impl().refuse_calls(why); }
 
 }  // namespace gradcomm::detail

@@ -29,4 +29,25 @@ std::span<const float> residual_view(Communicator& comm, const std::string& key)
 // storage's keys, so that reducing fresh tensors does not grow memory.
 void forget_keys(Communicator& comm, std::span<const std::string> keys);
 
+// For a caller that orders its issuing threads itself (the torch backend's
+// "Issue order", python_bindings/torch_backend/issue_order.cc): while an IssueAs lives,
+// the calls this thread issues count, for the engine's concurrent-issuer check
+// (src/engine.h, "Issuing threads"), as `issuer`'s (non-zero; the caller's own
+// numbering, e.g. the thread id of the op whose callback issues).
+class IssueAs {
+ public:
+  explicit IssueAs(int issuer);
+  ~IssueAs();
+  IssueAs(const IssueAs&) = delete;
+  IssueAs& operator=(const IssueAs&) = delete;
+
+ private:
+  int previous_;
+};
+
+// Refuses every later call of `comm` and aborts it on every rank with `why`
+// (InvalidArgument everywhere), as a refused concurrent issue does: for a caller
+// that found concurrent issuers itself.
+void refuse_calls(Communicator& comm, const std::string& why);
+
 }  // namespace gradcomm::detail

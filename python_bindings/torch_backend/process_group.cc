@@ -210,21 +210,37 @@ ProcessGroupGradcomm::ProcessGroupGradcomm(const c10::intrusive_ptr<c10d::Store>
   } catch (...) {
     rethrow_as_torch_error();
   }
-  completer_ = std::make_unique<Completer>();
+  hold_limit_ = options.timeout;
+  listener_->call = [this](bool deadline) { on_completion(deadline); };  // emptied by shutdown()
+  completer_ = std::make_unique<Completer>(listener_);
 }
 
 ProcessGroupGradcomm::~ProcessGroupGradcomm() { shutdown(); }
 
 void ProcessGroupGradcomm::shutdown() {
   without_gil([this] {
+    listener_->clear();  // no completion reaches this group from here on (not under the issue lock)
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Completer> completer;
+    std::deque<Held> held;
     {
       std::lock_guard<std::mutex> lock(issue_mutex_);
       comm = std::move(comm_);
       completer = std::move(completer_);
+      held = std::move(held_);
+      open_.clear();
+      returned_cv_.notify_all();  // a thread waiting in one_issuer sees the group shut
     }
-    comm.reset();       // fails what is outstanding, at once
+    comm.reset();  // fails what is outstanding, at once
+    if (completer) {
+      // Held ops were never issued: they fail here, through the Completer like the rest.
+      const auto error = std::make_exception_ptr(std::runtime_error(
+          "gradcomm: the process group was shut down while this op was held, not yet issued (issue_order.cc)"));
+      for (Held& op : held) {
+        op.work->set_works({}, error);
+        completer->push(op.work, /*top_level=*/true);
+      }
+    }
     completer.reset();  // drains (every wait now returns) and waits for its threads
   });
 }
@@ -255,38 +271,7 @@ CompressionConfig ProcessGroupGradcomm::compression() const {
   return compression_;
 }
 
-// ---- issuing ------------------------------------------------------------------------
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::start(
-    c10d::OpType type, const char* op, const std::function<void(std::vector<std::shared_ptr<gradcomm::Work>>&)>& issue,
-    std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> finish) {
-  std::lock_guard<std::mutex> lock(issue_mutex_);
-  if (!comm_) {
-    throw std::runtime_error(fmt::format("gradcomm: {} on a process group that was shut down (destroyed, or the "
-                                         "interpreter is exiting)",
-                                         op));
-  }
-  std::vector<std::shared_ptr<gradcomm::Work>> works;
-  try {
-    issue(works);
-  } catch (...) {
-    // Calls issued before the failing one are in flight and use `keep`: the
-    // Completer holds them (and it) until they are done; nobody waits on that work.
-    if (!works.empty()) {
-      completer_->push(c10::make_intrusive<GradcommWork>(getRank(), type, op, std::move(works),
-                                                         std::vector<at::Tensor>{}, std::move(keep), nullptr));
-    }
-    rethrow_as_torch_error();
-  }
-  if (coalescing_.active) {
-    coalescing_.calls.insert(coalescing_.calls.end(), works.begin(), works.end());
-    coalescing_.outputs.insert(coalescing_.outputs.end(), outputs.begin(), outputs.end());
-  }
-  auto work = c10::make_intrusive<GradcommWork>(getRank(), type, op, std::move(works), std::move(outputs),
-                                                std::move(keep), std::move(finish));
-  completer_->push(work);
-  return work;
-}
+// ---- issuing (start: issue_order.cc) -----------------------------------------------
 
 size_t ProcessGroupGradcomm::compression_state_bytes() {
   std::lock_guard lock(issue_mutex_);
@@ -428,7 +413,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::dense_reduce_scatter(c10d::
   if (!flat_out.is_same(out)) finish = [out, flat_out] { out.copy_(flat_out); };
   return start(
       type, op,
-      [&](auto& works) {
+      [=, this](auto& works) {
         count_reduction(flat_in, CompressOptions{}, /*reduce_scatter=*/true);
         works.push_back(comm_->reduce_scatter_async(vin, vout, reduce_op));
       },
@@ -467,7 +452,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce(std::vector<at::T
   if (!flat.is_same(t)) finish = [t, flat] { t.copy_(flat); };
   return start(
       c10d::OpType::ALLREDUCE, "allreduce",
-      [&](auto& works) { works.push_back(comm_->allreduce_async(view, op, compress_options(t, flat, op))); },
+      [=, this](auto& works) { works.push_back(comm_->allreduce_async(view, op, compress_options(t, flat, op))); },
       {t}, {flat}, std::move(finish));
 }
 
@@ -493,7 +478,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allreduce_coalesced(std::ve
   };
   return start(
       c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
-      [&](auto& works) {
+      [=, this](auto& works) {
         for (size_t i = 0; i < views.size(); ++i) {
           works.push_back(comm_->allreduce_async(views[i], op, compress_options(tensors[i], flats[i], op)));
         }
@@ -517,7 +502,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::broadcast(std::vector<at::T
   if (!flat.is_same(t)) finish = [t, flat] { t.copy_(flat); };
   return start(
       c10d::OpType::BROADCAST, "broadcast",
-      [&](auto& works) { works.push_back(comm_->broadcast_async(view, root)); }, {t}, {flat}, std::move(finish));
+      [=, this](auto& works) { works.push_back(comm_->broadcast_async(view, root)); }, {t}, {flat}, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -548,7 +533,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::allgather(std::vector<std::
   count_gather(in);
   return start(
       c10d::OpType::ALLGATHER, "allgather",
-      [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, outs, {in, flat}, std::move(finish));
+      [=, this](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, outs, {in, flat}, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -568,7 +553,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_allgather_base(at::Tensor&
   count_gather(in);
   return start(
       c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-      [&](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, {out}, {in, flat}, std::move(finish));
+      [=, this](auto& works) { works.push_back(comm_->allgather_async(vin, vout)); }, {out}, {in, flat}, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -630,7 +615,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::compressed_reduce_scatter(c
     if (!direct) finish = [out, share] { out.copy_(share.view(out.sizes())); };
     return start(
         type, name,
-        [&](auto& works) {
+        [=, this](auto& works) {
           works.push_back(
               comm_->reduce_scatter_async(view, vshare, op, reduce_scatter_options(flat, out.scalar_type(), op)));
         },
@@ -642,7 +627,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::compressed_reduce_scatter(c
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(
       type, name,
-      [&](auto& works) {
+      [=, this](auto& works) {
         works.push_back(comm_->allreduce_async(view, op, reduce_scatter_options(flat, out.scalar_type(), op)));
       },
       {out}, {flat}, std::move(finish));
@@ -684,7 +669,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::barrier(const c10d::Barrier
   const TensorView view = copy_view(token);
   return start(
       c10d::OpType::BARRIER, "barrier",
-      [&](auto& works) { works.push_back(comm_->allreduce_async(view, ReduceOp::kSum)); }, {}, {token}, nullptr);
+      [=, this](auto& works) { works.push_back(comm_->allreduce_async(view, ReduceOp::kSum)); }, {}, {token}, nullptr);
 }
 
 // ---- torch 2.x coalescing -------------------------------------------------------------------
@@ -697,6 +682,7 @@ void ProcessGroupGradcomm::startCoalescing() {
   }
   coalescing_ = Coalescing{};
   coalescing_.active = true;
+  coalescing_.calls = std::make_shared<Calls>();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::endCoalescing() {
@@ -707,11 +693,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::endCoalescing() {
     batch = std::move(coalescing_);
     coalescing_ = Coalescing{};
   }
-  // No new calls: the batch's own. It is queued after them, so it settles (and its
-  // Future completes) only once each of them has, local steps included.
-  auto calls = std::move(batch.calls);
+  // No new calls: the batch's own, issued by then (a held batch is issued after its
+  // ops, which were held too). It is queued after them, so it settles (and its Future
+  // completes) only once each of them has, local steps included.
+  std::shared_ptr<Calls> calls = std::move(batch.calls);
   return start(
-      c10d::OpType::COALESCED, "coalesced ops", [&](auto& works) { works = std::move(calls); },
+      c10d::OpType::COALESCED, "coalesced ops", [calls](Calls& works) { works = *calls; },
       std::move(batch.outputs), {}, nullptr);
 }
 

@@ -58,7 +58,7 @@
 // calls on the wire is the order of issue, and so is the order in which they are
 // waited for. Their Futures complete on the Completer's completion threads, never
 // on the thread that waits for the next op, so a callback may issue an op and wait
-// on it (work.h).
+// on it (work.h). Which op is issued when, callbacks' ops included: issue_order.cc.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -83,6 +83,9 @@ using BackendBase = c10d::ProcessGroup;
 }
 #endif
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -212,12 +215,35 @@ class ProcessGroupGradcomm : public BackendBase {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override;
 
  private:
-  // Runs `issue` (which appends the gradcomm works it starts) under the issue lock
-  // and queues the resulting GradcommWork on the Completer in the same critical section.
-  c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, const char* op,
-                                       const std::function<void(std::vector<std::shared_ptr<gradcomm::Work>>&)>& issue,
-                                       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
-                                       std::function<void()> finish);
+  // ---- issue order (issue_order.cc) ----
+  using Issue = std::function<void(std::vector<std::shared_ptr<gradcomm::Work>>&)>;
+  using Calls = std::vector<std::shared_ptr<gradcomm::Work>>;
+  // An op: `issue` appends the gradcomm works it starts, under the issue lock; the
+  // GradcommWork is queued on the Completer in the same critical section. At once,
+  // or held until the ops it must follow are through (issue_order.cc). `issue` runs
+  // later when held: it captures what it uses by value.
+  c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, const char* op, Issue issue, std::vector<at::Tensor> outputs,
+                                       std::vector<at::Tensor> keep, std::function<void()> finish);
+  struct Held {
+    c10::intrusive_ptr<GradcommWork> work;
+    Issue issue;
+    std::shared_ptr<Calls> coalesce_into;  // the coalescing batch's calls, when inside one
+  };
+  // Issues `op` now and queues its work; an error in `issue` fails the work (and is
+  // rethrown when `rethrow`). Caller holds issue_mutex_.
+  void issue_now(Held& op, bool top_level, bool rethrow);
+  // Rule 3: waits (issue lock released) while another thread's ops are settled but
+  // their callbacks still running; refuses (aborting every rank) when they are in
+  // flight. Caller holds `lock`.
+  void one_issuer(std::unique_lock<std::mutex>& lock, int issuer, const char* op);
+  // Rule 2: whether an open op's callbacks may still issue (its Future handed out,
+  // its completion not returned). Caller holds issue_mutex_.
+  bool holding() const;
+  void prune_open();  // drops returned ops from open_; caller holds issue_mutex_
+  // The Completer's listener: issues the held ops that may go now; at a deadline,
+  // fails them if their predecessor still holds them (the timeout).
+  void on_completion(bool deadline);
+  [[noreturn]] void refuse(const std::string& why);  // refuse_calls + InvalidArgument
   // The compressor options for an allreduce of `t` (staged in `flat`); caller holds issue_mutex_.
   CompressOptions compress_options(const at::Tensor& t, const at::Tensor& flat, ReduceOp op);
   std::string compression_key(const at::Tensor& t);  // caller holds issue_mutex_
@@ -255,11 +281,17 @@ class ProcessGroupGradcomm : public BackendBase {
   std::string group_label_;
   struct Coalescing {
     bool active = false;
-    std::vector<std::shared_ptr<gradcomm::Work>> calls;
+    std::shared_ptr<Calls> calls;  // filled as the bracket's ops are issued (maybe after endCoalescing)
     std::vector<at::Tensor> outputs;
   } coalescing_;
   std::unique_ptr<Communicator> comm_;
+  std::shared_ptr<CompletionListener> listener_ = std::make_shared<CompletionListener>();
   std::unique_ptr<Completer> completer_;
+  std::deque<Held> held_;                                // rule 2, in issue order
+  std::chrono::steady_clock::time_point held_since_;     // when held_'s front began to wait on its own
+  std::vector<c10::intrusive_ptr<GradcommWork>> open_;   // started (issued or held), not yet returned
+  std::condition_variable returned_cv_;                  // rule 3's waits: a completion returned
+  std::chrono::milliseconds hold_limit_;                 // the group's timeout: how long an op may be held
   CompressionConfig compression_;
   struct StorageOrdinal {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;

@@ -37,17 +37,21 @@ std::exception_ptr as_torch_error(std::exception_ptr error) {
 
 void rethrow_as_torch_error() { std::rethrow_exception(as_torch_error(std::current_exception())); }
 
-GradcommWork::GradcommWork(int rank, c10d::OpType type, const char* op_name,
-                           std::vector<std::shared_ptr<gradcomm::Work>> works, std::vector<at::Tensor> outputs,
-                           std::vector<at::Tensor> keep,
-                           std::function<void()> finish)
+GradcommWork::GradcommWork(int rank, c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
+                           std::vector<at::Tensor> keep, std::function<void()> finish, int issuer)
     : c10d::Work(rank, type),
       op_name_(op_name),
-      works_(std::move(works)),
       outputs_(std::move(outputs)),
       keep_(std::move(keep)),
       finish_(std::move(finish)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      issuer_(issuer) {}
+
+void GradcommWork::set_works(std::vector<std::shared_ptr<gradcomm::Work>> works, std::exception_ptr error) {
+  works_ = std::move(works);
+  error_ = std::move(error);
+  issued_.store(true, std::memory_order_release);
+}
 
 bool GradcommWork::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -64,7 +68,10 @@ bool GradcommWork::wait(std::chrono::milliseconds timeout) {
 
 std::vector<at::Tensor> GradcommWork::result() { return outputs_; }
 
-c10::intrusive_ptr<c10::ivalue::Future> GradcommWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> GradcommWork::getFuture() {
+  handed_out_.store(true, std::memory_order_release);
+  return future_;
+}
 
 void GradcommWork::settle() {
   // Every call is waited on, even after one failed: the tensors in keep_ must
@@ -86,6 +93,7 @@ void GradcommWork::settle() {
   works_.clear();
   keep_.clear();
   finish_ = nullptr;
+  settled_.store(true, std::memory_order_release);
 }
 
 void GradcommWork::complete() {
@@ -99,6 +107,7 @@ void GradcommWork::complete() {
     // The Future's callbacks report their own errors through the futures they
     // return; nothing here may stop the Work from completing.
   }
+  returned_.store(true, std::memory_order_release);  // before finish() wakes wait(): a caller may issue next
   finish(error_);
 }
 
@@ -106,10 +115,13 @@ namespace {
 // The Completer state whose completion thread this is, if any: an op issued here is
 // a callback's, and the Completer's destructor must not wait for this thread.
 thread_local const void* t_completer_state = nullptr;
+// The issuer of the work this completion thread is completing (its callbacks' ops are its).
+thread_local int t_completing_issuer = 0;
 }  // namespace
 
-Completer::Completer() : state_(std::make_shared<State>()) {
+Completer::Completer(std::shared_ptr<CompletionListener> listener) : state_(std::make_shared<State>()) {
   std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->listener = std::move(listener);
   start_thread(state_, [state = state_] { wait_loop(state); });
   // One completion thread always, since make_runnable may fail to start more.
   start_thread(state_, [state = state_] { completion_loop(state); });
@@ -125,10 +137,23 @@ Completer::~Completer() {
   state_->exited_cv.wait(lock, [&] { return state_->threads == 0; });
 }
 
-void Completer::push(c10::intrusive_ptr<GradcommWork> work) {
+void Completer::push(c10::intrusive_ptr<GradcommWork> work, bool top_level) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->issued.emplace_back(std::move(work), t_completer_state != state_.get());
+    state_->issued.emplace_back(std::move(work), top_level);
+  }
+  state_->issued_cv.notify_one();
+}
+
+bool Completer::on_completion_thread() const { return t_completer_state == state_.get(); }
+
+int Completer::completing_issuer() { return t_completing_issuer; }
+
+void Completer::wake_at(std::chrono::steady_clock::time_point when) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->hold_deadline = when;
+    state_->rearmed = true;
   }
   state_->issued_cv.notify_one();
 }
@@ -167,13 +192,24 @@ void Completer::wait_loop(std::shared_ptr<State> state) {
   std::unique_lock<std::mutex> lock(state->mutex);
   // It also holds the top-level works back, so it stays until they are out.
   const auto drained = [&] { return state->stop && state->issued.empty() && state->waiting.empty(); };
-  const auto wake = [&] { return !state->issued.empty() || drained(); };
+  const auto wake = [&] { return !state->issued.empty() || drained() || state->rearmed; };
   for (;;) {
-    if (state->waiting.empty()) {
+    state->rearmed = false;
+    // Held-up top-level works wake at their holder's end (issued_cv) or at kStall.
+    const auto until = state->waiting.empty() ? state->hold_deadline
+                                              : std::min(state->top_level_started + kStall, state->hold_deadline);
+    if (until == std::chrono::steady_clock::time_point::max()) {
       state->issued_cv.wait(lock, wake);
-    } else {  // held up by a running completion: wake at its end (issued_cv), or at kStall
-      state->issued_cv.wait_until(lock, state->top_level_started + kStall, wake);
-      release_top_level(state);
+    } else {
+      state->issued_cv.wait_until(lock, until, wake);
+    }
+    if (!state->waiting.empty()) release_top_level(state);
+    if (std::chrono::steady_clock::now() >= state->hold_deadline) {
+      state->hold_deadline = std::chrono::steady_clock::time_point::max();
+      const auto listener = state->listener;
+      lock.unlock();
+      listener->notify(/*deadline=*/true);
+      lock.lock();
     }
     if (state->issued.empty()) {
       if (drained()) break;
@@ -208,8 +244,11 @@ void Completer::completion_loop(std::shared_ptr<State> state) {
     auto [work, top_level] = std::move(state->runnable.front());
     state->runnable.pop_front();
     lock.unlock();
+    t_completing_issuer = work->issuer();
     work->complete();
+    t_completing_issuer = 0;
     work.reset();  // and with it what the Future's callbacks held, before the lock is taken
+    state->listener->notify(/*deadline=*/false);
     lock.lock();
     if (top_level) {
       --state->top_level_running;

@@ -36,15 +36,13 @@
 // that grows when every thread is busy and keeps its threads for reuse, so it is as
 // large as the deepest chain of blocked callbacks, plus one.
 //
-// What no process group can order: collectives that callbacks issue race those
-// that other threads issue at the same time (DDP's backward issuing its next
-// buckets while a PowerSGD callback issues its P and Q allreduces; torch's then()
-// even runs a callback on the caller's thread when the Future is already done).
-// gloo has the same race. The communicator refuses a call issued while another
-// thread's calls are outstanding and aborts every rank (src/engine.h, "Issuing
-// threads"), so such a race ends in InvalidArgument, never in calls paired across
-// threads; where the callbacks' calls happen to follow the others' on every rank,
-// the program runs (docs/fault-model.md).
+// Which op is issued when: collectives that callbacks issue would race those that
+// other threads issue meanwhile (DDP's backward issuing its next buckets while a
+// PowerSGD callback issues its P and Q allreduces). The process group orders them
+// (issue_order.cc): a top-level op waits, unissued, until the callbacks of earlier
+// ops whose Futures were handed out have returned, so a callback's ops follow the
+// op it was attached to on every rank. The Completer tells it when a completion
+// returns (CompletionListener) and wakes it at a hold's deadline (wake_at).
 //
 // Errors. A gradcomm error (MismatchError, PeerFailure, TimeoutError, ...) fails the
 // Work and the Future as a PythonError (below): Python sees the library's class
@@ -66,6 +64,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -85,16 +84,29 @@ class GradcommWork : public c10d::Work {
   // Future give (the op's output tensors). `keep`: tensors the calls read or write
   // (inputs, staging buffers), held until completion. `finish`: the local step, run
   // after every call succeeded (may be empty).
-  GradcommWork(int rank, c10d::OpType type, const char* op_name,
-               std::vector<std::shared_ptr<gradcomm::Work>> works, std::vector<at::Tensor> outputs,
-               std::vector<at::Tensor> keep, std::function<void()> finish);
+  // `issuer`: the thread whose program order the op belongs to (issue_order.cc). The
+  // works are set when the op is issued (set_works), which may be after construction.
+  GradcommWork(int rank, c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
+               std::vector<at::Tensor> keep, std::function<void()> finish, int issuer);
+
+  // The gradcomm calls the op issued, and the error that stopped it issuing the rest
+  // (then the op fails with it; the calls issued are still waited on). Before push.
+  void set_works(std::vector<std::shared_ptr<gradcomm::Work>> works, std::exception_ptr error);
 
   // Blocks until completion (or `timeout` when given: then a RuntimeError naming
   // the op and the timeout; the op goes on). Rethrows the op's error.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   std::vector<at::Tensor> result() override;
   // Completes with a list of the output tensors (c10d's convention for collectives).
+  // Handing it out is what lets a callback be attached (issue_order.cc).
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  int issuer() const { return issuer_; }
+  const std::string& op_name() const { return op_name_; }
+  bool future_handed_out() const { return handed_out_.load(std::memory_order_acquire); }
+  bool issued() const { return issued_.load(std::memory_order_acquire); }     // set_works ran
+  bool settled() const { return settled_.load(std::memory_order_acquire); }   // the engine is done with it
+  bool returned() const { return returned_.load(std::memory_order_acquire); }  // its callbacks returned
 
   // The Completer's two steps. settle() (the waiter): waits on the gradcomm works
   // and runs the local step. complete() (a completion thread): marks the Future,
@@ -110,6 +122,28 @@ class GradcommWork : public c10d::Work {
   std::function<void()> finish_;
   std::exception_ptr error_;  // settle()'s outcome, for complete()
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const int issuer_;
+  std::atomic<bool> handed_out_{false};
+  std::atomic<bool> issued_{false};
+  std::atomic<bool> settled_{false};
+  std::atomic<bool> returned_{false};
+};
+
+// The process group's ear on its Completer (issue_order.cc): called after every
+// completion returns (deadline false) and when a hold's deadline passes (true).
+// The group empties `call` (under `mutex`) before it goes, so a completion thread
+// that outlives the group calls nothing.
+struct CompletionListener {
+  std::mutex mutex;
+  std::function<void(bool deadline)> call;
+  void notify(bool deadline) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (call) call(deadline);
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex);
+    call = nullptr;
+  }
 };
 
 // A gradcomm error on its way to Python. torch::PyTorchError, so torch's own
@@ -138,14 +172,21 @@ std::exception_ptr as_torch_error(std::exception_ptr error);
 
 class Completer {
  public:
-  Completer();
+  explicit Completer(std::shared_ptr<CompletionListener> listener);
   ~Completer();  // see "Shutdown" above
   Completer(const Completer&) = delete;
   Completer& operator=(const Completer&) = delete;
 
-  // Queues a work the caller has just issued: a top-level one unless the caller is
-  // one of this Completer's completion threads (a future callback).
-  void push(c10::intrusive_ptr<GradcommWork> work);
+  // Queues a work the caller has just issued; `top_level`: issued outside the
+  // completion threads, or held and issued on the caller's behalf (issue_order.cc).
+  void push(c10::intrusive_ptr<GradcommWork> work, bool top_level);
+  // Whether the calling thread is one of this Completer's completion threads (a
+  // future callback runs there), and the issuer of the work it is completing.
+  bool on_completion_thread() const;
+  static int completing_issuer();
+  // Calls the listener with deadline=true at `when` (or soon after: the waiter
+  // checks between works); a later call replaces an earlier deadline.
+  void wake_at(std::chrono::steady_clock::time_point when);
 
  private:
   // How long a top-level op's completion may hold up the next one (see above).
@@ -163,6 +204,9 @@ class Completer {
     std::deque<std::pair<c10::intrusive_ptr<GradcommWork>, bool>> runnable;  // to complete; top-level?
     size_t top_level_running = 0;
     std::chrono::steady_clock::time_point top_level_started;  // of the last one made runnable
+    std::chrono::steady_clock::time_point hold_deadline = std::chrono::steady_clock::time_point::max();
+    bool rearmed = false;  // wake_at moved hold_deadline: the waiter recomputes its wait
+    std::shared_ptr<CompletionListener> listener;
     size_t threads = 0;  // running: the waiter and the completion threads
     size_t idle = 0;     // completion threads waiting for a runnable work
     bool stop = false;
