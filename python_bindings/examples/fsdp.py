@@ -10,6 +10,15 @@ Run (2 ranks; any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
     torchrun --nproc_per_node=2 python_bindings/examples/fsdp.py --compression topk:ratio=0.01
     torchrun --nproc_per_node=2 python_bindings/examples/fsdp.py --backend gloo        # dense FSDP
 
+On a gloo (or NCCL) group, FSDP2's own hook compresses just the reduce-scatters, the
+way compression_hook does for DDP (--reduce-scatter SPEC; torch 2.x, fully_shard):
+
+    comm = gradcomm.torch.CompressedReduceScatter("quant:bits=8")
+    for module in fsdp_modules:
+        module.set_custom_reduce_scatter(comm)
+
+    torchrun --nproc_per_node=2 python_bindings/examples/fsdp.py --backend gloo --reduce-scatter quant:bits=8
+
 --fsdp fully_shard (FSDP2, the default where torch has it) or fsdp1
 (FullyShardedDataParallel). Each rank trains on its own half of the training set; the
 accuracy is on the 10,000 test images. One JSON line per epoch on rank 0 (--json FILE
@@ -36,6 +45,9 @@ import gradcomm.torch as gtorch
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--backend", default="gradcomm", choices=["gradcomm", "gloo"])
 parser.add_argument("--compression", default="quant:bits=8", help="gradcomm spec (--backend gradcomm)")
+parser.add_argument("--reduce-scatter", default=None, metavar="SPEC",
+                    help="--backend gloo, fully_shard: compress the reduce-scatters with "
+                         "gradcomm.torch.CompressedReduceScatter(SPEC)")
 parser.add_argument("--fsdp", default="fully_shard", choices=["fully_shard", "fsdp1"])
 parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST idx .gz files")
 parser.add_argument("--epochs", type=int, default=3)
@@ -46,6 +58,8 @@ parser.add_argument("--seed", type=int, default=1)
 parser.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
 parser.add_argument("--json", help="append the per-epoch records to this file (rank 0)")
 args = parser.parse_args()
+if args.reduce_scatter and (args.backend != "gloo" or args.fsdp != "fully_shard"):
+    parser.error("--reduce-scatter goes with --backend gloo --fsdp fully_shard")
 
 
 def load_idx(path):
@@ -86,10 +100,12 @@ if args.fsdp == "fully_shard":
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh("cpu", (world,))
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    modules = [fully_shard(layer, mesh=mesh) for layer in model if isinstance(layer, nn.Linear)]
+    modules.append(fully_shard(model, mesh=mesh))
+    if args.reduce_scatter:
+        reduce_scatter = gtorch.CompressedReduceScatter(args.reduce_scatter)
+        for module in modules:
+            module.set_custom_reduce_scatter(reduce_scatter)
 else:
     from torch.distributed.fsdp import FullyShardedDataParallel
     model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
@@ -135,7 +151,9 @@ for epoch in range(1, args.epochs + 1):
     step_s = (time.perf_counter() - started) / steps
     accuracy = evaluate()
     record = {"epoch": epoch, "backend": args.backend, "fsdp": args.fsdp, "world": world,
-              "compression": args.compression if args.backend == "gradcomm" else "none (gloo)",
+              "compression": (args.compression if args.backend == "gradcomm" else
+                              f"{args.reduce_scatter} (gloo, CompressedReduceScatter)" if args.reduce_scatter else
+                              "none (gloo)"),
               "train_loss": loss_sum / steps, "test_accuracy": accuracy, "step_s": step_s, "steps": steps}
     if args.backend == "gradcomm":
         st = gtorch.stats()
@@ -145,6 +163,12 @@ for epoch in range(1, args.epochs + 1):
         # the library's reduce-scatter, dense_ring_bytes counts (N-1)/N per reduce-scatter).
         record["reduce_bytes_sent"] = st["bytes_sent"] - st["gathered_bytes"]
         record["dense_reduce_scatter_bytes"] = st["dense_ring_bytes"]
+    elif args.reduce_scatter:
+        import gradcomm
+        st = reduce_scatter.stats()
+        record.update({k: st[k] for k in ("reductions", "compressed_reductions")})
+        record["reduce_bytes_sent"] = gradcomm.stats()["bytes_sent"]  # only the reduce-scatters use gradcomm here
+        record["dense_reduce_scatter_bytes"] = st["dense_reduce_scatter_bytes"]
     if rank == 0:
         print(json.dumps(record), flush=True)
         if args.json:

@@ -77,7 +77,8 @@ import gradcomm
 # DDP checks a hook's annotations against these exact objects.
 _GradBucket = torch.distributed.GradBucket if torch.distributed.is_available() else object
 
-__all__ = ["CompressionHookState", "compression_hook", "DistributedOptimizer", "broadcast_parameters",
+__all__ = ["CompressionHookState", "compression_hook", "CompressedReduceScatter", "DistributedOptimizer",
+           "broadcast_parameters",
            "broadcast_optimizer_state", "ProcessGroupOptions", "set_compression", "backend_available", "stats",
            "next_round", "backend"]
 
@@ -312,6 +313,137 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
     future = torch.futures.Future()
     _completer.complete(work, future)
     return future
+
+
+# ---- FSDP2: a compressed reduce-scatter for any process group -------------------------
+
+try:  # torch >= 2.x with FSDP2's custom-comm API (set_custom_reduce_scatter)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+except ImportError:
+    _ReduceScatterBase = object
+
+_live_reduce_scatters = weakref.WeakSet()
+
+
+class CompressedReduceScatter(_ReduceScatterBase):
+    """FSDP2's reduce-scatter, compressed by gradcomm, on any process group (gloo, NCCL):
+
+        comm = gradcomm.torch.CompressedReduceScatter("quant:bits=8")
+        for module in fsdp_modules:          # each fully_shard()-ed module
+            module.set_custom_reduce_scatter(comm)
+
+    FSDP calls it with each gradient bucket (input) and its shard (output). The bytes go
+    over gradcomm's own communicator (gradcomm.init() on first use, through torch's store,
+    as compression_hook does), so the group must span the job: its size and this rank's
+    place in it are gradcomm's. Specs of the compressed ring's codecs (fp16, bf16, quant,
+    qsgd, sign) run gradcomm's compressed reduce-scatter ((N-1)/N of the compressed
+    input); the others (top-k, random-k, sketch) a compressed allreduce of the input,
+    whose shard is kept. Ops: AVG, SUM and PREMUL_SUM (FSDP2's set_gradient_divide_factor:
+    the input is multiplied first). float32 is compressed as it is; float16/bfloat16
+    through a float32 copy. Tensors below min_compress_numel, and other ops, are exact.
+
+    Error feedback: the j-th reduce-scatter of a size and dtype within a training step is
+    the same FSDP parameter group on every rank and in every step, so its residual is
+    keyed so ("fsdp-rs/<numel>/<dtype>#<j>"); a step ends at each torch.optim
+    optimizer's step() (call next_round() yourself without one). stats() counts what it
+    reduced against what a dense reduce-scatter sends."""
+
+    def __init__(self, compression="quant:bits=8", min_compress_numel=1024):
+        if not isinstance(compression, str):
+            raise TypeError(f"CompressedReduceScatter: compression must be a spec string, got "
+                            f"{type(compression).__name__}")
+        if not isinstance(min_compress_numel, int) or min_compress_numel < 0:
+            raise ValueError(f"CompressedReduceScatter: min_compress_numel must be an int >= 0, got "
+                             f"{min_compress_numel!r}")
+        _check_spec(compression, "CompressedReduceScatter")
+        self.compression = compression
+        self.min_compress_numel = min_compress_numel
+        self._codec_ring = compression != "none" and gradcomm._C.reduce_scatter_compresses(compression)
+        self._round_calls = collections.Counter()
+        self._stats = {"reductions": 0, "compressed_reductions": 0, "reduced_bytes": 0,
+                       "dense_reduce_scatter_bytes": 0}
+        _live_reduce_scatters.add(self)
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def next_round(self):
+        """Ends a training step's round of calls (every torch.optim step() does it)."""
+        self._round_calls.clear()
+
+    def stats(self):
+        """reductions, compressed_reductions, reduced_bytes (the inputs' bytes) and
+        dense_reduce_scatter_bytes ((N-1)/N of them: what a dense reduce-scatter sends);
+        gradcomm.stats() has the bytes gradcomm really sent."""
+        return dict(self._stats)
+
+    def __call__(self, output_tensor, input_tensor, group=None, op=None, async_op=False):
+        who = "CompressedReduceScatter"
+        if not gradcomm.is_initialized():
+            gradcomm.init()
+        n = gradcomm.size()
+        group_size = torch.distributed.get_world_size(group)
+        group_rank = torch.distributed.get_rank(group)
+        if group_size != n or group_rank != gradcomm.rank():
+            raise ValueError(f"{who}: the group has {group_size} ranks (this one {group_rank}), gradcomm's "
+                             f"communicator {n} (this one {gradcomm.rank()}): it reduces over gradcomm's job, so "
+                             f"the group must be the whole job (FSDP over all ranks; not HSDP's shard groups)")
+        if input_tensor.numel() != n * output_tensor.numel():
+            raise ValueError(f"{who}: the input has {input_tensor.numel()} elements, expected {n} x "
+                             f"{output_tensor.numel()} (the output's)")
+        if input_tensor.dtype != output_tensor.dtype or input_tensor.device != output_tensor.device:
+            raise ValueError(f"{who}: the input is {input_tensor.dtype} on {input_tensor.device}, the output "
+                             f"{output_tensor.dtype} on {output_tensor.device}")
+        reduce_op, factor = _fsdp_reduce_op(op, who)
+        exact = (self.compression == "none" or reduce_op not in ("sum", "avg") or
+                 input_tensor.numel() < self.min_compress_numel or
+                 input_tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16))
+        flat = input_tensor.reshape(-1)
+        if not exact and flat.dtype != torch.float32:
+            flat = flat.to(torch.float32)  # the compressors take float32
+        elif factor is not None or not flat.is_contiguous():
+            flat = flat.clone(memory_format=torch.contiguous_format)  # the caller's input stays
+        if factor is not None:
+            flat.mul_(factor)
+        bytes_in = input_tensor.numel() * input_tensor.element_size()
+        self._stats["reductions"] += 1
+        self._stats["reduced_bytes"] += bytes_in
+        self._stats["dense_reduce_scatter_bytes"] += (n - 1) * bytes_in // n
+        m = output_tensor.numel()
+        if exact:
+            share = gradcomm.reduce_scatter(flat, op=reduce_op)
+        else:
+            self._stats["compressed_reductions"] += 1
+            site = f"{flat.numel()}/{str(input_tensor.dtype).replace('torch.', '')}"
+            key = f"fsdp-rs/{site}#{self._round_calls[site]}"
+            self._round_calls[site] += 1
+            if self._codec_ring:
+                share = gradcomm.reduce_scatter(flat, op=reduce_op, compression=self.compression, name=key)
+            else:
+                gradcomm.allreduce(flat, op=reduce_op, compression=self.compression, name=key)
+                share = flat.narrow(0, gradcomm.rank() * m, m)
+        output_tensor.copy_(share.reshape(output_tensor.shape))
+        if not async_op:
+            return None
+        future = torch.futures.Future()
+        future.set_result([output_tensor])
+        return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+def _fsdp_reduce_op(op, who):
+    """(gradcomm op name, premultiplier or None) for a torch ReduceOp FSDP passes."""
+    ReduceOp = torch.distributed.ReduceOp
+    kind = getattr(op, "op", op) if op is not None else ReduceOp.SUM
+    if kind == ReduceOp.PREMUL_SUM:
+        factor = op.factor
+        if torch.is_tensor(factor):
+            factor = float(factor.reshape(-1)[0])
+        return "sum", float(factor)
+    names = {ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MIN: "min", ReduceOp.MAX: "max"}
+    if kind not in names:
+        raise NotImplementedError(f"{who}: reduce op {kind} is not supported; supported: SUM, AVG, MIN, MAX, "
+                                  f"PREMUL_SUM")
+    return names[kind], None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -791,6 +923,8 @@ def next_round(group=None):
 def _end_rounds(*args, **kwargs):
     for pg in list(_live_groups):
         pg._next_round()
+    for comm in list(_live_reduce_scatters):
+        comm.next_round()
 
 
 # torch >= 2.0 (1.13's optimizers have no global hooks).

@@ -20,6 +20,7 @@
 
 #include "communicator_factory.h"
 #include "compressors/auto_spec.h"
+#include "compressors/family.h"
 #include "compressors/spec.h"
 #include "gradcomm/gradcomm.h"
 #include "python_store.h"
@@ -352,6 +353,13 @@ PYBIND11_MODULE(_gradcomm, m) {
   // (gradcomm.InvalidArgument, a ValueError) naming the problem and what is accepted.
   m.def("check_compression", [](const std::string& spec) { detail::check_compressor_spec(spec); },
         py::arg("spec"));
+  // Whether reduce_scatter compresses with `spec` itself (the compressed ring's codecs)
+  // or only an allreduce does (the rest, and auto, which chooses per allreduce).
+  m.def("reduce_scatter_compresses", [](const std::string& spec) {
+    detail::check_compressor_spec(spec);
+    return !detail::is_auto_spec(spec) &&
+           detail::family_of(detail::parse_compressor_spec(spec).id).collective == detail::Collective::kCodecRing;
+  }, py::arg("spec"));
   m.def("stats", [] {
     const Stats st = with_communicator("stats", [](Communicator& c) { return c.stats(); });
     py::dict d;

@@ -28,6 +28,6 @@ cluster_require_netns() {
 cluster_fail_with_logs() {
   local dir=$1 f; shift
   echo "FAIL: $*"
-  for f in "$dir"/*.log; do echo "== $f"; tail -n 15 "$f"; done
+  for f in "$dir"/*.log; do echo "== $f"; tail -n "${CLUSTER_LOG_LINES:-60}" "$f"; done
   exit 1
 }

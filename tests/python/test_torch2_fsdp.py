@@ -5,7 +5,9 @@ backend with quant:bits=8 and with top-k. Each compressed run must end with the
 all-gathered parameters bitwise identical on both ranks, reach a test accuracy within
 1 percentage point of dense FSDP's on the same data, seeds and steps, and send fewer
 reduce-scatter bytes than a dense ring (the group's counters); fsdp1
-(FullyShardedDataParallel) once as well. The runs are deterministic (same seeds, same
+(FullyShardedDataParallel) once as well. And FSDP2 on a gloo group with
+gradcomm.torch.CompressedReduceScatter (quant:bits=8 within 0.5 pp of dense and at most
+0.27x of the dense reduce-scatter's bytes; top-k 5 % within 1 pp and 0.15x). The runs are deterministic (same seeds, same
 arithmetic), so the margins are those of bench/results/fsdp-2026-11-27.md."""
 import json
 import os
@@ -46,6 +48,18 @@ def test_compressed_fsdp_within_1pp_of_dense(tmp_path, dense, spec):
     assert last["reduce_bytes_sent"] < last["dense_ring_bytes"] / 2 / 1.5, last
     assert abs(last["test_accuracy"] - dense["test_accuracy"]) <= 0.01, (last, dense)
     assert dense["test_accuracy"] > 0.8, dense  # the task is learnt at all
+
+
+@pytest.mark.parametrize("spec,accuracy_pp,byte_ratio", [("quant:bits=8", 0.5, 0.27), ("topk:ratio=0.05", 1.0, 0.15)])
+def test_compressed_reduce_scatter_on_gloo_within_reach_of_dense(tmp_path, dense, spec, accuracy_pp, byte_ratio):
+    """FSDP2 on a gloo group, its reduce-scatters compressed by
+    gradcomm.torch.CompressedReduceScatter (set_custom_reduce_scatter): accuracy within
+    accuracy_pp of dense FSDP over gloo, and gradcomm's bytes at most byte_ratio of what
+    the dense reduce-scatters send ((N-1)/N of their inputs)."""
+    last = train(tmp_path, "--backend", "gloo", "--reduce-scatter", spec)
+    assert last["compressed_reductions"] == last["reductions"] > 0, last
+    assert last["reduce_bytes_sent"] <= byte_ratio * last["dense_reduce_scatter_bytes"], last
+    assert abs(last["test_accuracy"] - dense["test_accuracy"]) <= accuracy_pp / 100, (last, dense)
 
 
 def test_fsdp1_compressed_consistent(tmp_path):
