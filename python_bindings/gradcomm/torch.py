@@ -317,10 +317,12 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
 
 # ---- FSDP2: a compressed reduce-scatter for any process group -------------------------
 
-try:  # torch >= 2.x with FSDP2's custom-comm API (set_custom_reduce_scatter)
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
-except ImportError:
-    _ReduceScatterBase = object
+_ReduceScatterBase = object
+if _TORCH_MAJOR >= 2:  # FSDP2's custom-comm API (set_custom_reduce_scatter); 1.13's fsdp package
+    try:               # does not even import on Python 3.11 (a dataclass error)
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+    except ImportError:
+        pass
 
 _live_reduce_scatters = weakref.WeakSet()
 
