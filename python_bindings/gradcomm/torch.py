@@ -142,6 +142,25 @@ class CompressionHookState:
         # not bucket.index(), so a bucket's key survives DDP's bucket rebuild.
         self._ordinals = {}  # id(param) -> (weakref to param, ordinal)
         self._next_ordinal = 0
+        self._counts = {"reductions": 0, "compressed_reductions": 0, "reduced_bytes": 0, "dense_ring_bytes": 0}
+
+    def stats(self):
+        """gradcomm.stats() (bytes_sent, ... of gradcomm's communicator, which only this
+        hook uses in a DDP job) plus the hook's own counters: reductions (buckets),
+        compressed_reductions, reduced_bytes (the buckets' bytes) and dense_ring_bytes,
+        what a dense ring allreduce of them sends (2(N-1)/N of their bytes, in their own
+        dtype), so saving = dense_ring_bytes / bytes_sent."""
+        out = dict(gradcomm.stats()) if gradcomm.is_initialized() else {}
+        out.update(self._counts)
+        return out
+
+    def _count(self, buffer, compressed):
+        n = gradcomm.size()
+        nbytes = buffer.numel() * buffer.element_size()
+        self._counts["reductions"] += 1
+        self._counts["compressed_reductions"] += int(compressed)
+        self._counts["reduced_bytes"] += nbytes
+        self._counts["dense_ring_bytes"] += 2 * (n - 1) * nbytes // n
 
     def _ordinal(self, param):
         entry = self._ordinals.get(id(param))
@@ -295,8 +314,10 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
     buffer = bucket.buffer()
     if state.iter < state.start_iter or _dense_only(buffer, state.compression, state.min_compress_numel,
                                                     "compression_hook"):
+        state._count(buffer, compressed=False)
         work = gradcomm.allreduce_async(buffer, op="avg")
     else:
+        state._count(buffer, compressed=True)
         key = state.bucket_key(bucket)
         state.keys.add(key)
         work = gradcomm.allreduce_async(buffer, op="avg", compression=state.compression, name=key,

@@ -325,12 +325,12 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
   CompressOptions options;
   if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
-    count_reduction(flat, options);
+    count_reduction(flat.numel(), t.scalar_type(), options);
     return options;  // exact
   }
   options.compressor = compression_.spec;
   options.key = compression_key(t);
-  count_reduction(flat, options);
+  count_reduction(flat.numel(), t.scalar_type(), options);
   return options;
 }
 
@@ -361,7 +361,7 @@ CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& f
   CompressOptions options;
   if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
-    count_reduction(flat, options, /*reduce_scatter=*/true);
+    count_reduction(flat.numel(), input_type, options, /*reduce_scatter=*/true);
     return options;  // exact
   }
   const std::string site = fmt::format("{}/{}", flat.numel(), c10::toString(input_type));
@@ -374,7 +374,7 @@ CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& f
   }
   options.compressor = compression_.spec;
   options.key = fmt::format("torch/rs/n{}#{}", site, call);
-  count_reduction(flat, options, /*reduce_scatter=*/true);
+  count_reduction(flat.numel(), input_type, options, /*reduce_scatter=*/true);
   return options;
 }
 
@@ -383,9 +383,11 @@ void ProcessGroupGradcomm::next_round() {
   round_calls_.clear();
 }
 
-void ProcessGroupGradcomm::count_reduction(const at::Tensor& flat, const CompressOptions& options,
+void ProcessGroupGradcomm::count_reduction(int64_t numel, at::ScalarType dtype, const CompressOptions& options,
                                            bool reduce_scatter) {
-  const auto bytes = static_cast<uint64_t>(flat.numel()) * static_cast<uint64_t>(flat.element_size());
+  // In the caller's dtype: a bfloat16 gradient compressed through a float32 copy is
+  // measured against the bfloat16 bytes a dense reduction would send.
+  const auto bytes = static_cast<uint64_t>(numel) * static_cast<uint64_t>(c10::elementSize(dtype));
   const auto n = static_cast<uint64_t>(getSize());
   ++stats_.reductions;
   if (options.compressor != "none") ++stats_.compressed;
@@ -414,7 +416,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::dense_reduce_scatter(c10d::
   return start(
       type, op,
       [=, this](auto& works) {
-        count_reduction(flat_in, CompressOptions{}, /*reduce_scatter=*/true);
+        count_reduction(flat_in.numel(), flat_in.scalar_type(), CompressOptions{}, /*reduce_scatter=*/true);
         works.push_back(comm_->reduce_scatter_async(vin, vout, reduce_op));
       },
       {out}, {flat_in, flat_out}, std::move(finish));

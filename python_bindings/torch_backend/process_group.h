@@ -251,9 +251,11 @@ class ProcessGroupGradcomm : public BackendBase {
   // The options for a reduce-scatter of `flat` (the whole input, staged; its dtype was
   // `input_type`), keyed per round and call site; caller holds issue_mutex_.
   CompressOptions reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type, ReduceOp op);
-  // Counts a reduction of `flat` in stats_, against the bytes a dense allreduce (or, for
-  // `reduce_scatter`, a dense reduce-scatter) of it sends; caller holds issue_mutex_.
-  void count_reduction(const at::Tensor& flat, const CompressOptions& options, bool reduce_scatter = false);
+  // Counts a reduction of `numel` elements of the caller's `dtype` (not a float32 staging
+  // copy's) in stats_, against the bytes a dense allreduce (or, for `reduce_scatter`, a
+  // dense reduce-scatter) of them sends in that dtype; caller holds issue_mutex_.
+  void count_reduction(int64_t numel, at::ScalarType dtype, const CompressOptions& options,
+                       bool reduce_scatter = false);
   // Whether a reduction of `t` (op) compresses with the group's spec: float32, or a
   // float16/bfloat16 staged through float32, of enough elements, summed or averaged
   // (takes issue_mutex_). Otherwise it is exact: the library's dense reduce-scatter.

@@ -6,7 +6,8 @@ against closed-form references. Rank r contributes (r + 1) * v, so sums are know
   - reduce_scatter_tensor compressed (quant:bits=8): close to the exact sum, the
     gathered shards bitwise identical on every rank; its error-feedback state keyed
     per round (the same after more rounds, growing without next_round);
-  - bfloat16 all_reduce compressed through float32 (counted, bitwise identical);
+  - bfloat16 all_reduce compressed through float32 (counted, bitwise identical), and a
+    bfloat16 reduce-scatter's dense baseline counted in bfloat16 bytes;
   - an unsupported op refused by name.
 Prints 'OK torch2-collectives rank=R'."""
 import datetime
@@ -129,6 +130,22 @@ dist.all_reduce(y, group=everyone)
 assert y.dtype == torch.bfloat16 and gtorch.stats(everyone)["compressed_reductions"] == before + 1
 assert (y != 0).sum().item() <= n * 82, "bfloat16 all_reduce was not top-k compressed"
 agree("bf16", y)
+
+# Its savings in its own dtype: a bfloat16 reduce-scatter compressed with quant:bits=8 is
+# counted against the bytes a dense bfloat16 reduce-scatter sends ((N-1)/N x 2 bytes per
+# element), not against its float32 staging copy's (issue 44 item 5).
+gtorch.set_compression(everyone, "quant:bits=8", min_compress_numel=1024)
+s0 = gtorch.stats(everyone)
+z = torch.randn(4096 * n, generator=g).to(torch.bfloat16)
+shard = torch.empty(4096, dtype=torch.bfloat16)
+dist.reduce_scatter_tensor(shard, z, group=everyone)
+s1 = gtorch.stats(everyone)
+assert s1["compressed_reductions"] == s0["compressed_reductions"] + 1, (s0, s1)
+assert s1["reduced_bytes"] - s0["reduced_bytes"] == 4096 * n * 2, (s0, s1)
+assert s1["dense_ring_bytes"] - s0["dense_ring_bytes"] == (n - 1) * 4096 * 2, (s0, s1)
+sent = s1["bytes_sent"] - s0["bytes_sent"]
+# quant:bits=8 sends a byte per element plus each bucket's scale: about half the dense bf16 bytes.
+assert 0.45 < sent / ((n - 1) * 4096 * 2) < 0.6, (sent, s0, s1)
 
 # ---- refused by name ---------------------------------------------------------------------
 try:

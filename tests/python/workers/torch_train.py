@@ -107,6 +107,18 @@ def run_ddp(compression, start_iter):
                 f"ddp none step {step}: differs from plain DDP by {diff}"
     check_loss_falls(losses, f"ddp {compression}")
     assert state.iter == STEPS, state.iter
+    # The hook's stats: every bucket counted, its dense baseline a ring's 2(N-1)/N of its bytes.
+    st = state.stats()
+    bucket_bytes = 4 * n_params  # float32 gradients, every parameter in some bucket each step
+    assert st["reduced_bytes"] == STEPS * bucket_bytes, (st, bucket_bytes)
+    # (each bucket's 2(N-1)/N rounds down: at most a byte per bucket off the whole's)
+    assert 0 <= STEPS * 2 * (n - 1) * bucket_bytes / n - st["dense_ring_bytes"] <= st["reductions"], st
+    if compression == "none":
+        assert st["compressed_reductions"] == 0, st
+    else:  # the first start_iter iterations dense
+        assert 0 < st["compressed_reductions"] == st["reductions"] or start_iter > 0, st
+        assert st["compressed_reductions"] < st["reductions"] or start_iter == 0, st
+    assert "bytes_sent" in st, st
     if compression != "none":
         # One key per bucket DDP uses; after the rebuild (from the second iteration
         # on) no new key appears: error feedback follows the same gradients.
