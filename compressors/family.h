@@ -35,6 +35,13 @@ enum class Collective : uint8_t {
   kLowRank,           // P and Q factors over two dense rings (powersgd)
 };
 
+// Whether reduce_scatter compresses with such a family itself (on host memory): the
+// compressed ring's codecs (a payload per hop) and top-k (each segment's owner gets the
+// ranks' selected entries there). The others are for allreduce only.
+constexpr bool reduce_scatter_compresses(Collective c) {
+  return c == Collective::kCodecRing || c == Collective::kSparseSelection;
+}
+
 // A family's view of its spec's key=value pairs, already checked against its key list
 // and for duplicates. Every failure throws InvalidArgument naming the spec, the family,
 // the key and what is accepted.

@@ -291,13 +291,14 @@ std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in,
       throw InvalidArgument(fmt::format("rank {}: reduce_scatter: {}", rank(), e.what()));
     }
     const Collective collective = family_of(spec->id).collective;
-    if (collective != Collective::kDense && collective != Collective::kCodecRing) {
+    if (collective != Collective::kDense && !reduce_scatter_compresses(collective)) {
       throw InvalidArgument(fmt::format("rank {}: reduce_scatter: compressor '{}' is not available for "
                                         "reduce_scatter, which compresses with the codecs of the compressed ring "
-                                        "({}); allreduce takes '{}'",
-                                        rank(), text, family_names(Collective::kCodecRing), text));
+                                        "({}) and with {}; allreduce takes '{}'",
+                                        rank(), text, family_names(Collective::kCodecRing),
+                                        family_names(Collective::kSparseSelection), text));
     }
-    if (collective == Collective::kCodecRing && in.device.type == DeviceType::kCuda) {
+    if (collective != Collective::kDense && in.device.type == DeviceType::kCuda) {
       throw Unsupported(fmt::format("rank {}: reduce_scatter: compressor '{}' on CUDA tensors is not available "
                                     "(the dense reduce_scatter and the compressed allreduce are)",
                                     rank(), text));

@@ -25,6 +25,8 @@
 //                                         becomes acc with the sent entries replaced by the
 //                                         rounding their value type drops
 //   sparse_allreduce(algo, data, n, k, op) the selections' sum (or average: applies op) into data
+//   sparse_reduce_scatter(data, n, k, op) the selections' sum (or average) into this rank's
+//                                         segment of data only (reduce-scatter; host only)
 //   select_random(n, count, rng)          count indices drawn alike on every rank
 //   make_sketch(rows, cols, rng)          a count-sketch; sketch_table(sketch): its zeroed table
 //   sketch_accumulate(sketch, data, n, t) t += sketch(acc); returns acc as accumulate_in_residual
@@ -151,9 +153,11 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
 
 // The compressed reduce-scatter: data holds numel = N x count elements, in place; rank r
 // ends with its segment r (elements [r count, (r + 1) count)) reduced, divided for kAvg.
-// The codec-ring families only (the issuing side refuses the others): the compressed
-// ring's reduce-scatter phase, whose encodes refill the residual as the allreduce's do;
-// the owner's segment is exact (its own values plus the decoded partial sums).
+// The families reduce_scatter_compresses names (the issuing side refuses the others):
+// a codec-ring family runs the compressed ring's reduce-scatter phase, whose encodes
+// refill the residual as the allreduce's do (the owner's segment is exact: its own
+// values plus the decoded partial sums); top-k selects as its allreduce does and sends
+// each owner the selected entries in its segment (sparse_reduce_scatter).
 // Host primitives only, with two more:
 //   dense_reduce_scatter(data, n, op)     the dense ring's reduce-scatter, in place
 //   codec_ring(data, n, rng, divisor, RingPhases::kReduceScatter)
@@ -167,6 +171,14 @@ void compressed_reduce_scatter(P& p, const CompressedCall& call, float* data, in
     return;
   }
   const PhiloxStream mine{spec.seed, philox_stream_id(call.key_hash, step, call.rank)};
+  if (family_of(spec.id).collective == Collective::kSparseSelection) {
+    const int64_t k = call.selection(numel);
+    p.select_topk(data, numel, k, mine);
+    p.sparse_reduce_scatter(data, numel, k, reduce_op);
+    p.keep_selection();
+    p.check_payloads(numel);
+    return;
+  }
   if (call.ranks == 1) {  // the output is still what compression keeps; an average over one is itself
     p.codec_round_trip(data, numel, mine);
     return;

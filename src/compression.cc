@@ -114,6 +114,10 @@ class HostPrimitives {
     }
   }
 
+  void sparse_reduce_scatter(float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
+    detail::sparse_reduce_scatter(op_, spec_.id, data, numel, reduce_op, selected_, sparse_format(spec_), k);
+  }
+
   void select_random(int64_t numel, int64_t count, const PhiloxStream& rng) {
     Op::PhaseTimer timer(op_, &Stats::encode_s);
     selected_.indices = randomk_indices(numel, count, rng);
@@ -323,7 +327,11 @@ void HostCompression::reduce_scatter(Op& op, float* data, int64_t numel, ReduceO
                                        const CompressorSpec& spec, KeyState* key, uint64_t key_hash) {
   const CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
   HostPrimitives host(*this, op, call, numel);
-  if (!op.two_levels()) return compressed_reduce_scatter(host, call, data, numel, reduce_op);
+  // Top-k sends each owner its segment's entries directly: one level (the selection is
+  // the whole tensor's, whatever the nodes).
+  if (!op.two_levels() || family_of(spec.id).collective == Collective::kSparseSelection) {
+    return compressed_reduce_scatter(host, call, data, numel, reduce_op);
+  }
   // Two levels (hierarchy.h): exact inside the nodes, each held block encoded once across.
   const int64_t count = numel / op.size();
   host.fold_and_clear(data, numel);  // data holds acc; the encodes across refill the residual

@@ -382,9 +382,10 @@ def reduce_scatter(x, out=None, op="sum", compression="none", name=None):
     share: rank r gets elements [r * m, (r + 1) * m) of the reduced x, m = x.numel /
     size(). `out` defaults to x.shape[1:] when x is (size(), ...), else a flat array of
     m elements; a given `out` must be contiguous, of x's dtype and device, with m
-    elements. `x` is left unchanged. compression: a spec of the compressed ring's
-    codecs (fp16, bf16, quant, qsgd, sign; float32 CPU arrays, sum or avg): a payload
-    per hop; `name` keys its state (error feedback) as allreduce's does."""
+    elements. `x` is left unchanged. compression (float32 CPU arrays, sum or avg): a
+    spec of the compressed ring's codecs (fp16, bf16, quant, qsgd, sign), a payload per
+    hop; or top-k, each rank sending each segment's owner the entries of its selection
+    there; `name` keys its state (error feedback) as allreduce's does."""
     out, args = _reduce_scatter_args(x, out, op, compression, name, "reduce_scatter")
     _C.reduce_scatter_async(*args).wait()
     return out

@@ -360,8 +360,9 @@ class CompressedReduceScatter(_ReduceScatterBase):
     as compression_hook does), so the group must span the job: its size and this rank's
     place in it are gradcomm's. Specs of the compressed ring's codecs (fp16, bf16, quant,
     qsgd, sign) run gradcomm's compressed reduce-scatter ((N-1)/N of the compressed
-    input); the others (top-k, random-k, sketch) a compressed allreduce of the input,
-    whose shard is kept. Ops: AVG, SUM and PREMUL_SUM (FSDP2's set_gradient_divide_factor:
+    input), and so do top-k ones (each owner gets the ranks' selected entries in its
+    shard: about (N-1)/N of k entries per rank); the others (random-k, sketch, powersgd)
+    and CUDA tensors a compressed allreduce of the input, whose shard is kept. Ops: AVG, SUM and PREMUL_SUM (FSDP2's set_gradient_divide_factor:
     the input is multiplied first). float32 is compressed as it is; float16/bfloat16
     through a float32 copy. Tensors below min_compress_numel, and other ops, are exact.
 
@@ -381,7 +382,7 @@ class CompressedReduceScatter(_ReduceScatterBase):
         _check_spec(compression, "CompressedReduceScatter")
         self.compression = compression
         self.min_compress_numel = min_compress_numel
-        self._codec_ring = compression != "none" and gradcomm._C.reduce_scatter_compresses(compression)
+        self._library_reduce_scatter = compression != "none" and gradcomm._C.reduce_scatter_compresses(compression)
         self._round_calls = collections.Counter()
         self._stats = {"reductions": 0, "compressed_reductions": 0, "reduced_bytes": 0,
                        "dense_reduce_scatter_bytes": 0}
@@ -440,7 +441,7 @@ class CompressedReduceScatter(_ReduceScatterBase):
             site = f"{flat.numel()}/{str(input_tensor.dtype).replace('torch.', '')}"
             key = f"fsdp-rs/{site}#{self._round_calls[site]}"
             self._round_calls[site] += 1
-            if self._codec_ring:
+            if self._library_reduce_scatter and flat.device.type == "cpu":
                 share = gradcomm.reduce_scatter(flat, op=reduce_op, compression=self.compression, name=key)
             else:
                 gradcomm.allreduce(flat, op=reduce_op, compression=self.compression, name=key)

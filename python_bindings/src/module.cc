@@ -353,12 +353,12 @@ PYBIND11_MODULE(_gradcomm, m) {
   // (gradcomm.InvalidArgument, a ValueError) naming the problem and what is accepted.
   m.def("check_compression", [](const std::string& spec) { detail::check_compressor_spec(spec); },
         py::arg("spec"));
-  // Whether reduce_scatter compresses with `spec` itself (the compressed ring's codecs)
-  // or only an allreduce does (the rest, and auto, which chooses per allreduce).
+  // Whether reduce_scatter compresses with `spec` itself (the compressed ring's codecs,
+  // top-k) or only an allreduce does (the rest, and auto, which chooses per allreduce).
   m.def("reduce_scatter_compresses", [](const std::string& spec) {
     detail::check_compressor_spec(spec);
     return !detail::is_auto_spec(spec) &&
-           detail::family_of(detail::parse_compressor_spec(spec).id).collective == detail::Collective::kCodecRing;
+           detail::reduce_scatter_compresses(detail::family_of(detail::parse_compressor_spec(spec).id).collective);
   }, py::arg("spec"));
   m.def("stats", [] {
     const Stats st = with_communicator("stats", [](Communicator& c) { return c.stats(); });

@@ -248,13 +248,13 @@ void ProcessGroupGradcomm::shutdown() {
 void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   if (compression.spec.empty()) compression.spec = "none";
   // Validates the spec, and says whether the library's reduce-scatter compresses with it
-  // (the codec-ring families).
-  bool codec_ring = false;
+  // (the codec-ring families and top-k: detail::reduce_scatter_compresses).
+  bool library_reduce_scatter = false;
   try {
     detail::check_compressor_spec(compression.spec);  // auto's too: it chooses per allreduce
-    codec_ring = !detail::is_auto_spec(compression.spec) &&
-                 detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective ==
-                     detail::Collective::kCodecRing;
+    library_reduce_scatter = !detail::is_auto_spec(compression.spec) &&
+                             detail::reduce_scatter_compresses(
+                                 detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective);
   } catch (...) {
     rethrow_as_torch_error();
   }
@@ -263,7 +263,7 @@ void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   }
   std::lock_guard<std::mutex> lock(issue_mutex_);
   compression_ = std::move(compression);
-  codec_ring_ = codec_ring;
+  library_reduce_scatter_ = library_reduce_scatter;
 }
 
 CompressionConfig ProcessGroupGradcomm::compression() const {
@@ -341,9 +341,11 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
 // the library's dense reduce-scatter, which sends (N-1)/N of the input. Compressed ones
 // with a codec-ring spec (fp16, bf16, quant, qsgd, sign) on CPU tensors take the
 // library's compressed reduce-scatter: a payload per hop, (N-1)/N of the input's
-// compressed size. The others (top-k and the rest, and CUDA tensors) are an allreduce of
-// the input, staged whole, and this rank's chunk copied out: every rank ends with
-// bitwise the same sum, so the shards agree, and the bytes are an allreduce's.
+// compressed size; so do top-k specs, each rank sending each segment's owner its
+// selected entries there (about (N-1)/N of k entries). The others (random-k, sketch,
+// powersgd, auto, and CUDA tensors) are an allreduce of the input, staged whole, and
+// this rank's chunk copied out: every rank ends with bitwise the same sum, so the
+// shards agree, and the bytes are an allreduce's.
 //
 // Error feedback needs a key naming "this gradient" on every rank and in every step.
 // A storage-based key (as allreduce uses) is wrong here: FSDP reduces from buffers
@@ -602,12 +604,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::compressed_reduce_scatter(c
                                                                                const at::Tensor& out, ReduceOp op) {
   const int64_t n = out.numel();
   const TensorView view = reduce_view(flat, name);
-  bool codec_ring = false;
+  bool library_reduce_scatter = false;
   {
     std::lock_guard<std::mutex> lock(issue_mutex_);
-    codec_ring = codec_ring_;
+    library_reduce_scatter = library_reduce_scatter_;
   }
-  if (codec_ring && flat.is_cpu()) {
+  if (library_reduce_scatter && flat.is_cpu()) {
     // The library's compressed reduce-scatter: a payload per hop, this rank's share exact
     // in what it received. Written into `out` when it is float32 and contiguous.
     const bool direct = out.scalar_type() == flat.scalar_type() && out.is_contiguous();
@@ -623,8 +625,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::compressed_reduce_scatter(c
         },
         {out}, {flat, share}, std::move(finish));
   }
-  // Other compressors (top-k and the rest: no library reduce-scatter) and CUDA tensors: a
-  // compressed allreduce of the whole input; this rank's chunk is the result.
+  // Other compressors (random-k, sketch, powersgd, auto: no library reduce-scatter) and
+  // CUDA tensors: a compressed allreduce of the whole input; this rank's chunk is the result.
   const int64_t rank = getRank();
   auto finish = [out, flat, n, rank] { out.copy_(flat.narrow(0, rank * n, n).view(out.sizes())); };
   return start(

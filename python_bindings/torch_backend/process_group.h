@@ -16,10 +16,10 @@
 //   broadcast            broadcast_async, in place
 //   allgather            allgather_async into one flat buffer, then copied into the
 //                        caller's list; _allgather_base gathers straight into its output
-//   reduce_scatter       the library has none: the inputs laid end to end are
-//                        allreduced (same op; compressed like an allreduce, below) and
-//                        this rank's chunk copied out; _reduce_scatter_base alike.
-//                        Dense, it moves about twice the bytes of a true reduce-scatter.
+//   reduce_scatter       the library's reduce_scatter (dense, the codec-ring families and
+//                        top-k); with the other compressors the inputs laid end to end
+//                        are allreduced, compressed, and this rank's chunk copied out
+//                        (process_group.cc, "Compressed reduce-scatter")
 //   torch 2.x            startCoalescing/endCoalescing, and the coalesced
 //                        all-gather / reduce-scatter of tensors: the ops above, issued
 //                        one by one, completed as one Work
@@ -274,7 +274,7 @@ class ProcessGroupGradcomm : public BackendBase {
   bool compress_through_float32(const at::Tensor& t, ReduceOp op) const;
 
   mutable std::mutex issue_mutex_;
-  bool codec_ring_ = false;  // compression_.spec is a codec-ring family's (set_compression)
+  bool library_reduce_scatter_ = false;  // the library's reduce_scatter compresses compression_.spec's family
   GroupStats stats_;  // the issue-side counters (comm is filled in by stats())
   // Reduce-scatter call sites in the current round: "<numel>/<dtype>" -> calls so far.
   std::unordered_map<std::string, uint64_t> round_calls_;

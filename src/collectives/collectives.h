@@ -86,6 +86,12 @@ void sparse_allgather_allreduce(Op& op, CompressorId id, float* data, int64_t nu
 void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
                                      const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
                                      SparseOutput output = SparseOutput::kFill);
+// The sparse reduce-scatter (reduce_scatter with a top-k spec): numel = N x count; each
+// rank sends the owner of each segment [s count, (s + 1) count) its selection's entries
+// there (sparse_allreduce's step 1: about (N-1)/N of its k entries in all), and each
+// owner writes its segment as the N payloads' sum in rank order (divided for kAvg).
+void sparse_reduce_scatter(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
+                           const SparseVector& selected, SparseFormat format, int64_t k);
 // spec.algo, or for algo=auto the one the α–β model (constants in sparse_allreduce.cc)
 // expects to be faster for this spec, world size and tensor size.
 SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel);

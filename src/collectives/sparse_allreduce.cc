@@ -204,18 +204,24 @@ void sparse_allgather_allreduce(Op& op, CompressorId id, float* data, int64_t nu
   }
 }
 
-void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
-                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
-                                     SparseOutput output) {
+namespace {
+
+// Step 1 of the sparse reduce-scatter: every rank's selection cut into the N regions
+// [begin[s], begin[s + 1]) (indices relative to the region), each region's payload sent
+// to its owner. Returns this rank's region's N payloads, in rank order (its own among
+// them), viewing `own` and the buffers it keeps.
+struct RegionPayloads {
+  std::vector<uint8_t> outgoing, incoming;
+  std::vector<std::span<const uint8_t>> payloads;  // rank s's payload for this rank's region
+};
+
+RegionPayloads exchange_regions(Op& op, CompressorId id, const SparseVector& selected, SparseFormat format, int64_t k,
+                                const std::vector<int64_t>& begin) {
   const int n = op.size();
   const int r = op.rank();
-  std::vector<int64_t> begin(static_cast<size_t>(n) + 1);
-  for (int s = 0; s <= n; ++s) begin[s] = region_begin(numel, s, n);
   auto len = [&](int s) { return begin[s + 1] - begin[s]; };
-
-  // 1. One payload per region, indices relative to the region.
+  RegionPayloads out;
   std::vector<uint64_t> out_offset(static_cast<size_t>(n) + 1, 0);
-  std::vector<uint8_t> outgoing;
   {
     Op::PhaseTimer timer(op, &Stats::encode_s);
     std::vector<SparseVector> parts(static_cast<size_t>(n));
@@ -229,8 +235,8 @@ void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64
       out_offset[s + 1] =
           out_offset[s] + sparse_payload_bytes(len(s), static_cast<int64_t>(parts[s].indices.size()), format);
     }
-    outgoing.resize(out_offset[n]);
-    for (int s = 0; s < n; ++s) encode_sparse_into(id, len(s), parts[s], format, &outgoing[out_offset[s]]);
+    out.outgoing.resize(out_offset[n]);
+    for (int s = 0; s < n; ++s) encode_sparse_into(id, len(s), parts[s], format, &out.outgoing[out_offset[s]]);
   }
 
   // Sizes, then payloads, to and from every peer.
@@ -256,15 +262,53 @@ void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64
     }
     in_offset[s + 1] = in_offset[s] + (s == r ? 0 : in_size[s]);
   }
-  std::vector<uint8_t> incoming(in_offset[n]);
+  out.incoming.resize(in_offset[n]);
   recvs.clear();
   for (int s = 0; s < n; ++s) {
     if (s == r) continue;
-    recvs.push_back(op.recv(s, kAllToAllData, &incoming[in_offset[s]], in_size[s]));
-    sends.push_back(op.send(s, kAllToAllData, &outgoing[out_offset[s]], out_size[s]));
+    recvs.push_back(op.recv(s, kAllToAllData, &out.incoming[in_offset[s]], in_size[s]));
+    sends.push_back(op.send(s, kAllToAllData, &out.outgoing[out_offset[s]], out_size[s]));
   }
   op.wait_all(recvs, "sparse reduce-scatter receive");
   op.wait_all(sends, "sparse reduce-scatter send");
+  for (int s = 0; s < n; ++s) {
+    out.payloads.push_back(s == r ? std::span<const uint8_t>(&out.outgoing[out_offset[r]], out_size[r])
+                                  : std::span<const uint8_t>(&out.incoming[in_offset[s]], in_size[s]));
+  }
+  return out;
+}
+
+}  // namespace
+
+void sparse_reduce_scatter(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
+                           const SparseVector& selected, SparseFormat format, int64_t k) {
+  const int n = op.size();
+  const int r = op.rank();
+  std::vector<int64_t> begin(static_cast<size_t>(n) + 1);
+  for (int s = 0; s <= n; ++s) begin[s] = static_cast<int64_t>(s) * (numel / n);
+  const RegionPayloads got = exchange_regions(op, id, selected, format, k, begin);
+  // The owner's segment: the N payloads summed in rank order (bitwise the same sums on
+  // any run), divided for the average as each tile is written.
+  Op::PhaseTimer timer(op, &Stats::decode_s);
+  try {
+    decode_sum_sparse(id, got.payloads, begin[r + 1] - begin[r], data + begin[r], reduce_op == ReduceOp::kAvg ? n : 1,
+                      SparseOutput::kFill);
+  } catch (const CorruptPayload& e) {
+    op.fail(ErrorCode::kCorruptPayload, fmt::format("sparse reduce-scatter (payload s is rank s's): {}", e.what()));
+  }
+}
+
+void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
+                                     const SparseVector& selected, SparseFormat format, int64_t k, float* residual,
+                                     SparseOutput output) {
+  const int n = op.size();
+  const int r = op.rank();
+  std::vector<int64_t> begin(static_cast<size_t>(n) + 1);
+  for (int s = 0; s <= n; ++s) begin[s] = region_begin(numel, s, n);
+  auto len = [&](int s) { return begin[s + 1] - begin[s]; };
+
+  // 1. One payload per region, indices relative to the region, to its owner.
+  const RegionPayloads region = exchange_regions(op, id, selected, format, k, begin);
 
   // 2. Sum the region's N payloads, merged by index: each index's sum starts at +0.0 and
   // adds the ranks' values in rank order. 3. Keep the top ceil(k/N) by magnitude; the
@@ -275,11 +319,8 @@ void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64
     const int64_t region_len = len(r);
     std::vector<SparseVector> got(static_cast<size_t>(n));
     for (int s = 0; s < n; ++s) {
-      const std::span<const uint8_t> bytes =
-          s == r ? std::span<const uint8_t>(&outgoing[out_offset[r]], out_size[r])
-                 : std::span<const uint8_t>(&incoming[in_offset[s]], in_size[s]);
       try {
-        got[s] = decode_sparse(id, bytes, region_len);
+        got[s] = decode_sparse(id, region.payloads[s], region_len);
       } catch (const CorruptPayload& e) {
         op.fail(ErrorCode::kCorruptPayload,
                 fmt::format("sparse reduce-scatter: rank {}'s payload for region {}: {}", s, r, e.what()));

@@ -253,6 +253,74 @@ TEST(CompressedReduceScatter, SendsAboutHalfTheCompressedAllreducesBytes) {
   }
 }
 
+double reduce_scatter_gap(const std::string& spec, int steps);
+
+// Top-k's reduce-scatter: each rank sends each segment's owner the entries of its own
+// top-k (over the whole input) that fall in that segment; the owner sums them in rank
+// order. Reference: each rank's own top-k (largest |x|, ties to the lower index), summed,
+// values exact (values=fp32), so the shares are equal, not close.
+TEST(CompressedReduceScatter, TopkShareSumsEachRanksOwnTopkInTheSegment) {
+  for (int n : {2, 3, 4}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      SCOPED_TRACE(fmt::format("N={} {}", n, reduce_op_name(op)));
+      const int64_t count = 5000, k = 150;
+      const auto share = run_reduce_scatter(n, count, "topk:k=150,ef=0,values=fp32", op);
+      std::vector<float> expected(static_cast<size_t>(n * count), 0.0f);
+      for (int r = 0; r < n; ++r) {
+        const auto g = gradient(r, n * count, 1);
+        std::vector<int64_t> order(static_cast<size_t>(n * count));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return std::abs(g[a]) > std::abs(g[b]); });
+        for (int64_t j = 0; j < k; ++j) expected[order[j]] += g[order[j]];
+      }
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < count; ++i) {
+          const float want = op == ReduceOp::kAvg ? expected[r * count + i] / static_cast<float>(n)
+                                                  : expected[r * count + i];
+          ASSERT_EQ(share[r][i], want) << "rank " << r << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+// What the top-k reduce-scatter saves: each rank sends about (N-1)/N of its k entries
+// once, where the compressed allreduce it replaces (the torch backend's top-k
+// reduce-scatter until now) gathers every rank's k entries to every rank.
+TEST(CompressedReduceScatter, TopkSendsUnderHalfTheBytesOfTheAllreduceItReplaces) {
+  const int n = 4;
+  const int64_t count = 65536;
+  std::vector<Stats> rs, ar;
+  run_reduce_scatter(n, count, "topk:ratio=0.01", ReduceOp::kSum, 1, &rs);
+  ar.assign(n, Stats{});
+  testing::run_ranks(n, [&](Communicator& comm) {
+    auto g = gradient(comm.rank(), n * count, 1);
+    comm.allreduce(TensorView::of(g.data(), n * count), ReduceOp::kSum,
+                   CompressOptions{"topk:ratio=0.01", "all", nullptr});
+    ar[comm.rank()] = comm.stats();
+  });
+  const int64_t k = n * count / 100;
+  for (int r = 0; r < n; ++r) {
+    const double ratio = static_cast<double>(rs[r].bytes_sent) / static_cast<double>(ar[r].bytes_sent);
+    std::printf("rank %d: top-k 1%% reduce-scatter %llu bytes, as a compressed allreduce %llu: %.3fx\n", r,
+                static_cast<unsigned long long>(rs[r].bytes_sent), static_cast<unsigned long long>(ar[r].bytes_sent),
+                ratio);
+    EXPECT_LE(ratio, 0.4) << "rank " << r;
+    // (N-1)/N of k entries of at most 6 bytes (coded index, bf16 value), plus headers.
+    EXPECT_LT(rs[r].bytes_sent, static_cast<uint64_t>((n - 1) * k / n * 6 + 4096)) << "rank " << r;
+  }
+}
+
+// With error feedback, what top-k leaves out comes back in later steps: a fixed input's
+// shares add up to T times the exact sum, and without it they never do.
+TEST(CompressedReduceScatter, TopkErrorFeedbackKeepsTheLongRunSum) {
+  const double with_10 = reduce_scatter_gap("topk:ratio=0.05", 10), with_80 = reduce_scatter_gap("topk:ratio=0.05", 80);
+  const double without_80 = reduce_scatter_gap("topk:ratio=0.05,ef=0", 80);
+  EXPECT_LT(with_80, with_10 * 0.5) << with_10 << " -> " << with_80;
+  EXPECT_LT(with_80, 0.5 * without_80) << with_80 << " against " << without_80;
+}
+
 // A fixed input reduce-scattered T times: with error feedback the shares' total tracks T
 // times the exact sum; without it the same rounding is lost every time.
 double reduce_scatter_gap(const std::string& spec, int steps) {
@@ -307,9 +375,9 @@ TEST(CompressedReduceScatter, OtherFamiliesAndBadUsesAreRefused) {
         EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
       }
     };
-    refused("topk:ratio=0.1", "k", false, "not available for reduce_scatter");
-    // The families that are, from the registry: every codec-ring family.
-    refused("topk:ratio=0.1", "k", false, "compressed ring (fp16, bf16, qsgd, quant, sign)");
+    refused("randomk:ratio=0.1", "k", false, "not available for reduce_scatter");
+    // The families that are, from the registry: every codec-ring family, and top-k.
+    refused("randomk:ratio=0.1", "k", false, "compressed ring (fp16, bf16, qsgd, quant, sign) and with topk");
     refused("powersgd", "k", false, "not available for reduce_scatter");
     refused("sign", "", false, "name this tensor");
     refused("quant:bits=8", "q", true, "takes float32 tensors");

@@ -63,9 +63,20 @@ exact = sum(np.random.default_rng(7 + q).standard_normal(n * 4096).astype(np.flo
 mine = exact[r * 4096:(r + 1) * 4096]
 assert np.linalg.norm(out - mine) <= 0.05 * np.linalg.norm(mine), np.linalg.norm(out - mine) / np.linalg.norm(mine)
 np.testing.assert_array_equal(x, before)
+out = gradcomm.reduce_scatter(x, compression=f"topk:k={400 * n},ef=0,values=fp32", name="rs.topk")
+# Each rank's top 400 N of its whole input, the entries in this rank's segment summed.
+picks = []
+for q in range(n):
+    g = np.random.default_rng(7 + q).standard_normal(n * 4096).astype(np.float32)
+    keep = np.zeros_like(g)
+    top = np.argsort(-np.abs(g), kind="stable")[:400 * n]
+    keep[top] = g[top]
+    picks.append(keep)
+np.testing.assert_allclose(out, sum(picks)[r * 4096:(r + 1) * 4096], rtol=1e-6, atol=1e-6)
+np.testing.assert_array_equal(x, before)
 try:
-    gradcomm.reduce_scatter(x, compression="topk:ratio=0.1", name="rs.topk")
-    raise AssertionError("reduce_scatter accepted top-k")
+    gradcomm.reduce_scatter(x, compression="randomk:ratio=0.1", name="rs.randomk")
+    raise AssertionError("reduce_scatter accepted random-k")
 except ValueError as e:
     assert "not available for reduce_scatter" in str(e), e
 try:
