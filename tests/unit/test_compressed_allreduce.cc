@@ -232,18 +232,24 @@ TEST(CompressedReduceScatter, EveryCodecIsAsCloseToTheExactSumAsItsAllreduce) {
   }
 }
 
+// Each rank's counters after one compressed reduce-scatter of `count` per rank (rs) and
+// after one compressed allreduce of the same input (ar), with `spec`.
+void bytes_of_both(int n, int64_t count, const std::string& spec, std::vector<Stats>& rs, std::vector<Stats>& ar) {
+  run_reduce_scatter(n, count, spec, ReduceOp::kSum, 1, &rs);
+  ar.assign(n, Stats{});
+  testing::run_ranks(n, [&](Communicator& comm) {
+    auto g = gradient(comm.rank(), n * count, 1);
+    comm.allreduce(TensorView::of(g.data(), n * count), ReduceOp::kSum, CompressOptions{spec, "all", nullptr});
+    ar[comm.rank()] = comm.stats();
+  });
+}
+
 // A reduce-scatter's hops carry (N-1)/N of the input: half a compressed allreduce's payloads.
 TEST(CompressedReduceScatter, SendsAboutHalfTheCompressedAllreducesBytes) {
   const int n = 4;
   const int64_t count = 65536;
   std::vector<Stats> rs, ar;
-  run_reduce_scatter(n, count, "quant:bits=8", ReduceOp::kSum, 1, &rs);
-  ar.assign(n, Stats{});
-  testing::run_ranks(n, [&](Communicator& comm) {
-    auto g = gradient(comm.rank(), n * count, 1);
-    comm.allreduce(TensorView::of(g.data(), n * count), ReduceOp::kSum, CompressOptions{"quant:bits=8", "all", nullptr});
-    ar[comm.rank()] = comm.stats();
-  });
+  bytes_of_both(n, count, "quant:bits=8", rs, ar);
   for (int r = 0; r < n; ++r) {
     const double ratio = static_cast<double>(rs[r].bytes_sent) / static_cast<double>(ar[r].bytes_sent);
     EXPECT_GT(ratio, 0.45) << "rank " << r;
@@ -292,14 +298,7 @@ TEST(CompressedReduceScatter, TopkSendsUnderHalfTheBytesOfTheAllreduceItReplaces
   const int n = 4;
   const int64_t count = 65536;
   std::vector<Stats> rs, ar;
-  run_reduce_scatter(n, count, "topk:ratio=0.01", ReduceOp::kSum, 1, &rs);
-  ar.assign(n, Stats{});
-  testing::run_ranks(n, [&](Communicator& comm) {
-    auto g = gradient(comm.rank(), n * count, 1);
-    comm.allreduce(TensorView::of(g.data(), n * count), ReduceOp::kSum,
-                   CompressOptions{"topk:ratio=0.01", "all", nullptr});
-    ar[comm.rank()] = comm.stats();
-  });
+  bytes_of_both(n, count, "topk:ratio=0.01", rs, ar);
   const int64_t k = n * count / 100;
   for (int r = 0; r < n; ++r) {
     const double ratio = static_cast<double>(rs[r].bytes_sent) / static_cast<double>(ar[r].bytes_sent);
