@@ -50,6 +50,11 @@ double Engine::cpu_seconds() const {
 
 Engine::~Engine() { stop(); }
 
+int this_thread_issuer() {
+  thread_local const int tid = static_cast<int>(gettid());  // a system call: once per thread
+  return tid;
+}
+
 int& issuer_override() {
   thread_local int issuer = 0;
   return issuer;
@@ -72,8 +77,7 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
   work->doorbell = doorbell_;
   call.work = work;
   call.issued = Clock::now();
-  thread_local const int tid = static_cast<int>(gettid());  // a system call: once per thread
-  call.issuer = issuer_override() != 0 ? issuer_override() : tid;
+  call.issuer = issuer_override() != 0 ? issuer_override() : this_thread_issuer();
   std::optional<std::string> refused;
   {
     std::lock_guard lock(mutex_);

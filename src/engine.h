@@ -51,8 +51,10 @@
 
 namespace gradcomm::detail {
 
-// The issuer submit() records for calls made on this thread: the thread's id, or
-// the one an IssueAs (introspect.h) set for the time being (0: none set).
+// The issuer submit() records for calls made on this thread: the thread's id
+// (this_thread_issuer, gettid), or the one an IssueAs (introspect.h) set for the
+// time being (issuer_override; 0: none set).
+int this_thread_issuer();
 int& issuer_override();
 
 class CallExecutor;  // call_context.h: all the engine sees of its communicator

@@ -107,6 +107,8 @@ void forget_keys(Communicator& comm, std::span<const std::string> keys) {
   comm.impl().forget_auto_reports(keys);
 }
 
+int thread_issuer() { return this_thread_issuer(); }
+
 IssueAs::IssueAs(int issuer) : previous_(issuer_override()) { issuer_override() = issuer; }
 IssueAs::~IssueAs() { issuer_override() = previous_; }
 

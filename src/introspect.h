@@ -34,6 +34,8 @@ void forget_keys(Communicator& comm, std::span<const std::string> keys);
 // the calls this thread issues count, for the engine's concurrent-issuer check
 // (src/engine.h, "Issuing threads"), as `issuer`'s (non-zero; the caller's own
 // numbering, e.g. the thread id of the op whose callback issues).
+// The calling thread's own issuer number (its gettid), as the engine records it.
+int thread_issuer();
 class IssueAs {
  public:
   explicit IssueAs(int issuer);

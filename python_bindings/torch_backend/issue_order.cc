@@ -39,25 +39,14 @@
 // one issuer's (detail::IssueAs); rule 3 stands in for it. docs/fault-model.md,
 // "PyTorch: futures, callbacks and the optimizer", states the rule for users.
 #include <fmt/format.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 
 #include "gradcomm/errors.h"
-#include "introspect.h"  // IssueAs, refuse_calls
+#include "introspect.h"  // IssueAs, refuse_calls, thread_issuer
 #include "process_group.h"
 
 namespace gradcomm::torch_backend {
-namespace {
-
-int this_thread_issuer() {
-  thread_local const int tid = static_cast<int>(::syscall(SYS_gettid));
-  return tid;
-}
-
-}  // namespace
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::start(c10d::OpType type, const char* op, Issue issue,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep,
@@ -71,7 +60,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::start(c10d::OpType type, co
   };
   shut();
   const bool callback = completer_->on_completion_thread();
-  const int issuer = callback ? Completer::completing_issuer() : this_thread_issuer();
+  const int issuer = callback ? Completer::completing_issuer() : detail::thread_issuer();
   if (!callback) {
     one_issuer(lock, issuer, op);
     shut();
@@ -82,7 +71,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::start(c10d::OpType type, co
             std::move(issue), coalescing_.active ? coalescing_.calls : nullptr};
   c10::intrusive_ptr<GradcommWork> work = held.work;
   open_.push_back(work);
-  prune_open();
   if (!callback && (!held_.empty() || holding())) {  // rule 2
     if (held_.empty()) {
       held_since_ = std::chrono::steady_clock::now();

@@ -285,7 +285,7 @@ void sparse_reduce_scatter(Op& op, CompressorId id, float* data, int64_t numel, 
   const int n = op.size();
   const int r = op.rank();
   std::vector<int64_t> begin(static_cast<size_t>(n) + 1);
-  for (int s = 0; s <= n; ++s) begin[s] = static_cast<int64_t>(s) * (numel / n);
+  for (int s = 0; s <= n; ++s) begin[s] = region_begin(numel, s, n);  // s x count: numel is N x count
   const RegionPayloads got = exchange_regions(op, id, selected, format, k, begin);
   // The owner's segment: the N payloads summed in rank order (bitwise the same sums on
   // any run), divided for the average as each tile is written.
