@@ -99,7 +99,8 @@ def test_failures_surface_as_errors_of_their_class(kind):
 
 
 @pytest.mark.parametrize("kind,n", [("chain", 2), ("chain", 3), ("powersgd", 2), ("powersgd", 3), ("hooks", 2),
-                                    ("hooks", 3), ("threads", 2), ("threads", 3), ("raise", 2), ("shutdown", 2)])
+                                    ("hooks", 3), ("threads", 2), ("threads", 3), ("held", 2), ("raise", 2),
+                                    ("shutdown", 2)])
 def test_future_callbacks_that_issue_and_wait_do_not_deadlock(kind, n):
     # Each rank's watchdog ends a hang within 60 s; the whole run well under that.
     result = launch(n, os.path.join(WORKERS, "torch_backend_callbacks.py"), kind, timeout=90)

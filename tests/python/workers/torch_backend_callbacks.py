@@ -21,6 +21,9 @@ such a callback blocks). argv[1]:
             identical on every rank, the loss falling; fp16/bf16 within a few 16-bit ulps
             of the same hook on gloo (bf16 on torch 2.x: 1.13's needs CUDA) (gloo itself times out on the PowerSGD ones: their callbacks
             race the next buckets there)
+  held      a callback waits on a later top-level op, which the issue order holds behind
+            that callback: on a group with a 4 s timeout the held op fails on every rank
+            within the timeout plus a few seconds, saying why, and the callback returns
   shutdown  a callback is blocked on a collective the peer never issues when rank 0
             destroys the group: the callback gets the error, and the destroy returns
 Every wait runs under a watchdog (faulthandler): a hang ends within 60 s, with
@@ -257,6 +260,27 @@ elif kind == "hooks":
             assert torch.allclose(params, reference, rtol=tolerance[0], atol=tolerance[1]), \
                 (name, (params - reference).abs().max().item())
         print(f"RESULT hooks {name} rank={r}: 10 steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+elif kind == "held":
+    group = dist.new_group(list(range(n)), backend="gradcomm", timeout=datetime.timedelta(seconds=4))
+    later, seen = [], []
+
+    def waits_on_later(f):
+        while not later:
+            time.sleep(0.01)
+        try:
+            later[0].wait()
+        except RuntimeError as e:
+            seen.append(e)
+        return 0
+
+    begun = time.monotonic()
+    fut = dist.all_reduce(torch.ones(2), group=group, async_op=True).get_future().then(waits_on_later)
+    later.append(dist.all_reduce(torch.ones(3), group=group, async_op=True))  # held behind the callback
+    fut.wait()
+    took = time.monotonic() - begun
+    assert len(seen) == 1 and "was held" in str(seen[0]) and "timeout" in str(seen[0]), seen
+    assert took < 4 + 10, f"the held op failed after {took:.1f} s"
+    print(f"RESULT held rank={r}: failed after {took:.1f} s: {str(seen[0])[:120]}", flush=True)
 elif kind == "shutdown":
     seen = []
 
