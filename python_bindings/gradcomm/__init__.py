@@ -55,6 +55,9 @@ __all__ = [
 # store), "store" (a store object passed to init), "environment" (docs/architecture.md,
 # launching and rendezvous).
 _init_source = None
+# A store whose server this process serves for the job (torchrun's MASTER_PORT store):
+# held until shutdown(), since the server stops with its last reference.
+_served_store = None
 # Inits that went through a Python store in this process. Every rank makes the
 # same sequence of init() calls, so the count is the same on every rank and
 # prefixes each init's keys: a second init never reads the first one's addresses.
@@ -92,7 +95,7 @@ def init(rank=None, world_size=None, store=None, transport="auto", timeout=None,
     `timeout` is in seconds (default 300 or GRADCOMM_TIMEOUT_S). Calling init() again
     while initialized does nothing; after shutdown() it creates a new communicator.
     """
-    global _init_source, _python_store_inits
+    global _init_source, _python_store_inits, _served_store
     if _C.is_initialized():
         return
     if rank is not None and not isinstance(rank, int):
@@ -131,10 +134,12 @@ def init(rank=None, world_size=None, store=None, transport="auto", timeout=None,
             source = "torch.distributed"
             address = f"torch.distributed store ({type(py_store).__name__})"
 
+    served = None
     if py_store is None and not url:
         url, py_store, address = _store_beside_torch(rank, world_size, timeout)
         if py_store is not None:
             source = "torch.distributed"
+            served = py_store
 
     prefix = ""
     if py_store is not None:
@@ -143,6 +148,7 @@ def init(rank=None, world_size=None, store=None, transport="auto", timeout=None,
     _C.init(-1 if rank is None else rank, -1 if world_size is None else world_size, url, transport, timeout_ms,
             job_token or "", py_store, prefix, address)
     _init_source = source
+    _served_store = served
     global _local_rank
     _local_rank = _find_local_rank()
 
@@ -152,7 +158,9 @@ def _store_beside_torch(rank, world_size, timeout):
     tcp://MASTER_ADDR:MASTER_PORT: that port belongs to torch.distributed, which a
     later init_process_group (env://) binds on rank 0, so gradcomm must not take it.
     Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent already serves a
-    store there: gradcomm joins it as a client, as torch's own workers do. Otherwise
+    store there: gradcomm joins it as a client, as torch's own workers do. Under
+    torchrun's other rendezvous, gradcomm serves torch's multi-tenant store on
+    MASTER_PORT (shared with a later env:// init in the same process). Otherwise
     gradcomm serves its own store on MASTER_PORT + 1. ("", None, "") when
     GRADCOMM_STORE is set or MASTER_ADDR/MASTER_PORT are not: the C++ rules apply."""
     addr, port = _os.environ.get("MASTER_ADDR"), _os.environ.get("MASTER_PORT")
@@ -162,14 +170,32 @@ def _store_beside_torch(rank, world_size, timeout):
         port = int(port)
     except ValueError:
         return "", None, ""  # the C++ side names the bad value
+    seconds = 300 if timeout is None else float(timeout)
     if _os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         from torch.distributed import TCPStore  # under torchrun, torch is there
-        seconds = 300 if timeout is None else float(timeout)
         store = TCPStore(addr, port, is_master=False, timeout=_datetime.timedelta(seconds=seconds))
         return "", store, f"torchrun agent store ({addr}:{port})"
+    if _os.environ.get("TORCHELASTIC_RUN_ID"):
+        # torchrun with a c10d/etcd rendezvous: MASTER_PORT is a port the agent had the
+        # kernel hand out and then released, and MASTER_PORT + 1 is reserved by nobody (any
+        # outgoing connection may hold it). Serve torch's own multi-tenant store there
+        # instead: a later init_process_group (env://) in this process shares the server,
+        # as torch's own stores do.
+        rank = rank if rank is not None else _env_int("RANK")
+        world_size = world_size if world_size is not None else _env_int("WORLD_SIZE")
+        if rank is not None and world_size is not None:
+            from torch.distributed import TCPStore
+            store = TCPStore(addr, port, world_size, rank == 0, _datetime.timedelta(seconds=seconds),
+                             wait_for_workers=False, multi_tenant=True)
+            return "", store, f"torchrun's MASTER_PORT store ({addr}:{port}, shared with torch.distributed)"
     if not 0 < port < 65535:
         return "", None, ""
     return f"tcp://{addr}:{port + 1}", None, ""
+
+
+def _env_int(name):
+    value = _os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else None
 
 
 def _find_local_rank():
@@ -192,9 +218,10 @@ def local_rank():
 
 def shutdown():
     """Destroys the communicator (no-op when not initialized). Registered with atexit."""
-    global _init_source
+    global _init_source, _served_store
     _C.shutdown()
     _init_source = None
+    _served_store = None
 
 
 _atexit.register(shutdown)
