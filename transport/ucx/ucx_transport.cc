@@ -78,6 +78,19 @@ static void prefer_large_tcp_segments(int world_size) {
   // segments, by contrast, cost loopback a third of its bandwidth.
   ::setenv("UCX_TCP_RX_SEG_SIZE", world_size == 2 ? "8M" : "1M", /*overwrite=*/0);
   ::setenv("UCX_TCP_RX_BUFS_GROW", "1", /*overwrite=*/0);
+  // No zero-copy sends over TCP. In UCX 1.13.1 a zero-copy active message whose socket
+  // write fails (the peer died mid-send) is completed twice: uct_tcp_ep_sendv() reports
+  // the error through the disconnect path, which purges the endpoint and completes the
+  // send, then completes it again itself. The second completion finds the UCP request
+  // already released and aborts the process (UCX's "Assertion `comp->count > 0'
+  // failed ... status=-80"), so the rank that survived its peer's SIGKILL died instead
+  // of raising PeerFailure: 5 of 8 runs of tests/cluster/test_last_call.sh's killed case
+  // under two CPU hogs, 0 of 8 with this (and 0 of 6 with UCX_ZCOPY_THRESH=inf, which
+  // would also take zero copy from RDMA transports; this knob is TCP's alone). The cost
+  // is a copy into the 256K transmit segments: 64 MiB allreduce over TCP loopback
+  // 1.30-1.38 GB/s against 1.54-1.69, 1-16 MiB within the noise; on a real link, slower
+  // than memory, it is CPU time, not bandwidth. bench/results/ucx-tcp-zcopy-2026-11-29.md.
+  ::setenv("UCX_TCP_MAX_IOV", "0", /*overwrite=*/0);
   // A small socket send buffer facing a large receive window collapses TCP
   // throughput: the sender's segments are too few for the receiver to acknowledge
   // at once, and it waits for its delayed-ACK timer. So when the user bounds the send
