@@ -131,6 +131,15 @@ std::string ratio_or_k_text(const CompressorSpec& spec);
 
 // The family of a registered id; InvalidArgument for an id no family has.
 const Family& family_of(CompressorId id);
+
+// Whether the host path compresses float16/bfloat16 tensors itself, in float32 pieces
+// with no float32 copy of the tensor (src/compression_16bit.cc): the families whose wire
+// format does not depend on the tensor's type, the compressed ring's codecs and top-k,
+// unless inside=compress. The others (and GPU tensors) take float32 only.
+inline bool compresses_16bit(const CompressorSpec& spec) {
+  const Collective c = family_of(spec.id).collective;
+  return (c == Collective::kCodecRing || c == Collective::kSparseSelection) && !spec.compress_inside;
+}
 // Whether a call with `spec` at a key's `step` over `numel` elements runs the dense
 // allreduce this time: nothing to compress, a warm-up step, or a tensor below min_numel
 // (the compressed allreduce, src/compressed_allreduce.h; fusion and plan_allreduce ask the same).

@@ -127,7 +127,9 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
         if (call.key != nullptr) call.key->step += 1;
         break;
       }
-      if (t.numel > 0) {
+      if (t.numel > 0 && t.dtype != DType::kFloat32) {  // float16 / bfloat16: in float32 pieces
+        compression_.allreduce_16bit(op, t.data, t.numel, t.dtype, call.reduce_op, spec, call.key, call.key_hash);
+      } else if (t.numel > 0) {
         compression_.allreduce(op, static_cast<float*>(t.data), t.numel, call.reduce_op, spec, call.key, call.key_hash,
                                &call.parts);
       }
@@ -158,8 +160,12 @@ void CommunicatorImpl::run_body(Op& op, Call& call) {
         dense_reduce_scatter(op, t.data, call.out.data, call.out.numel, t.dtype, call.reduce_op);
         break;
       }
-      // Compressed (host tensors, float32): on a copy, so the caller's input stays as given.
-      if (t.numel > 0) {
+      // Compressed (host tensors). float16 / bfloat16: in float32 pieces, the input unchanged.
+      if (t.numel > 0 && t.dtype != DType::kFloat32) {
+        compression_.reduce_scatter_16bit(op, t.data, call.out.data, call.out.numel, t.dtype, call.reduce_op, spec,
+                                          call.key, call.key_hash);
+      } else if (t.numel > 0) {  // float32: on a copy, so the caller's input stays as given
+
         std::vector<float> work(static_cast<const float*>(t.data), static_cast<const float*>(t.data) + t.numel);
         compression_.reduce_scatter(op, work.data(), t.numel, call.reduce_op, spec, call.key, call.key_hash);
         std::memcpy(call.out.data, work.data() + static_cast<size_t>(rank()) * call.out.numel, call.out.nbytes());

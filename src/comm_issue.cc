@@ -96,10 +96,16 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
   }
   const CompressorSpec& spec = *call.spec;
   if (spec.id != CompressorId::kNone) {
-    // Compressed: float32 gradients, summed or averaged, state under the caller's key.
-    if (t.dtype != DType::kFloat32) {
-      throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}' takes float32 tensors, got {}", rank(),
-                                        what, text, dtype_name(t.dtype)));
+    // Compressed: float32 gradients (float16 / bfloat16 host tensors too for the families
+    // whose wire format does not depend on the type), summed or averaged, state under the
+    // caller's key.
+    const bool half_width = t.dtype == DType::kFloat16 || t.dtype == DType::kBFloat16;
+    if (t.dtype != DType::kFloat32 &&
+        !(half_width && t.device.type != DeviceType::kCuda && compresses_16bit(spec))) {
+      throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}' takes float32 tensors{}, got {}{}", rank(),
+                                        what, text,
+                                        compresses_16bit(spec) ? " (and float16/bfloat16 host tensors)" : "",
+                                        dtype_name(t.dtype), t.device.type == DeviceType::kCuda ? " on a GPU" : ""));
     }
     if (reduce_op != ReduceOp::kSum && reduce_op != ReduceOp::kAvg) {
       throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}' supports sum and avg, not {}", rank(),

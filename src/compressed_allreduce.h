@@ -165,7 +165,7 @@ template <class P>
 void compressed_reduce_scatter(P& p, const CompressedCall& call, float* data, int64_t numel, ReduceOp reduce_op) {
   const CompressorSpec& spec = call.spec;
   const uint64_t step = call.step();
-  if (runs_dense(spec, step, numel)) {
+  if (runs_dense(spec, step, call.whole_numel(numel))) {
     p.fold_and_clear(data, numel);
     p.dense_reduce_scatter(data, numel, reduce_op);
     return;

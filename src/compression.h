@@ -81,10 +81,29 @@ class HostCompression {
   // The spec's CPU codec (kCodecRing families), made once per canonical spec.
   const DenseCodec& codec(const CompressorSpec& spec);
 
+  // float16 and bfloat16 host tensors (compression_16bit.cc), for the specs where
+  // compresses_16bit() holds (compressors/family.h): the codec-ring families and top-k. No float32 copy of the tensor: it is compressed in
+  // float32 pieces of at most ~1M elements, each widened into one reused scratch buffer,
+  // compressed as a piece of the whole (residual and selection at its place in the
+  // tensor; k and min_numel count the whole; a piece's codec buckets are the whole
+  // tensor's) and rounded back. Two levels: the levels inside the nodes run in the
+  // tensor's own type, the pieces across as above; a two-level reduce-scatter still
+  // widens the whole tensor.
+  void allreduce_16bit(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op,
+                       const CompressorSpec& spec, KeyState* key, uint64_t key_hash);
+  // in[0, N x count) -> out[0, count), this rank's share; `in` stays unchanged.
+  void reduce_scatter_16bit(Op& op, const void* in, void* out, int64_t count, DType dtype, ReduceOp reduce_op,
+                            const CompressorSpec& spec, KeyState* key, uint64_t key_hash);
+
  private:
-  // One piece [begin, end) of a tensor of `numel` elements, at `values`, across the nodes.
+  // One piece [begin, end) of a tensor of `numel` elements, at `values`: across the nodes
+  // (two levels; kSum, the average is the levels') or one of a 16-bit tensor's pieces.
   void compress_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel, const CompressorSpec& spec,
-                      KeyState* key, uint64_t key_hash);
+                      KeyState* key, uint64_t key_hash, ReduceOp reduce_op = ReduceOp::kSum);
+  // A reduce-scatter of values[0, end - begin) (N segments) as elements [begin, end) of a
+  // tensor of `numel` elements (the residual's layout; compression_16bit.cc).
+  void reduce_scatter_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel,
+                            const CompressorSpec& spec, KeyState* key, uint64_t key_hash, ReduceOp reduce_op);
 
   std::unordered_map<std::string, CompressorSpec> specs_;
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec

@@ -76,6 +76,11 @@ std::optional<FusionClass> fusion_class(const Call& call, int64_t limit) {
   if (call.kind != Call::Kind::kAllreduce || call.tensor.device.type != DeviceType::kCpu) return std::nullopt;
   if (call.auto_spec != nullptr) return std::nullopt;  // its spec is chosen when it runs (auto_choice.h)
   if (call.tensor.numel == 0 || call_bytes(call) > limit) return std::nullopt;
+  // A compressed float16/bfloat16 call runs alone, in float32 pieces (compression_16bit.cc):
+  // the group's packing is float32's (its residuals side by side, folded in place).
+  if (call.spec != nullptr && call.spec->id != CompressorId::kNone && call.tensor.dtype != DType::kFloat32) {
+    return std::nullopt;
+  }
   FusionClass cls;
   cls.reduce_op = call.reduce_op;
   cls.dtype = call.tensor.dtype;

@@ -19,7 +19,7 @@ std::span<const float> residual_view(Communicator& comm, const std::string& key)
   const auto it = state.keys.find(key);
   if (it == state.keys.end() || it->second.residual.empty()) return {};
   const KeyState& k = it->second;
-  if (k.dtype != DType::kFloat32 || k.residual.size() != static_cast<size_t>(k.numel) * sizeof(float)) {
+  if (k.residual.size() != static_cast<size_t>(k.numel) * sizeof(float)) {  // float32, whatever the key's dtype
     throw InvalidArgument(fmt::format("residual_view: key '{}' holds {} bytes of {} state for {} elements, "
                                       "expected float32",
                                       key, k.residual.size(), dtype_name(k.dtype), k.numel));

@@ -19,7 +19,7 @@ namespace gradcomm::detail {
 // the key's last allreduce has completed (its Work waited on): the engine thread
 // writes residuals. The view stays valid until the key's next allreduce is issued,
 // load_state or destruction of `comm`.
-// InvalidArgument when the key holds state of another dtype.
+// Float32 whatever the key's dtype (a float16/bfloat16 key's residual is float32 too).
 std::span<const float> residual_view(Communicator& comm, const std::string& key);
 
 // Drops the compression state (residual, step, device buffers) of `keys`; unknown

@@ -4,8 +4,9 @@
 //   magic u32 'GCS1' | version u16 | reserved u16 | world_size u32 | rank u32 |
 //   entry count u64 | entries... | checksum u64 (FNV-1a 64 of every byte before it)
 //   entry: key length u32 | key bytes | step u64 | dtype u8 | numel i64 |
-//          residual length u64 | residual bytes (numel * dtype size, or 0 when the
-//          key has no residual) | extra length u64 | extra bytes (KeyState::extra;
+//          residual length u64 | residual bytes (numel float32 values, whatever the
+//          key's dtype: a float16/bfloat16 key's residual is float32 too; or 0 when
+//          the key has no residual) | extra length u64 | extra bytes (KeyState::extra;
 //          version 2 on, at most kMaxExtraBytes)
 // Version 1 (no extra) still loads.
 //
@@ -50,7 +51,7 @@ struct KeyState {
   uint64_t step = 0;
   DType dtype = DType::kFloat32;
   int64_t numel = 0;
-  std::vector<uint8_t> residual;  // empty, or numel * dtype_size(dtype) bytes
+  std::vector<uint8_t> residual;  // empty, or numel float32 values (whatever dtype is)
   std::vector<uint8_t> extra;     // a compressor's own state beyond the residual (powersgd: the warm-start Q, fp32)
   std::shared_ptr<DeviceKeyState> device;  // set while the state lives on a GPU (then `residual` and `extra` are empty)
   uint32_t parts_digest = 0;  // the shapes of the key's powersgd calls (shape.h), checked at issue; not saved

@@ -49,6 +49,8 @@ parser.add_argument("--reduce-scatter", default=None, metavar="SPEC",
                     help="--backend gloo, fully_shard: compress the reduce-scatters with "
                          "gradcomm.torch.CompressedReduceScatter(SPEC)")
 parser.add_argument("--fsdp", default="fully_shard", choices=["fully_shard", "fsdp1"])
+parser.add_argument("--reduce-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="fully_shard: the gradients' type in the reduce-scatters (MixedPrecisionPolicy)")
 parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST idx .gz files")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=64, help="per rank")
@@ -58,6 +60,8 @@ parser.add_argument("--seed", type=int, default=1)
 parser.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
 parser.add_argument("--json", help="append the per-epoch records to this file (rank 0)")
 args = parser.parse_args()
+if args.reduce_dtype != "float32" and args.fsdp != "fully_shard":
+    parser.error("--reduce-dtype goes with --fsdp fully_shard")
 if args.reduce_scatter and (args.backend != "gloo" or args.fsdp != "fully_shard"):
     parser.error("--reduce-scatter goes with --backend gloo --fsdp fully_shard")
 
@@ -98,10 +102,11 @@ model = nn.Sequential(*layers)
 
 if args.fsdp == "fully_shard":
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mesh = init_device_mesh("cpu", (world,))
-    modules = [fully_shard(layer, mesh=mesh) for layer in model if isinstance(layer, nn.Linear)]
-    modules.append(fully_shard(model, mesh=mesh))
+    policy = MixedPrecisionPolicy(reduce_dtype=getattr(torch, args.reduce_dtype))
+    modules = [fully_shard(layer, mesh=mesh, mp_policy=policy) for layer in model if isinstance(layer, nn.Linear)]
+    modules.append(fully_shard(model, mesh=mesh, mp_policy=policy))
     if args.reduce_scatter:
         reduce_scatter = gtorch.CompressedReduceScatter(args.reduce_scatter)
         for module in modules:
@@ -151,6 +156,7 @@ for epoch in range(1, args.epochs + 1):
     step_s = (time.perf_counter() - started) / steps
     accuracy = evaluate()
     record = {"epoch": epoch, "backend": args.backend, "fsdp": args.fsdp, "world": world,
+              "reduce_dtype": args.reduce_dtype,
               "compression": (args.compression if args.backend == "gradcomm" else
                               f"{args.reduce_scatter} (gloo, CompressedReduceScatter)" if args.reduce_scatter else
                               "none (gloo)"),

@@ -21,7 +21,8 @@ on torch 2.x the coalescing manager and the coalesced tensor ops, and the calls 
 and FSDP make; others (reduce, gather, scatter, all_to_all, send/recv) raise an
 error naming the op. All are asynchronous (async_op=True gives a Work whose
 get_future() completes with the output tensors). Compression applies to all_reduce
-and reduce_scatter of float32 tensors (float16/bfloat16 ones through a float32 copy)
+and reduce_scatter of float32 tensors (float16/bfloat16 CPU ones as they are with the
+codecs and top-k, in float32 pieces; otherwise through a float32 copy)
 with SUM or AVG and at least min_compress_numel elements (default 1024, so metrics
 and counters stay exact); all_gather stays exact (FSDP's parameters). An
 all_reduce's error-feedback state follows the tensor's storage, so it suits tensors
@@ -87,17 +88,22 @@ _warned_dtypes = set()
 
 
 def _dense_only(tensor, compression, min_compress_numel, who):
-    # Compressors take float32; other dtypes and small tensors go dense, which is
-    # exact, never a silently different result. A float16/bfloat16 gradient that
-    # would otherwise be compressed is said so, once per dtype.
+    # Compressors take float32, and float16/bfloat16 CPU tensors as they are for the
+    # codecs and top-k (in float32 pieces, no float32 copy); other dtypes and small
+    # tensors go dense, which is exact, never a silently different result. A
+    # float16/bfloat16 gradient that would otherwise be compressed is said so, once per dtype.
     if compression == "none" or tensor.numel() < min_compress_numel:
         return True
     if tensor.dtype != torch.float32:
-        if tensor.dtype in (torch.float16, torch.bfloat16) and tensor.dtype not in _warned_dtypes:
+        half = tensor.dtype in (torch.float16, torch.bfloat16)
+        if half and tensor.device.type == "cpu" and gradcomm._C.compresses_16bit(compression):
+            return False
+        if half and tensor.dtype not in _warned_dtypes:
             _warned_dtypes.add(tensor.dtype)
             import warnings
-            warnings.warn(f"gradcomm {who}: {tensor.dtype} gradients are reduced dense (uncompressed): the "
-                          f"compressors take float32. Keep the gradients in float32 to compress them, or use the "
+            warnings.warn(f"gradcomm {who}: {tensor.dtype} gradients are reduced dense (uncompressed): "
+                          f"compression={compression!r} takes float32 here (float16/bfloat16 only on CPU, with the "
+                          f"codecs and top-k). Keep the gradients in float32 to compress them, or use the "
                           f'"gradcomm" process group, which compresses {tensor.dtype} through float32.',
                           stacklevel=3)
         return True
@@ -363,8 +369,10 @@ class CompressedReduceScatter(_ReduceScatterBase):
     input), and so do top-k ones (each owner gets the ranks' selected entries in its
     shard: about (N-1)/N of k entries per rank); the others (random-k, sketch, powersgd)
     and CUDA tensors a compressed allreduce of the input, whose shard is kept. Ops: AVG, SUM and PREMUL_SUM (FSDP2's set_gradient_divide_factor:
-    the input is multiplied first). float32 is compressed as it is; float16/bfloat16
-    through a float32 copy. Tensors below min_compress_numel, and other ops, are exact.
+    the input is multiplied first). float32 is compressed as it is, and so are
+    float16/bfloat16 CPU inputs with the codecs and top-k (in float32 pieces of ~1M
+    elements, never a float32 copy of the bucket); others go through a float32 copy.
+    Tensors below min_compress_numel, and other ops, are exact.
 
     Error feedback: the j-th reduce-scatter of a size and dtype within a training step is
     the same FSDP parameter group on every rank and in every step, so its residual is
@@ -383,6 +391,8 @@ class CompressedReduceScatter(_ReduceScatterBase):
         self.compression = compression
         self.min_compress_numel = min_compress_numel
         self._library_reduce_scatter = compression != "none" and gradcomm._C.reduce_scatter_compresses(compression)
+        # ... and takes a float16/bfloat16 CPU input as it is (in float32 pieces)
+        self._library_16bit = compression != "none" and gradcomm._C.compresses_16bit(compression)
         self._round_calls = collections.Counter()
         self._stats = {"reductions": 0, "compressed_reductions": 0, "reduced_bytes": 0,
                        "dense_reduce_scatter_bytes": 0}
@@ -423,8 +433,9 @@ class CompressedReduceScatter(_ReduceScatterBase):
                  input_tensor.numel() < self.min_compress_numel or
                  input_tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16))
         flat = input_tensor.reshape(-1)
-        if not exact and flat.dtype != torch.float32:
-            flat = flat.to(torch.float32)  # the compressors take float32
+        as_is = self._library_reduce_scatter and self._library_16bit and flat.device.type == "cpu"
+        if not exact and flat.dtype != torch.float32 and not as_is:
+            flat = flat.to(torch.float32)  # these compressors (or this device) take float32
         elif factor is not None or not flat.is_contiguous():
             flat = flat.clone(memory_format=torch.contiguous_format)  # the caller's input stays
         if factor is not None:

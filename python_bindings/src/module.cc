@@ -360,6 +360,12 @@ PYBIND11_MODULE(_gradcomm, m) {
     return !detail::is_auto_spec(spec) &&
            detail::reduce_scatter_compresses(detail::family_of(detail::parse_compressor_spec(spec).id).collective);
   }, py::arg("spec"));
+  // Whether compressed calls with `spec` take float16/bfloat16 host tensors as they are
+  // (the codecs and top-k, in float32 pieces: detail::compresses_16bit) or float32 only.
+  m.def("compresses_16bit", [](const std::string& spec) {
+    detail::check_compressor_spec(spec);
+    return !detail::is_auto_spec(spec) && detail::compresses_16bit(detail::parse_compressor_spec(spec));
+  }, py::arg("spec"));
   m.def("stats", [] {
     const Stats st = with_communicator("stats", [](Communicator& c) { return c.stats(); });
     py::dict d;

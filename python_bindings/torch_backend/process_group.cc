@@ -166,8 +166,8 @@ void check_premultipliable(const Reduction& r, const at::Tensor& t, const char* 
 at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
 // The buffer a reduction runs on: `t` itself when it is contiguous, else a contiguous
-// copy; a float32 copy when a float16/bfloat16 tensor is to be compressed (the
-// compressors take float32; the result is rounded back into `t` once).
+// copy; a float32 copy when a float16/bfloat16 tensor is compressed by a family or on a
+// device that takes float32 only (the result is rounded back into `t` once).
 at::Tensor staged(const at::Tensor& t, bool as_float32) {
   if (as_float32) return t.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
   return contiguous(t);
@@ -249,12 +249,14 @@ void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   if (compression.spec.empty()) compression.spec = "none";
   // Validates the spec, and says whether the library's reduce-scatter compresses with it
   // (the codec-ring families and top-k: detail::reduce_scatter_compresses).
-  bool library_reduce_scatter = false;
+  bool library_reduce_scatter = false, library_16bit = false;
   try {
     detail::check_compressor_spec(compression.spec);  // auto's too: it chooses per allreduce
-    library_reduce_scatter = !detail::is_auto_spec(compression.spec) &&
-                             detail::reduce_scatter_compresses(
-                                 detail::family_of(detail::parse_compressor_spec(compression.spec).id).collective);
+    if (!detail::is_auto_spec(compression.spec)) {
+      const detail::CompressorSpec spec = detail::parse_compressor_spec(compression.spec);
+      library_reduce_scatter = detail::reduce_scatter_compresses(detail::family_of(spec.id).collective);
+      library_16bit = detail::compresses_16bit(spec);
+    }
   } catch (...) {
     rethrow_as_torch_error();
   }
@@ -264,6 +266,7 @@ void ProcessGroupGradcomm::set_compression(CompressionConfig compression) {
   std::lock_guard<std::mutex> lock(issue_mutex_);
   compression_ = std::move(compression);
   library_reduce_scatter_ = library_reduce_scatter;
+  library_16bit_ = library_16bit;
 }
 
 CompressionConfig ProcessGroupGradcomm::compression() const {
@@ -321,9 +324,15 @@ void ProcessGroupGradcomm::sweep_dead_storages() {
   sweep_at_ = std::max(kMinSweep, 2 * ordinals_.size());
 }
 
+// float32, or float16/bfloat16 on CPU where the library takes them (library_16bit_).
+bool ProcessGroupGradcomm::compressible_type(const at::Tensor& flat) const {
+  const auto type = flat.scalar_type();
+  return type == at::kFloat || ((type == at::kHalf || type == at::kBFloat16) && library_16bit_ && flat.is_cpu());
+}
+
 CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, const at::Tensor& flat, ReduceOp op) {
   CompressOptions options;
-  if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
+  if (compression_.spec == "none" || !compressible_type(flat) || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
     count_reduction(flat.numel(), t.scalar_type(), options);
     return options;  // exact
@@ -361,7 +370,7 @@ CompressOptions ProcessGroupGradcomm::compress_options(const at::Tensor& t, cons
 CompressOptions ProcessGroupGradcomm::reduce_scatter_options(const at::Tensor& flat, at::ScalarType input_type,
                                                              ReduceOp op) {
   CompressOptions options;
-  if (compression_.spec == "none" || flat.scalar_type() != at::kFloat || flat.numel() == 0 ||
+  if (compression_.spec == "none" || !compressible_type(flat) || flat.numel() == 0 ||
       flat.numel() < compression_.min_numel || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
     count_reduction(flat.numel(), input_type, options, /*reduce_scatter=*/true);
     return options;  // exact
@@ -431,7 +440,12 @@ void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
 }
 
 bool ProcessGroupGradcomm::compress_through_float32(const at::Tensor& t, ReduceOp op) const {
-  return (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) && compresses(t, op);
+  if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) return false;
+  {
+    std::lock_guard<std::mutex> lock(issue_mutex_);
+    if (library_16bit_ && t.is_cpu()) return false;  // the library compresses it as it is
+  }
+  return compresses(t, op);
 }
 
 ProcessGroupGradcomm::GroupStats ProcessGroupGradcomm::stats() {
@@ -659,11 +673,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
     reduction.premultiply(scaled);
     return dense_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", scaled, out, op);
   }
-  // Compressed: a copy (the input stays unchanged; the allreduce form works in place),
-  // float32 when a float16/bfloat16 input is compressed.
+  // Compressed. The library's reduce-scatter leaves its input unchanged: the input itself,
+  // unless premultiplied; the allreduce form works in place: a copy (float32 when a
+  // float16/bfloat16 input goes through float32).
+  bool in_place = false;
+  {
+    std::lock_guard<std::mutex> lock(issue_mutex_);
+    in_place = !(library_reduce_scatter_ && input.is_cpu());
+  }
   const at::Tensor flat = compress_through_float32(input, op)
                               ? input.reshape({-1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                              : input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
+                          : (in_place || reduction.premultiplies())
+                              ? input.reshape({-1}).clone(at::MemoryFormat::Contiguous)
+                              : contiguous(input).reshape({-1});
   reduction.premultiply(flat);
   return compressed_reduce_scatter(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", flat, out, op);
 }

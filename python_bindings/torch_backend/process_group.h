@@ -269,12 +269,16 @@ class ProcessGroupGradcomm : public BackendBase {
                                                       const at::Tensor& out, ReduceOp reduce_op);
   // Counts an all-gather of `in` in stats_ (takes issue_mutex_).
   void count_gather(const at::Tensor& in);
-  // Whether `t` (float16/bfloat16) would be compressed if it were float32: then it is
-  // staged through a float32 copy.
+  // Whether `t` (float16/bfloat16) is compressed through a float32 copy: when it is
+  // compressed and the library does not take it as it is (a GPU tensor, or a family
+  // other than the codecs and top-k: detail::compresses_16bit).
   bool compress_through_float32(const at::Tensor& t, ReduceOp op) const;
+  // The buffer's type is one the library compresses (caller holds issue_mutex_).
+  bool compressible_type(const at::Tensor& flat) const;
 
   mutable std::mutex issue_mutex_;
   bool library_reduce_scatter_ = false;  // the library's reduce_scatter compresses compression_.spec's family
+  bool library_16bit_ = false;           // the library compresses float16/bfloat16 host tensors of that spec
   GroupStats stats_;  // the issue-side counters (comm is filled in by stats())
   // Reduce-scatter call sites in the current round: "<numel>/<dtype>" -> calls so far.
   std::unordered_map<std::string, uint64_t> round_calls_;

@@ -263,9 +263,12 @@ TEST(State, EntriesRoundTripAndRejectCorruption) {
   a.residual.resize(12, 0x42);
   state.keys["fc1.weight"] = a;
   state.keys["bias"] = detail::KeyState{5, DType::kFloat16, 9, {}};
+  // A bfloat16 key's residual is float32 (compression_16bit.cc): 4 values, 16 bytes.
+  state.keys["bf16"] = detail::KeyState{2, DType::kBFloat16, 4, std::vector<uint8_t>(16, 0x3f)};
   const auto bytes = detail::serialize_state(state, 1, 4);
   const auto back = detail::parse_state(bytes, 1, 4);
-  ASSERT_EQ(back.keys.size(), 2u);
+  ASSERT_EQ(back.keys.size(), 3u);
+  EXPECT_EQ(back.keys.at("bf16").residual, state.keys["bf16"].residual);
   EXPECT_EQ(back.keys.at("fc1.weight").step, 17u);
   EXPECT_EQ(back.keys.at("fc1.weight").residual, a.residual);
   EXPECT_EQ(back.keys.at("bias").dtype, DType::kFloat16);
