@@ -15,7 +15,6 @@
 
 #include "compression.h"
 #include "compressors/family.h"
-#include "half.h"
 #include "half_bulk.h"
 #include "hierarchy.h"
 #include "op.h"
@@ -31,7 +30,7 @@ constexpr int64_t kPieceElems = int64_t{1} << 20;
 void widen(const void* in, DType dtype, float* out, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(in);
   if (dtype == DType::kBFloat16) {
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
+    bf16s_to_floats(h, out, static_cast<size_t>(n));
   } else {
     halves_to_floats(h, out, static_cast<size_t>(n), /*add=*/false);
   }
@@ -40,7 +39,7 @@ void widen(const void* in, DType dtype, float* out, int64_t n) {
 void narrow(const float* in, DType dtype, void* out, int64_t n) {
   auto* h = static_cast<uint16_t*>(out);
   if (dtype == DType::kBFloat16) {
-    for (int64_t i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
+    floats_to_bf16s(in, h, static_cast<size_t>(n));
   } else {
     floats_to_halves(in, h, static_cast<size_t>(n));
   }

@@ -1,5 +1,5 @@
-// The fp16 codec's bulk conversions (base/half_bulk.h): the F16C path, where this
-// CPU has it, against half.h's scalar definitions, bit for bit.
+// The bulk conversions (base/half_bulk.h): the F16C (fp16) and AVX2 (bf16) paths, where
+// this CPU has them, against half.h's scalar definitions, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -72,6 +72,50 @@ TEST(HalfBulk, NarrowingMatchesFloatToHalf) {
     floats_to_halves(in.data(), o.data(), n);
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(o[i], float_to_half(in[i]));
     ASSERT_EQ(o[n], 0xABCD) << "wrote past " << n;
+  }
+}
+
+// bf16 (compression_16bit.cc's pieces): every bf16 pattern widens to bf16_to_float's bits;
+// narrowing at and around the rounding boundary of every exponent (ties to even, the
+// carry into the exponent, overflow to inf, NaN payloads that the low bits alone hold),
+// plus random patterns, gives float_to_bf16's bits; short runs leave every tail.
+TEST(HalfBulk, Bf16WideningAndNarrowingMatchHalfH) {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
+  std::vector<float> wide(all.size());
+  bf16s_to_floats(all.data(), wide.data(), all.size());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(bits_of(wide[h]), bits_of(bf16_to_float(static_cast<uint16_t>(h)))) << "bf16 0x" << std::hex << h;
+  }
+  std::vector<float> in;
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t exp = 0; exp < 256; ++exp) {
+      for (uint32_t mant : {0u, 1u, 0x7FFFu, 0x8000u, 0x8001u, 0x17FFFu, 0x18000u, 0x18001u, 0x7F8000u, 0x7FFFFFu,
+                            0x7F7FFFu, 0x400000u, 0x400001u, 0x10000u, 0xFFFFu}) {
+        in.push_back(bits_float(sign | exp << 23 | mant));
+      }
+    }
+  }
+  std::mt19937 gen(13);
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 1 << 20; ++i) in.push_back(bits_float(any(gen)));
+  std::vector<uint16_t> out(in.size() + 1, 0xABCD);
+  floats_to_bf16s(in.data(), out.data(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(out[i], float_to_bf16(in[i])) << "float bits 0x" << std::hex << bits_of(in[i]);
+  }
+  ASSERT_EQ(out[in.size()], 0xABCD) << "wrote past the end";
+  for (size_t n = 0; n <= 19; ++n) {
+    std::vector<uint16_t> o(n + 1, 0xABCD);
+    std::vector<float> w(n + 1, -7.0f);
+    floats_to_bf16s(in.data(), o.data(), n);
+    bf16s_to_floats(all.data() + 0x3F80, w.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(o[i], float_to_bf16(in[i]));
+      ASSERT_EQ(bits_of(w[i]), bits_of(bf16_to_float(static_cast<uint16_t>(0x3F80 + i))));
+    }
+    ASSERT_EQ(o[n], 0xABCD) << "wrote past " << n;
+    ASSERT_EQ(w[n], -7.0f) << "wrote past " << n;
   }
 }
 
