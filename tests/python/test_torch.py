@@ -118,6 +118,12 @@ def test_bad_specs_are_refused_at_construction():
         CompressionHookState("auto:among=none|quant:bits=4")
 
 
+def test_hook_compresses_bfloat16_buckets_as_they_are():
+    if int(torch.__version__.split(".")[0]) < 2:
+        pytest.skip("torch 1.13's gloo has no bfloat16 (DDP broadcasts the parameters with it)")
+    expect_ok(launch(2, os.path.join(WORKERS, "torch_hook_bf16.py"), timeout=90), 2, "torch-hook-bf16")
+
+
 def test_half_precision_gradients_warn_once_that_they_go_dense():
     import warnings
     from gradcomm import torch as gtorch
