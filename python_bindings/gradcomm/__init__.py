@@ -336,7 +336,7 @@ def allreduce(x, op="sum", compression="none", name=None, parts=None):
 
     op: "sum" | "avg" | "min" | "max" (min/max dense only). compression: a spec
     string ("topk:ratio=0.01", "qsgd:levels=16", "powersgd:rank=4", ...; compressors
-    take float32). name: the key of this tensor's compression state (error
+    take float32, and the codecs and top-k float16/bfloat16 CPU tensors too). name: the key of this tensor's compression state (error
     feedback, step counter); required for stateful compressors, the same on every
     rank. x's shape goes with the call (powersgd views a tensor of 2+ dimensions as
     shape[0] rows); parts: instead, the shapes of several tensors laid end to end
@@ -409,7 +409,8 @@ def reduce_scatter(x, out=None, op="sum", compression="none", name=None):
     share: rank r gets elements [r * m, (r + 1) * m) of the reduced x, m = x.numel /
     size(). `out` defaults to x.shape[1:] when x is (size(), ...), else a flat array of
     m elements; a given `out` must be contiguous, of x's dtype and device, with m
-    elements. `x` is left unchanged. compression (float32 CPU arrays, sum or avg): a
+    elements. `x` is left unchanged. compression (float32 CPU arrays, or float16/bfloat16
+    ones, sum or avg): a
     spec of the compressed ring's codecs (fp16, bf16, quant, qsgd, sign), a payload per
     hop; or top-k, each rank sending each segment's owner the entries of its selection
     there; `name` keys its state (error feedback) as allreduce's does."""
