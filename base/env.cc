@@ -9,7 +9,18 @@
 
 namespace gradcomm::detail {
 
+std::recursive_mutex& environment_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
+void set_env_default(const char* name, const std::string& value) {
+  std::lock_guard lock(environment_mutex());
+  ::setenv(name, value.c_str(), /*overwrite=*/0);
+}
+
 std::optional<std::string> env_string(const char* name) {
+  std::lock_guard lock(environment_mutex());
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);

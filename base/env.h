@@ -5,13 +5,22 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 
 
 namespace gradcomm::detail {
 
-// The variable's value, or nullopt when unset or empty.
+// The process environment is one array that setenv may move while getenv reads it: every
+// read and write of it by gradcomm holds this lock (ranks as threads of one process, a
+// program's own threads), and so do the libraries' reads gradcomm starts (UCX's config read
+// and init: transport/ucx). Recursive: a writer may read under it.
+std::recursive_mutex& environment_mutex();
+// Sets `name` to `value` unless it is set already (the user's value wins), under the lock.
+void set_env_default(const char* name, const std::string& value);
+
+// The variable's value, or nullopt when unset or empty (read under environment_mutex()).
 std::optional<std::string> env_string(const char* name);
 // Integer knob in [min, max]; InvalidArgument naming the variable on garbage or out of range.
 int64_t env_int(const char* name, int64_t fallback, int64_t min, int64_t max);

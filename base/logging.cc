@@ -1,18 +1,18 @@
 #include "logging.h"
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+
+#include "env.h"
 
 namespace gradcomm::detail {
 
 LogLevel log_level() {
   // Read once: logging sits on paths that must stay cheap.
   static const LogLevel level = [] {
-    const char* v = std::getenv("GRADCOMM_LOG");  // GRADCOMM_LOG=warn|info|debug
-    if (v == nullptr) return LogLevel::kWarn;
-    if (std::strcmp(v, "debug") == 0) return LogLevel::kDebug;
-    if (std::strcmp(v, "info") == 0) return LogLevel::kInfo;
+    const auto v = env_string("GRADCOMM_LOG");  // GRADCOMM_LOG=warn|info|debug
+    if (!v) return LogLevel::kWarn;
+    if (*v == "debug") return LogLevel::kDebug;
+    if (*v == "info") return LogLevel::kInfo;
     return LogLevel::kWarn;
   }();
   return level;

@@ -1,7 +1,11 @@
 // Launch configuration: where rank, size, store, timeout and token come from.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "env.h"
 #include "launch_config.h"
@@ -88,6 +92,33 @@ TEST_F(EnvTest, TimeoutAndTokenFromTheEnvironment) {
   InitOptions o;
   o.timeout = std::chrono::milliseconds(1500);
   EXPECT_EQ(resolve_launch_config(o).timeout, std::chrono::milliseconds(1500));  // caller's choice wins
+}
+
+// setenv may move the environment array while getenv walks it: a read racing a write of a
+// new variable read freed memory (a CI crash: env_string("UCX_TLS") on one rank's thread while
+// another's transport set its UCX defaults). Every gradcomm read and write holds
+// environment_mutex(): three threads read while one adds 3000 new variables, and nothing
+// breaks (the same loop with bare getenv/setenv: 5 runs of 5 ended in SIGSEGV here).
+TEST(Environment, ReadsAndWritesFromManyThreadsAreSerialized) {
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> reads{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&] {
+      while (!done.load()) {
+        if (env_string("GRADCOMM_ENV_RACE_NEVER_SET")) ADD_FAILURE() << "read a variable nobody set";
+        reads.fetch_add(1);
+      }
+    });
+  }
+  for (int i = 0; i < 3000; ++i) set_env_default(("GRADCOMM_ENV_RACE_" + std::to_string(i)).c_str(), "1");
+  done = true;
+  for (auto& r : readers) r.join();
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(env_string("GRADCOMM_ENV_RACE_2999"), "1");
+  set_env_default("GRADCOMM_ENV_RACE_2999", "2");  // the value set first wins
+  EXPECT_EQ(env_string("GRADCOMM_ENV_RACE_2999"), "1");
+  for (int i = 0; i < 3000; ++i) ::unsetenv(("GRADCOMM_ENV_RACE_" + std::to_string(i)).c_str());
 }
 
 TEST(ParseBytes, SuffixesAndGarbage) {

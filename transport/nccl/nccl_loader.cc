@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "env.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
@@ -35,9 +36,9 @@ void resolve(void* library, const char* library_name, const char* name, Fn& out)
 NcclApi load() {
   // GRADCOMM_NCCL_LIBRARY: a path (or name) to open instead, and only that (e.g. the
   // NCCL that ships inside a torch wheel).
-  const char* chosen = std::getenv("GRADCOMM_NCCL_LIBRARY");
-  const bool user_chosen = chosen != nullptr && *chosen != '\0';
-  const char* name = user_chosen ? chosen : kLibrary;
+  const std::optional<std::string> chosen = env_string("GRADCOMM_NCCL_LIBRARY");
+  const bool user_chosen = chosen.has_value();
+  const char* name = user_chosen ? chosen->c_str() : kLibrary;
   // RTLD_LOCAL: its symbols stay out of the global namespace (torch may bring its own NCCL).
   void* library = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   std::string why;

@@ -57,7 +57,7 @@ static void prefer_shared_memory() {
       env_string("UCX_SYSV_ERROR_HANDLING")) {
     return;
   }
-  ::setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+  set_env_default("UCX_MM_ERROR_HANDLING", "y");
 }
 
 // TCP segment sizes, through the environment before UCX reads it.
@@ -68,7 +68,7 @@ static void prefer_large_tcp_segments(int world_size) {
   // rejects transport keys in ucp_config_modify ("invalid configurations"), so
   // they go through the environment, never replacing a value the user set;
   // called before ucp_config_read.
-  ::setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
+  set_env_default("UCX_TCP_TX_SEG_SIZE", "256K");
   // Receive segments, allocated one at a time: an endpoint takes one only while it
   // is receiving, and the pages are touched only as far as a read fills them.
   // Two ranks: 8M. More ranks: 1M, with the dense ring's 1M chunks
@@ -76,8 +76,8 @@ static void prefer_large_tcp_segments(int world_size) {
   // Measured on emulated links: bench/results/tuning-notes-2026-11-27.md#ucx-tcp-receive-segments.
   // Process-wide: the first UCX communicator's world size decides. 1M transmit
   // segments, by contrast, cost loopback a third of its bandwidth.
-  ::setenv("UCX_TCP_RX_SEG_SIZE", world_size == 2 ? "8M" : "1M", /*overwrite=*/0);
-  ::setenv("UCX_TCP_RX_BUFS_GROW", "1", /*overwrite=*/0);
+  set_env_default("UCX_TCP_RX_SEG_SIZE", world_size == 2 ? "8M" : "1M");
+  set_env_default("UCX_TCP_RX_BUFS_GROW", "1");
   // No zero-copy sends over TCP. In UCX 1.13.1 a zero-copy active message whose socket
   // write fails (the peer died mid-send) is completed twice: uct_tcp_ep_sendv() reports
   // the error through the disconnect path, which purges the endpoint and completes the
@@ -90,7 +90,7 @@ static void prefer_large_tcp_segments(int world_size) {
   // is a copy into the 256K transmit segments: 64 MiB allreduce over TCP loopback
   // 1.30-1.38 GB/s against 1.54-1.69, 1-16 MiB within the noise; on a real link, slower
   // than memory, it is CPU time, not bandwidth. bench/results/ucx-tcp-zcopy-2026-11-29.md.
-  ::setenv("UCX_TCP_MAX_IOV", "0", /*overwrite=*/0);
+  set_env_default("UCX_TCP_MAX_IOV", "0");
   // A small socket send buffer facing a large receive window collapses TCP
   // throughput: the sender's segments are too few for the receiver to acknowledge
   // at once, and it waits for its delayed-ACK timer. So when the user bounds the send
@@ -99,7 +99,7 @@ static void prefer_large_tcp_segments(int world_size) {
   // MultiprocLinger): bench/results/tuning-notes-2026-11-27.md#ucx-tcp-receive-buffer.
   if (auto sndbuf = env_string("UCX_TCP_SNDBUF"); sndbuf && !env_string("UCX_TCP_RCVBUF")) {
     if (auto bytes = parse_bytes(*sndbuf); bytes && *bytes > 0 && *bytes <= (int64_t{1} << 40)) {
-      ::setenv("UCX_TCP_RCVBUF", std::to_string(2 * *bytes).c_str(), /*overwrite=*/0);
+      set_env_default("UCX_TCP_RCVBUF", std::to_string(2 * *bytes));
     }
   }
 }
@@ -189,13 +189,13 @@ void UcxTransport::make_lanes(Store& store, const UcxOptions& options, const Dea
   }
   // The UCX variables are process-wide, and ranks may be threads of one process (the
   // unit tests): setenv and the reads of the environment, ours and UCX's (config read,
-  // init), happen under one lock, never beside another transport's setenv.
-  static std::mutex environment;
+  // init, the worker's interfaces), happen under one lock (base/env.h), never beside
+  // another thread's setenv.
   for (UcxLane::Kind kind : kinds) {
     UcxLane& lane = lanes_.emplace_back();
     lane.kind = kind;
     ucp_config_t* config = nullptr;
-    std::unique_lock environment_lock(environment);
+    std::unique_lock environment_lock(environment_mutex());
     prefer_shared_memory();
     prefer_large_tcp_segments(size_);
     GRADCOMM_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration");
@@ -215,13 +215,14 @@ void UcxTransport::make_lanes(Store& store, const UcxOptions& options, const Dea
       throw;
     }
     ucp_config_release(config);
-    environment_lock.unlock();
     GRADCOMM_UCX_CHECK(status, "creating the UCX context");
 
     ucp_worker_params_t worker_params{};
     worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // one thread drives the transport
+    // (Still under the lock: opening the worker's interfaces reads their UCX_<TL>_* variables.)
     GRADCOMM_UCX_CHECK(ucp_worker_create(lane.context, &worker_params, &lane.worker), "creating the UCX worker");
+    environment_lock.unlock();
     GRADCOMM_UCX_CHECK(ucp_worker_get_efd(lane.worker, &lane.event_fd), "getting the worker's event fd");
     ucp_am_handler_param_t ack{};
     ack.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
