@@ -308,5 +308,11 @@ elif kind == "shutdown":
         store.set("shutdown/seen", "1")
 else:
     raise SystemExit(f"unknown kind {kind}")
+# Rank 0's process serves the store: it stays until every rank is past its last use of it
+# (a case that ends at once on rank 0, "threads" refused at issue, left rank 1 still in
+# init_process_group's store barrier: "Connection reset by peer").
+store.set(f"done/{r}", "1")
+if r == 0:
+    store.wait([f"done/{q}" for q in range(n)], datetime.timedelta(seconds=30))
 print(f"OK torch-backend-callbacks rank={r} ({time.monotonic() - start:.2f} s)", flush=True)
 os._exit(0)  # the mismatch and shutdown cases leave a broken group behind
