@@ -291,22 +291,13 @@ int64_t HostCompression::piece_alignment(const CompressorSpec& spec) {
 
 void HostCompression::compress_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel,
                                      const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
-                                     ReduceOp reduce_op) {
+                                     ReduceOp reduce_op, Piece piece) {
   CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
   call.offset = begin;
   call.whole = numel;
   HostPrimitives host(*this, op, call, end - begin);
+  if (piece == Piece::kReduceScatter) return compressed_reduce_scatter(host, call, values, end - begin, reduce_op);
   compressed_allreduce(host, call, values, end - begin, reduce_op);
-}
-
-void HostCompression::reduce_scatter_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel,
-                                           const CompressorSpec& spec, KeyState* key, uint64_t key_hash,
-                                           ReduceOp reduce_op) {
-  CompressedCall call{spec, key, key_hash, nullptr, op.rank(), op.size()};
-  call.offset = begin;
-  call.whole = numel;
-  HostPrimitives host(*this, op, call, end - begin);
-  compressed_reduce_scatter(host, call, values, end - begin, reduce_op);
 }
 
 // inside=compress (codec-ring families): step 1 inside the nodes is the direct compressed

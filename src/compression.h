@@ -97,13 +97,13 @@ class HostCompression {
 
  private:
   // One piece [begin, end) of a tensor of `numel` elements, at `values`: across the nodes
-  // (two levels; kSum, the average is the levels') or one of a 16-bit tensor's pieces.
+  // (two levels; kSum, the average is the levels') or one of a 16-bit tensor's pieces;
+  // allreduced, or reduce-scattered (values[0, end - begin) as N segments; the residual keeps
+  // the tensor's layout: compression_16bit.cc).
+  enum class Piece : uint8_t { kAllreduce, kReduceScatter };
   void compress_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel, const CompressorSpec& spec,
-                      KeyState* key, uint64_t key_hash, ReduceOp reduce_op = ReduceOp::kSum);
-  // A reduce-scatter of values[0, end - begin) (N segments) as elements [begin, end) of a
-  // tensor of `numel` elements (the residual's layout; compression_16bit.cc).
-  void reduce_scatter_piece(Op& op, float* values, int64_t begin, int64_t end, int64_t numel,
-                            const CompressorSpec& spec, KeyState* key, uint64_t key_hash, ReduceOp reduce_op);
+                      KeyState* key, uint64_t key_hash, ReduceOp reduce_op = ReduceOp::kSum,
+                      Piece piece = Piece::kAllreduce);
 
   std::unordered_map<std::string, CompressorSpec> specs_;
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec

@@ -98,7 +98,8 @@ void HostCompression::reduce_scatter_16bit(Op& op, const void* in, void* out, in
     const int64_t len = std::min(most, count - p0);
     for (int s = 0; s < n; ++s) widen(at(in, s * count + p0), dtype, scratch.data() + s * len, len);
     const size_t kept = key != nullptr ? key->sent.size() : 0;
-    reduce_scatter_piece(op, scratch.data(), n * p0, n * (p0 + len), numel, spec, key, key_hash, reduce_op);
+    compress_piece(op, scratch.data(), n * p0, n * (p0 + len), numel, spec, key, key_hash, reduce_op,
+                   Piece::kReduceScatter);
     if (key != nullptr) {  // a selection's indices back at their place in the tensor
       for (size_t j = kept; j < key->sent.size(); ++j) {
         const auto q = static_cast<int64_t>(key->sent[j]) - n * p0;

@@ -443,7 +443,7 @@ bool ProcessGroupGradcomm::compress_through_float32(const at::Tensor& t, ReduceO
   if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) return false;
   {
     std::lock_guard<std::mutex> lock(issue_mutex_);
-    if (library_16bit_ && t.is_cpu()) return false;  // the library compresses it as it is
+    if (compressible_type(t)) return false;  // the library compresses it as it is
   }
   return compresses(t, op);
 }
@@ -676,14 +676,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::_reduce_scatter_base(at::Te
   // Compressed. The library's reduce-scatter leaves its input unchanged: the input itself,
   // unless premultiplied; the allreduce form works in place: a copy (float32 when a
   // float16/bfloat16 input goes through float32).
-  bool in_place = false;
+  bool allreduce_form = false;  // works in place on its input
   {
     std::lock_guard<std::mutex> lock(issue_mutex_);
-    in_place = !(library_reduce_scatter_ && input.is_cpu());
+    allreduce_form = !(library_reduce_scatter_ && input.is_cpu());
   }
   const at::Tensor flat = compress_through_float32(input, op)
                               ? input.reshape({-1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                          : (in_place || reduction.premultiplies())
+                          : (allreduce_form || reduction.premultiplies())
                               ? input.reshape({-1}).clone(at::MemoryFormat::Contiguous)
                               : contiguous(input).reshape({-1});
   reduction.premultiply(flat);

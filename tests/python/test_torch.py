@@ -61,8 +61,8 @@ def test_torchrun_launch_ddp_hook_uses_torch_store():
 def test_torchrun_c10d_rendezvous_needs_no_port_beside_master_port():
     # torch 1.13's agent (c10d) hands out a released ephemeral MASTER_PORT; MASTER_PORT + 1
     # is reserved by nobody. Rank 0 holds it here: init must not need it.
-    result = torchrun(os.path.join(WORKERS, "init_torchrun_port.py"))
-    expect_ok(result, 2, "torchrun-port")
+    result = torchrun(os.path.join(WORKERS, "init_order.py"), "hold-next-port")
+    expect_ok(result, 2, "init-order")
 
 
 @pytest.mark.parametrize("example", ["ddp_hook.py", "distributed_optimizer.py"])

@@ -34,11 +34,7 @@ const char* kSpecs[] = {"fp16",
                         "sketch:rows=3,cols=512,ratio=0.01,values=fp16"};
 
 std::vector<float> gradient(int rank, int64_t n, uint32_t seed = 1) {
-  std::mt19937 rng(seed * 7919 + static_cast<uint32_t>(rank));
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> g(static_cast<size_t>(n));
-  for (auto& v : g) v = dist(rng);
-  return g;
+  return testing::normal_gradient(rank, n, seed);
 }
 
 std::vector<std::vector<float>> run_compressed(int n, int64_t numel, const std::string& spec, ReduceOp op,

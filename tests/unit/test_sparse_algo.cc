@@ -24,11 +24,7 @@ using detail::parse_compressor_spec;
 using detail::SparseAlgo;
 
 std::vector<float> gradient(int rank, int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed * 7919 + static_cast<uint32_t>(rank));
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> g(static_cast<size_t>(n));
-  for (auto& v : g) v = dist(rng);
-  return g;
+  return testing::normal_gradient(rank, n, seed);
 }
 
 struct Result {

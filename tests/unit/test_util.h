@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,6 +106,15 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> old_;
 };
+
+// A gradient-like input: n draws of N(0, 1), the same for a (rank, seed) on every call.
+inline std::vector<float> normal_gradient(int rank, int64_t n, uint32_t seed = 1) {
+  std::mt19937 rng(seed * 7919 + static_cast<uint32_t>(rank));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> g(static_cast<size_t>(n));
+  for (auto& v : g) v = dist(rng);
+  return g;
+}
 
 // memcmp that accepts empty ranges (whose pointers may be null).
 inline bool same_bytes(const void* a, const void* b, size_t bytes) {
