@@ -81,7 +81,8 @@ void BenchTable::print_header() {
              "# input ('{}'), restored and the ranks released by a barrier outside the timing.\n"
              "# algbw = size/time; busbw = algbw * {}. Columns after nccl-tests' ones:\n"
              "# wire = bytes_sent per rank per iteration (Communicator::stats(), mean over ranks); compr = dense ring\n"
-             "# bytes / wire; #wrong = elements off the exact result, all ranks (-c, untimed).{}\n",
+             "# bytes / wire ('shm': the node's shared segment carried the data, wire holds only the calls'\n"
+             "# headers); #wrong = elements off the exact result, all ranks (-c, untimed).{}\n",
              c.rank_time, c.input, c.op == BenchOp::kAllreduce ? "2(N-1)/N" : "(N-1)/N",
              c.phases ? "\n# reduce/encode/decode/comm: gradcomm's time per iteration from stats(), mean over ranks "
                         "(comm = waiting on the wire)."
@@ -130,6 +131,7 @@ void BenchTable::print_row(const Row& row) {
     wire = fmt::format("{:.0f}", *g.wire_bytes);
     compr = *g.wire_bytes > 0 ? fmt::format("{:.2f}", dense_wire_bytes(row.size_bytes) / *g.wire_bytes) : "-";
   }
+  if (g.path == "shm") compr = "shm";  // the data did not travel on the wire
   line += fmt::format("  {:>{}}  {:>{}}", wire, kWireW, compr, kComprW);
   if (config_.phases) {
     const Phases p = g.phases.value_or(Phases{});
@@ -195,7 +197,8 @@ void BenchTable::add_record(const Row& row, const ImplResult& r) {
       {"time_over_ranks", config_.rank_time},
       {"check_iters", config_.check_iters},
   };
-  if (r.wire_bytes && *r.wire_bytes > 0) rec["compression_ratio"] = dense_wire_bytes(row.size_bytes) / *r.wire_bytes;
+  if (r.path) rec["path"] = *r.path;
+  if (r.wire_bytes && *r.wire_bytes > 0 && r.path != "shm") rec["compression_ratio"] = dense_wire_bytes(row.size_bytes) / *r.wire_bytes;
   if (r.phases) {
     rec["reduce_us"] = r.phases->reduce_us;
     rec["encode_us"] = r.phases->encode_us;

@@ -33,6 +33,9 @@ struct ImplResult {
   std::optional<double> wire_bytes;       // per rank per iteration; only gradcomm counts them
   std::optional<int64_t> wrong;           // summed over ranks; nullopt without --check
   std::optional<Phases> phases;           // gradcomm only
+  // gradcomm only: "shm" when every rank's calls ran on the node's shared segment
+  // (docs/shared-memory.md), else "transport".
+  std::optional<std::string> path;
 };
 
 struct Row {

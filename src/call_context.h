@@ -29,6 +29,7 @@ namespace gradcomm::detail {
 
 struct Call;
 class HostCompression;
+class NodeShm;  // node_shm.h
 
 // After a failure, how long outstanding sends (the abort to the others among them)
 // may take before the transport drops them.
@@ -46,6 +47,9 @@ class CallContext {
   virtual bool two_levels() const = 0;
   // GRADCOMM_SCHEDULE (hierarchy.h), also read once at creation.
   virtual ScheduleMode schedule_mode() const = 0;
+  // This rank's node's shared segment (node_shm.h), or null: the transport carries the
+  // node's traffic. Collectives reach it through Op::node_shm.
+  virtual NodeShm* node_shm() = 0;
   virtual Transport& transport() = 0;
   virtual Stats& mutable_stats() = 0;
 

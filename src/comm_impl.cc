@@ -14,20 +14,27 @@
 #include "fusion.h"
 #include "hierarchy.h"
 #include "logging.h"
+#include "node_shm.h"
 
 namespace gradcomm::detail {
 
 CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
-                                   std::unique_ptr<Store> store, std::optional<NodeMap> nodes)
+                                   std::unique_ptr<Store> store, std::optional<NodeMap> nodes,
+                                   std::unique_ptr<NodeShm> shm)
     : rank_(transport->rank()),
       size_(transport->size()),
       nodes_(nodes ? std::move(*nodes) : NodeMap::single(transport->size())),
-      topology_(nodes_.view(rank_)),
+      topology_([&] {
+        Topology t = nodes_.view(rank_);
+        t.node_shm = shm != nullptr;
+        return t;
+      }()),
       two_levels_(use_two_levels(nodes_)),
       schedule_mode_(schedule_mode_from_env()),
       transport_(std::move(transport)),
       store_(std::move(store)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      shm_(std::move(shm)) {
   if (nodes_.size() != size_) {
     throw InvalidArgument(fmt::format("rank {}: a topology of {} ranks for a communicator of {}", rank_,
                                       nodes_.size(), size_));

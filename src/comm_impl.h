@@ -30,6 +30,7 @@
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
 #include "hierarchy.h"
+#include "node_shm.h"
 #include "op.h"
 #include "state.h"
 #include "topology.h"
@@ -45,8 +46,10 @@ class Engine;
 class CommunicatorImpl final : public CallExecutor {
  public:
   // `nodes`: which ranks share a node (topology.h); none given: one node holds every rank.
+  // `shm`: this rank's node's shared segment (node_shm.h), or null.
   CommunicatorImpl(std::unique_ptr<Transport> transport, std::chrono::milliseconds timeout,
-                   std::unique_ptr<Store> store = nullptr, std::optional<NodeMap> nodes = std::nullopt);
+                   std::unique_ptr<Store> store = nullptr, std::optional<NodeMap> nodes = std::nullopt,
+                   std::unique_ptr<NodeShm> shm = nullptr);
   ~CommunicatorImpl();
 
   int rank() const override { return rank_; }
@@ -55,6 +58,7 @@ class CommunicatorImpl final : public CallExecutor {
   const NodeMap& nodes() const override { return nodes_; }
   bool two_levels() const override { return two_levels_; }
   ScheduleMode schedule_mode() const override { return schedule_mode_; }
+  NodeShm* node_shm() override { return shm_.get(); }
   const Topology& topology() const { return topology_; }
   // Counters of the calls completed so far (a snapshot the engine publishes).
   Stats stats() const;
@@ -179,6 +183,7 @@ class CommunicatorImpl final : public CallExecutor {
   AutoChooser auto_;  // compressor=auto's choices (its report: any thread)
   std::optional<ControlMessage> pending_abort_;
   std::unique_ptr<DevicePath> device_;  // chosen at the first CUDA call
+  std::unique_ptr<NodeShm> shm_;        // the node's shared segment, or null
 
   std::unique_ptr<Engine> engine_;  // last: stopped first, before anything it uses goes
 };

@@ -8,6 +8,7 @@
 #include "gradcomm/communicator.h"
 #include "launch_config.h"
 #include "logging.h"
+#include "node_shm.h"
 #include "spin.h"
 #include "topology.h"
 #include "store/rendezvous.h"
@@ -61,6 +62,7 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     detail::RendezvousStore& rendezvous = *store;  // owned by the communicator from below
     std::unique_ptr<detail::Transport> transport;
     std::optional<detail::NodeMap> nodes;
+    std::unique_ptr<detail::NodeShm> shm;
     try {
       // Which ranks share a node (topology.h): the transport keeps shared memory inside them.
       nodes = detail::exchange_node_names(rendezvous, ucx_options.key_prefix, config.rank, config.world_size,
@@ -68,6 +70,10 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
       detail::check_launcher_local_ranks(*nodes, config.rank);
       for (int r = 0; r < config.world_size; ++r) ucx_options.same_node.push_back(nodes->same_node(config.rank, r));
       transport = detail::create_ucx_transport(config.rank, config.world_size, rendezvous, ucx_options);
+      // The node's shared segment (node_shm.h): after the transport, so that a rank that
+      // cannot connect fails before any segment is made.
+      shm = detail::connect_node_shm(rendezvous, *nodes, config.rank, config.job_token, rendezvous.generation(),
+                                     config.timeout);
     } catch (const Error& e) {
       rendezvous.report_failure(e);  // the others are waiting for this rank: tell them why it is not coming
       throw;
@@ -75,7 +81,7 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     rendezvous.done_joining();
     const std::string name = transport->name();
     auto impl = std::make_unique<detail::CommunicatorImpl>(std::move(transport), config.timeout, std::move(store),
-                                                           std::move(*nodes));
+                                                           std::move(*nodes), std::move(shm));
     impl->set_transport_preference(config.transport);
     // Over the transport, not the store: once every rank is through, none needs
     // the store again, so rank 0 may exit at any later point without stranding a
@@ -83,8 +89,10 @@ std::unique_ptr<Communicator> detail::create_communicator(const InitOptions& opt
     // generation's keys, and rank 0 (whose store it is) deletes them.
     impl->connect_barrier();
     rendezvous.retire();
-    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}; topology: {}", config.rank,
-                config.world_size, name, config.store, impl->nodes().describe());
+    detail::log(detail::LogLevel::kInfo, "rank {}/{}: connected over {} via {}; topology: {}; node segment: {}",
+                config.rank, config.world_size, name, config.store, impl->nodes().describe(),
+                impl->node_shm() != nullptr ? fmt::format("shared by {} ranks", impl->node_shm()->members().size())
+                                            : std::string("none"));
     return std::make_unique<Communicator>(std::move(impl));
   } catch (const Error& e) {
     // The store and transport do not know the rank: add it, and the phase.

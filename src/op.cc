@@ -8,6 +8,7 @@
 
 #include "call_context.h"
 #include "fusion.h"
+#include "node_shm.h"
 #include "spin.h"
 
 namespace gradcomm::detail {
@@ -112,31 +113,16 @@ Op::View::~View() {
 // a call whose own exchange fails, raises it: errors land on the call they concern.
 void Op::spin(const std::function<bool()>& ready, const Request* request, const char* what, int peer) {
   Transport& transport = comm_.transport();
-  auto& abort = comm_.pending_abort();
   // While a caller waits on the engine, polls (yielding the core each time) for
   // spin_before_sleep() without progress before it sleeps in wait_for_event() (src/spin.h).
   Clock::time_point last_moved = Clock::now();
   while (true) {
     const bool moved = transport.progress();
-    while (auto incoming = transport.poll_abort()) {
-      if (!abort) abort = std::move(*incoming);
-    }
     const bool done = ready();
-    const bool failed = request != nullptr && !request->pending() && request->state() != RequestState::kDone;
-    if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
-    // Checked before `done`: a refusal aborts every call in flight, even one whose
-    // data has just arrived. Otherwise a call running when another thread was
-    // refused could complete, paired with whatever the peer issued after learning
-    // of the refusal (a single atomic load while none was refused).
-    if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
+    check_aborts(request != nullptr && !request->pending() && request->state() != RequestState::kDone);
     if (done) return;
     if (comm_.stopping()) fail_destroyed();
-    if (deadline_.expired()) {
-      const std::string whom = peer >= 0 ? fmt::format("rank {}", peer) : std::string("the other ranks");
-      fail(ErrorCode::kTimeout,
-           fmt::format("timed out after {:.1f} s waiting for {} ({}){}",
-                       std::chrono::duration<double>(comm_.timeout()).count(), whom, what, silent_ranks(transport)));
-    }
+    if (deadline_.expired()) fail_timeout(what, peer);
     if (moved) {
       last_moved = Clock::now();
     } else if (Clock::now() - last_moved < spin_before_sleep() && comm_.waited_on()) {
@@ -145,6 +131,40 @@ void Op::spin(const std::function<bool()>& ready, const Request* request, const 
       transport.wait_for_event(std::min<std::chrono::microseconds>(kMaxSleep, deadline_.remaining()));
     }
   }
+}
+
+void Op::check_aborts(bool failed) {
+  auto& abort = comm_.pending_abort();
+  while (auto incoming = comm_.transport().poll_abort()) {
+    if (!abort) abort = std::move(*incoming);
+  }
+  if (abort && (abort->seq <= header_.seq || failed)) raise_abort(*abort);
+  // Checked before a wait's `done`: a refusal aborts every call in flight, even one whose
+  // data has just arrived. Otherwise a call running when another thread was refused could
+  // complete, paired with whatever the peer issued after learning of the refusal (a single
+  // atomic load while none was refused).
+  if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
+}
+
+void Op::fail_timeout(const char* what, int peer) {
+  const std::string whom = peer >= 0 ? fmt::format("rank {}", peer) : std::string("the other ranks");
+  fail(ErrorCode::kTimeout, fmt::format("timed out after {:.1f} s waiting for {} ({}){}",
+                                        std::chrono::duration<double>(comm_.timeout()).count(), whom, what,
+                                        silent_ranks(comm_.transport())));
+}
+
+void Op::check_in(const char* what, int peer) {
+  comm_.transport().progress();
+  check_aborts(false);
+  if (comm_.stopping()) fail_destroyed();
+  if (deadline_.expired()) fail_timeout(what, peer);
+}
+
+NodeShm* Op::node_shm() const {
+  NodeShm* shm = comm_.node_shm();
+  if (shm == nullptr) return nullptr;
+  if (view_ == nullptr) return static_cast<int>(shm->members().size()) == size_ ? shm : nullptr;
+  return *view_ == shm->members() ? shm : nullptr;
 }
 
 void Op::spin_until_done(Request& request, const char* what) {
@@ -222,6 +242,8 @@ void Op::wait_all(std::vector<RequestPtr>& requests, const char* what) {
     if (request) wait(*request, what);
   }
 }
+
+void Op::count_shm() { comm_.mutable_stats().node_shm_ops += 1; }
 
 void Op::count_wire(uint64_t sent, uint64_t received, uint64_t messages) {
   auto& stats = comm_.mutable_stats();

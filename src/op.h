@@ -26,6 +26,7 @@ namespace gradcomm::detail {
 class CallContext;                  // call_context.h: all an Op sees of its communicator
 enum class ScheduleMode : uint8_t;  // hierarchy.h
 class NodeMap;      // topology.h
+class NodeShm;      // node_shm.h
 struct FusionPlan;
 
 class Op {
@@ -42,6 +43,10 @@ class Op {
   bool two_levels() const;
   // How the codec-ring families run (GRADCOMM_SCHEDULE, hierarchy.h).
   ScheduleMode schedule_mode() const;
+
+  // The node's shared segment when this call's group (the communicator, or the current
+  // View) is exactly the ranks of this rank's node, in the node's order; else null.
+  NodeShm* node_shm() const;
 
   // This rank and the ranks of the call, or, inside a View, of the view's group.
   int rank() const { return view_ != nullptr ? view_rank_ : rank_; }
@@ -87,6 +92,15 @@ class Op {
   // Drives the transport until `ready()` is true, with the deadline, aborts and
   // shutdown watched as in wait(); `what` names the wait for a TimeoutError.
   void wait_until(const std::function<bool()>& ready, const char* what);
+
+  // One round of wait_until's checks without waiting, for waits that are not on the
+  // transport (the node's shared segment): progress, aborts, refusal, destruction and the
+  // deadline (a TimeoutError naming `what`, `peer`, the rank waited for, and the ranks that
+  // do not answer).
+  void check_in(const char* what, int peer);
+
+  // A collective that ran on the node's shared segment, for Stats.
+  void count_shm();
 
   // Wire traffic that did not go through send()/recv() (NCCL groups), for Stats.
   void count_wire(uint64_t sent, uint64_t received, uint64_t messages);
@@ -140,6 +154,9 @@ class Op {
   // The wait loop: progress, aborts, shutdown, deadline, sleep; `peer` (or -1)
   // names who we wait for in a TimeoutError.
   void spin(const std::function<bool()>& ready, const Request* request, const char* what, int peer);
+  // Raises what ends a wait: an abort for this call (or any, once `failed`), a refusal.
+  void check_aborts(bool failed);
+  [[noreturn]] void fail_timeout(const char* what, int peer);
   [[noreturn]] void raise_abort(const ControlMessage& abort);
   [[noreturn]] void fail_destroyed();
   void check_early_header();

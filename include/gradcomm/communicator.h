@@ -51,6 +51,9 @@ struct Topology {
   int local_size = 1;             // how many ranks its node holds
   std::string node_name;          // GRADCOMM_NODE, or "hostname/boot id"
   std::vector<int> node_of_rank;  // every rank's node
+  // This node's ranks meet in a shared segment for their collectives (docs/shared-memory.md);
+  // false: the transport carries them (GRADCOMM_SHM=off, or a node of one rank).
+  bool node_shm = false;
 };
 
 // Counters since the communicator was created. Wire bytes count everything this
@@ -87,6 +90,9 @@ struct Stats {
   // decode, reduction and transport work runs: the library's CPU cost, which wall
   // times like total_s cannot show when that thread shares a core with training.
   double engine_cpu_s = 0;
+  // Collectives (or the level inside the node of a two-level call) that ran on the node's
+  // shared segment instead of the transport (GRADCOMM_SHM, docs/shared-memory.md).
+  uint64_t node_shm_ops = 0;
   // compressor=auto: each key's latest choice (empty when no call used auto).
   std::vector<AutoChoice> auto_choices;
 };

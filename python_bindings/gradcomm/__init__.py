@@ -473,8 +473,9 @@ def stats():
     """Counters of the calls completed since init: bytes_sent/bytes_received on the
     wire, messages_sent, ops (fused_calls of them travelled fused), and seconds:
     total_s = reduce_s + encode_s + decode_s + comm_s (wall time inside collectives);
-    engine_cpu_s, the CPU time of the engine thread that runs them. A "gradcomm"
-    torch.distributed process group has its own communicator and counters:
+    engine_cpu_s, the CPU time of the engine thread that runs them; node_shm_ops, the
+    collectives that ran on the node's shared segment (no wire bytes: docs/shared-memory.md).
+    A "gradcomm" torch.distributed process group has its own communicator and counters:
     gradcomm.torch.stats(group)."""
     if not is_initialized():
         torch_module = _sys.modules.get("gradcomm.torch")

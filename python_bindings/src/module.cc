@@ -316,6 +316,7 @@ PYBIND11_MODULE(_gradcomm, m) {
     d["node"] = t.node;
     d["local_rank"] = t.local_rank;
     d["local_size"] = t.local_size;
+    d["node_shm"] = t.node_shm;
     d["node_name"] = t.node_name;
     d["node_of_rank"] = t.node_of_rank;
     return d;

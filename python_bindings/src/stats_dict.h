@@ -15,6 +15,7 @@ inline void put_counters(pybind11::dict& d, const Stats& s) {
   d["messages_sent"] = s.messages_sent;
   d["ops"] = s.ops;
   d["fused_calls"] = s.fused_calls;
+  d["node_shm_ops"] = s.node_shm_ops;
   d["total_s"] = s.total_s;
   d["reduce_s"] = s.reduce_s;
   d["encode_s"] = s.encode_s;

@@ -434,6 +434,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGradcomm::dense_reduce_scatter(c10d::
 }
 
 void ProcessGroupGradcomm::count_gather(const at::Tensor& in) {
+  // Ranks that all share one node's segment gather there: nothing on the wire.
+  const Topology& topology = comm_->topology();
+  if (topology.node_shm && topology.local_size == getSize()) return;
   std::lock_guard<std::mutex> lock(issue_mutex_);
   const auto bytes = static_cast<uint64_t>(in.numel()) * static_cast<uint64_t>(in.element_size());
   stats_.gathered_bytes += static_cast<uint64_t>(getSize() - 1) * bytes;

@@ -195,6 +195,7 @@ class ProcessGroupGradcomm : public BackendBase {
     // What dense rings send for them: 2(N-1)/N x bytes (allreduce), (N-1)/N (reduce-scatter).
     uint64_t dense_ring_bytes = 0;
     uint64_t gathered_bytes = 0;         // payload the all-gathers issued send: (N-1) x input bytes each
+                                         // (none on the node's shared segment)
   };
   GroupStats stats();
 

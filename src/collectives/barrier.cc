@@ -8,6 +8,7 @@
 namespace gradcomm::detail {
 
 void dissemination_barrier(Op& op) {
+  if (NodeShm* shm = op.node_shm()) return shm_barrier(op, *shm);
   const int n = op.size();
   const int r = op.rank();
   std::vector<RequestPtr> sends;

@@ -19,6 +19,7 @@
 namespace gradcomm::detail {
 
 void chain_broadcast(Op& op, void* data, int64_t bytes, int root) {
+  if (NodeShm* shm = op.node_shm()) return shm_broadcast(op, *shm, data, bytes, root);
   const int n = op.size();
   const int r = op.rank();
   const int position = (r - root + n) % n;  // 0 = root, n-1 = end of the chain

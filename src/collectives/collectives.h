@@ -13,6 +13,8 @@
 
 namespace gradcomm::detail {
 
+class NodeShm;  // node_shm.h
+
 // Message units of a call's second exchange start here, so two exchanges in one
 // call never share tags (allgatherv's counts then data; sketch's table then values).
 constexpr uint32_t kSecondPhaseUnits = 0x80000000u;
@@ -101,6 +103,17 @@ void chain_broadcast(Op& op, void* data, int64_t bytes, int root);
 
 // Dissemination barrier: ceil(log2 N) rounds of zero-byte messages.
 void dissemination_barrier(Op& op);
+
+// The same collectives on the node's shared segment (shm_collectives.cc), for a group that is
+// exactly one node's ranks (Op::node_shm): the functions above call them themselves.
+// reduce_scatter: segment p of `in` at [starts[p], starts[p + 1]); this rank's, reduced, to
+// `out` (which may be that segment of `in`). allgatherv: as ring_allgatherv.
+void shm_allreduce(Op& op, NodeShm& shm, void* data, int64_t numel, DType dtype, ReduceOp reduce_op);
+void shm_reduce_scatter(Op& op, NodeShm& shm, const void* in, void* out, std::span<const int64_t> starts, DType dtype,
+                        ReduceOp reduce_op);
+void shm_allgatherv(Op& op, NodeShm& shm, uint8_t* out, const std::vector<int64_t>& counts, size_t elem_bytes);
+void shm_broadcast(Op& op, NodeShm& shm, void* data, int64_t bytes, int root);
+void shm_barrier(Op& op, NodeShm& shm);
 
 // Pipeline tunables shared by the ring algorithms (GRADCOMM_CHUNK_BYTES).
 int64_t chunk_bytes(int64_t fallback = int64_t{256} << 10);

@@ -37,6 +37,10 @@ void direct_reduce_scatter(Op& op, void* data, const std::vector<int64_t>& start
   const int n = op.size(), me = op.rank();
   const size_t elem = dtype_size(dtype);
   auto* base = static_cast<uint8_t*>(data);
+  if (NodeShm* shm = op.node_shm()) {
+    return shm_reduce_scatter(op, *shm, data, base + static_cast<size_t>(starts[static_cast<size_t>(me)]) * elem,
+                              starts, dtype, reduce_op);
+  }
   const int64_t mine = length(starts, me);
   const auto inbox = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(1, static_cast<size_t>(mine) * elem *
                                                                                        static_cast<size_t>(n)));

@@ -44,6 +44,7 @@ int64_t halving_doubling_bytes() {
 
 void dense_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base) {
   if (op.size() == 1 || numel == 0) return;
+  if (NodeShm* shm = op.node_shm()) return shm_allreduce(op, *shm, data, numel, dtype, reduce_op);
   if (op.two_levels()) return two_level_dense_allreduce(op, data, numel, dtype, reduce_op, unit_base);
   const int64_t bytes = numel * static_cast<int64_t>(dtype_size(dtype));
   if (bytes <= small_allreduce_bytes()) {

@@ -23,6 +23,7 @@ namespace gradcomm::detail {
 
 void ring_allgatherv(Op& op, uint8_t* out, const std::vector<int64_t>& counts, size_t elem_bytes,
                      uint32_t unit_base) {
+  if (NodeShm* shm = op.node_shm()) return shm_allgatherv(op, *shm, out, counts, elem_bytes);
   const int n = op.size();
   std::vector<int64_t> offsets(n, 0);  // element offset of block s
   std::partial_sum(counts.begin(), counts.end() - 1, offsets.begin() + 1);

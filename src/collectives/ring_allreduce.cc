@@ -153,6 +153,12 @@ void ring_allreduce(Op& op, void* data, int64_t numel, DType dtype, ReduceOp red
 void ring_reduce_scatter(Op& op, void* data, int64_t numel, DType dtype, ReduceOp reduce_op, uint32_t unit_base,
                          int64_t align) {
   if (op.size() == 1 || numel == 0) return;
+  if (NodeShm* shm = op.node_shm()) {
+    const std::vector<int64_t> starts = ring_segments(numel, op.size(), align);
+    const int64_t mine = starts[static_cast<size_t>(op.rank())];
+    uint8_t* segment = static_cast<uint8_t*>(data) + static_cast<size_t>(mine) * dtype_size(dtype);
+    return shm_reduce_scatter(op, *shm, data, segment, starts, dtype, reduce_op);
+  }
   run_ring(op, data, numel, dtype, reduce_op, unit_base, RingPhases::kReduceScatter, align);
 }
 
@@ -170,6 +176,11 @@ void dense_reduce_scatter(Op& op, const void* in, void* out, int64_t count, DTyp
   if (n == 1 || count == 0) {  // one rank: its input is the result (an average over one divides by one)
     if (count > 0 && out != input) std::memmove(out, input, segment);
     return;
+  }
+  if (NodeShm* shm = op.node_shm()) {  // straight from the input: no copy of it
+    std::vector<int64_t> starts(static_cast<size_t>(n) + 1);
+    for (int s = 0; s <= n; ++s) starts[static_cast<size_t>(s)] = count * s;
+    return shm_reduce_scatter(op, *shm, in, out, starts, dtype, reduce_op);
   }
   if (op.two_levels()) {  // hierarchy.h: inside the nodes, then across them
     const size_t total = segment * static_cast<size_t>(n);

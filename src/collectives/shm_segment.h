@@ -1,5 +1,5 @@
 // A POSIX shared-memory segment mapped into this process (shm_open + mmap): the memory the
-// ranks of one node reduce in (node_allreduce.h, issue 46). The creator makes the name with
+// ranks of one node reduce in (node_collectives.h, issue 46). The creator makes the name with
 // O_EXCL, so a stale segment or another job's is never taken over; every rank maps it, and
 // the name is unlinked as soon as every rank has mapped it, so the segment dies with the
 // last mapping whatever happens to the processes.

@@ -180,7 +180,9 @@ INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocCompressed, ::testing::Values(2, 3, 4));
 // and fixed with GRADCOMM_FAULT_SEED=S to replay one.
 // Ranks on one host talk over shared memory by default (the whole matrix) or over TCP
 // (a subset, UCX_TLS=tcp,self): a death looks different on each (docs/fault-model.md).
-// Each case checks from the ranks' own log lines that it ran on that transport.
+// Each case checks from the ranks' own log lines that it ran on that transport. The matrix
+// is the transport's: GRADCOMM_SHM=off keeps the node's shared segment out (its faults:
+// test_multiproc_shm_faults.cc).
 struct FaultCase {
   std::string kind;
   int n;
@@ -207,7 +209,7 @@ TEST_P(MultiprocFaultMatrix, SurvivorsRaiseRefuseFurtherCallsAndTheLauncherRepor
   const bool stop = c.kind == "sigstop";
   const Job job =
       run_job(c.n, fmt::format("fault {} {} {} {} {}", c.kind, victim, stop ? kStopTimeoutMs : 60000, c.spec, seed), 2,
-              c.tcp ? "GRADCOMM_LOG=info UCX_TLS=tcp,self" : "GRADCOMM_LOG=info");
+              c.tcp ? "GRADCOMM_LOG=info GRADCOMM_SHM=off UCX_TLS=tcp,self" : "GRADCOMM_LOG=info GRADCOMM_SHM=off");
   // Every rank logged its lanes to every peer ("ucx: rank R reaches rank Q over sysv/memory").
   const std::regex lanes(R"(reaches rank \d+ over ([^\n]*))");
   int lane_lines = 0;

@@ -1,0 +1,262 @@
+#include "collectives/node_collectives.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "gradcomm/errors.h"
+#include "reduce.h"
+
+namespace gradcomm::detail {
+namespace {
+
+constexpr uint64_t kMagic = 0x32524c4e4d434447ull;  // "GDCMNLR2"
+constexpr size_t kLine = 64;                        // flags on their own cache lines
+constexpr int kFlags = 3;                           // ready (+ the round's digests), done, consumed
+constexpr uint32_t kSpinsPerPoll = 64;
+
+struct Header {
+  uint64_t magic;
+  uint64_t ranks;
+  uint64_t slot_bytes;
+};
+
+size_t flags_offset() { return kLine; }
+size_t slots_offset(int ranks) { return flags_offset() + static_cast<size_t>(ranks) * kFlags * kLine; }
+
+}  // namespace
+
+size_t node_segment_bytes(int ranks, size_t slot_bytes) {
+  return slots_offset(ranks) + static_cast<size_t>(ranks) * 2 * slot_bytes;
+}
+
+void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes) {
+  const Header h{kMagic, static_cast<uint64_t>(ranks), slot_bytes};
+  std::memcpy(segment, &h, sizeof h);
+}
+
+NodeCollectives::NodeCollectives(uint8_t* segment, int rank, int ranks, size_t slot_bytes)
+    : segment_(segment), rank_(rank), ranks_(ranks), slot_bytes_(slot_bytes) {
+  Header h{};
+  std::memcpy(&h, segment, sizeof h);
+  if (h.magic != kMagic || h.ranks != static_cast<uint64_t>(ranks) || h.slot_bytes != slot_bytes) {
+    throw CorruptPayload(fmt::format("node segment: header says {} ranks, slots of {} bytes (magic {:#x}); this "
+                                     "rank expected {} ranks, {} bytes: not this communicator's segment",
+                                     h.ranks, h.slot_bytes, h.magic, ranks, slot_bytes));
+  }
+  if (rank < 0 || rank >= ranks || slot_bytes < 64 * static_cast<size_t>(ranks) || slot_bytes % 64 != 0) {
+    throw InvalidArgument(fmt::format("node segment: rank {} of {}, slots of {} bytes", rank, ranks, slot_bytes));
+  }
+}
+
+uint64_t* NodeCollectives::flag(int rank, int which) const {
+  return reinterpret_cast<uint64_t*>(segment_ + flags_offset() +
+                                     (static_cast<size_t>(rank) * kFlags + static_cast<size_t>(which)) * kLine);
+}
+
+// Beside ready, one word per slot: a rank can be at most one round ahead of another's
+// reads (it waits for every consumed >= s - 2 before round s), so round s's digest stays
+// until that rank has read it.
+uint64_t* NodeCollectives::digest_word(int rank, uint64_t round) const { return flag(rank, kReady) + 1 + round % 2; }
+
+uint8_t* NodeCollectives::slot(int rank, uint64_t round) const {
+  return segment_ + slots_offset(ranks_) + (static_cast<size_t>(rank) * 2 + round % 2) * slot_bytes_;
+}
+
+void NodeCollectives::publish(int which, uint64_t value) const {
+  std::atomic_ref<uint64_t>(*flag(rank_, which)).store(value, std::memory_order_release);
+}
+
+void NodeCollectives::wait_all(int which, uint64_t at_least, const NodeWait& wait) const {
+  for (int q = 0; q < ranks_; ++q) {
+    if (q == rank_) continue;
+    std::atomic_ref<uint64_t> f(*flag(q, which));
+    for (uint32_t spins = 1; f.load(std::memory_order_acquire) < at_least; ++spins) {
+      // Spin briefly (the peers are on this node and usually microseconds behind), then
+      // yield the core between the caller's checks (deadline, aborts, the peers' lives).
+      if (spins % kSpinsPerPoll == 0) {
+        wait.poll(q);
+        std::this_thread::yield();
+      }
+    }
+  }
+}
+
+uint64_t NodeCollectives::begin_round(const NodeWait& wait) {
+  const uint64_t s = ++round_;
+  if (s > 2) wait_all(kConsumed, s - 2, wait);  // everyone is done reading slot s % 2
+  return s;
+}
+
+void NodeCollectives::publish_ready(uint64_t round, uint64_t digest) const {
+  std::atomic_ref<uint64_t>(*digest_word(rank_, round)).store(digest, std::memory_order_relaxed);
+  publish(kReady, round);
+}
+
+void NodeCollectives::wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only) const {
+  if (only >= 0 && only != rank_) {
+    // One rank's data (a broadcast's root): wait for it alone.
+    std::atomic_ref<uint64_t> f(*flag(only, kReady));
+    for (uint32_t spins = 1; f.load(std::memory_order_acquire) < round; ++spins) {
+      if (spins % kSpinsPerPoll == 0) {
+        wait.poll(only);
+        std::this_thread::yield();
+      }
+    }
+  } else if (only < 0) {
+    wait_all(kReady, round, wait);
+  }
+  for (int q = 0; q < ranks_; ++q) {
+    if (only >= 0 && q != only) continue;
+    if (std::atomic_ref<uint64_t>(*digest_word(q, round)).load(std::memory_order_relaxed) != digest) {
+      wait.disagree(q);
+      throw std::logic_error("NodeWait::disagree returned");
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> NodeCollectives::slice(int64_t n, size_t elem, int q) const {
+  const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(64 / elem));
+  const auto edge = [&](int p) {
+    if (p >= ranks_) return n;
+    const int64_t raw = n * p / ranks_;
+    return std::min(n, (raw + align - 1) / align * align);
+  };
+  return {edge(q), edge(q + 1)};
+}
+
+void NodeCollectives::reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op,
+                                        uint64_t s) const {
+  if (count <= 0) return;
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
+  std::memcpy(out, slot(0, s) + offset, bytes);
+  for (int q = 1; q < ranks_; ++q) {
+    reduce_inplace(out, slot(q, s) + offset, count, dtype, op, q == ranks_ - 1 ? divisor : 1);
+  }
+}
+
+void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp op, uint64_t digest,
+                                const NodeWait& wait) {
+  const size_t elem = dtype_size(dtype);
+  const auto chunk = static_cast<int64_t>(slot_bytes_ / elem);
+  auto* bytes = static_cast<uint8_t*>(data);
+  for (int64_t begin = 0; begin < numel; begin += chunk) {
+    const int64_t len = std::min(chunk, numel - begin);
+    uint8_t* const chunk_data = bytes + static_cast<size_t>(begin) * elem;
+    const uint64_t s = begin_round(wait);
+    std::memcpy(slot(rank_, s), chunk_data, static_cast<size_t>(len) * elem);
+    publish_ready(s, digest);
+    wait_ready(s, digest, wait);
+    if (static_cast<size_t>(len) * elem <= kNodeSmallBytes) {
+      // Small: every rank reduces the whole chunk, in the same order, from the slots.
+      reduce_from_slots(chunk_data, 0, len, dtype, op, s);
+      publish(kDone, s);
+      publish(kConsumed, s);
+      continue;
+    }
+    // This rank's slice from every slot, then into its slot for the others.
+    const auto [b, e] = slice(len, elem, rank_);
+    if (e > b) {
+      const size_t off = static_cast<size_t>(b) * elem;
+      reduce_from_slots(chunk_data + off, off, e - b, dtype, op, s);
+      std::memcpy(slot(rank_, s) + off, chunk_data + off, static_cast<size_t>(e - b) * elem);
+    }
+    publish(kDone, s);
+    wait_all(kDone, s, wait);
+    for (int q = 0; q < ranks_; ++q) {
+      if (q == rank_) continue;
+      const auto [qb, qe] = slice(len, elem, q);
+      if (qe > qb) {
+        const size_t off = static_cast<size_t>(qb) * elem;
+        std::memcpy(chunk_data + off, slot(q, s) + off, static_cast<size_t>(qe - qb) * elem);
+      }
+    }
+    publish(kConsumed, s);
+  }
+}
+
+void NodeCollectives::reduce_scatter(const void* in, void* out, std::span<const int64_t> starts, DType dtype,
+                                     ReduceOp op, uint64_t digest, const NodeWait& wait) {
+  if (starts.size() != static_cast<size_t>(ranks_) + 1) {
+    throw std::logic_error("NodeCollectives::reduce_scatter: starts must have ranks + 1 entries");
+  }
+  const size_t elem = dtype_size(dtype);
+  // Each round carries up to `per` elements of every segment; piece p sits at p * per.
+  const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(64 / elem));
+  const int64_t per = static_cast<int64_t>(slot_bytes_ / elem) / ranks_ / align * align;
+  int64_t longest = 0;
+  for (int p = 0; p < ranks_; ++p) longest = std::max(longest, starts[p + 1] - starts[p]);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  const int64_t mine = starts[rank_ + 1] - starts[rank_];
+  for (int64_t at = 0; at < longest; at += per) {
+    const uint64_t s = begin_round(wait);
+    uint8_t* my_slot = slot(rank_, s);
+    for (int p = 0; p < ranks_; ++p) {
+      const int64_t n = std::clamp<int64_t>(starts[p + 1] - starts[p] - at, 0, per);
+      if (n > 0) {
+        std::memcpy(my_slot + static_cast<size_t>(p * per) * elem, src + static_cast<size_t>(starts[p] + at) * elem,
+                    static_cast<size_t>(n) * elem);
+      }
+    }
+    publish_ready(s, digest);
+    wait_ready(s, digest, wait);
+    const int64_t n = std::clamp<int64_t>(mine - at, 0, per);
+    reduce_from_slots(dst + static_cast<size_t>(at) * elem, static_cast<size_t>(rank_ * per) * elem, n, dtype, op, s);
+    publish(kDone, s);
+    publish(kConsumed, s);
+  }
+}
+
+void NodeCollectives::allgather(uint8_t* out, std::span<const int64_t> offsets, uint64_t digest,
+                                const NodeWait& wait) {
+  if (offsets.size() != static_cast<size_t>(ranks_) + 1) {
+    throw std::logic_error("NodeCollectives::allgather: offsets must have ranks + 1 entries");
+  }
+  const auto per = static_cast<int64_t>(slot_bytes_);
+  int64_t longest = 0;
+  for (int p = 0; p < ranks_; ++p) longest = std::max(longest, offsets[p + 1] - offsets[p]);
+  const auto block = [&](int p, int64_t at) { return std::clamp<int64_t>(offsets[p + 1] - offsets[p] - at, 0, per); };
+  for (int64_t at = 0; at < longest; at += per) {
+    const uint64_t s = begin_round(wait);
+    if (const int64_t n = block(rank_, at); n > 0) {
+      std::memcpy(slot(rank_, s), out + offsets[rank_] + at, static_cast<size_t>(n));
+    }
+    publish_ready(s, digest);
+    wait_ready(s, digest, wait);
+    for (int q = 0; q < ranks_; ++q) {
+      if (q == rank_) continue;
+      if (const int64_t n = block(q, at); n > 0) std::memcpy(out + offsets[q] + at, slot(q, s), static_cast<size_t>(n));
+    }
+    publish(kDone, s);
+    publish(kConsumed, s);
+  }
+}
+
+void NodeCollectives::broadcast(void* data, size_t bytes, int root, uint64_t digest, const NodeWait& wait) {
+  auto* p = static_cast<uint8_t*>(data);
+  for (size_t at = 0; at < bytes; at += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, bytes - at);
+    const uint64_t s = begin_round(wait);
+    if (rank_ == root) std::memcpy(slot(rank_, s), p + at, n);
+    publish_ready(s, digest);
+    wait_ready(s, digest, wait, root);
+    if (rank_ != root) std::memcpy(p + at, slot(root, s), n);
+    publish(kDone, s);
+    publish(kConsumed, s);
+  }
+}
+
+void NodeCollectives::barrier(uint64_t digest, const NodeWait& wait) {
+  const uint64_t s = begin_round(wait);
+  publish_ready(s, digest);
+  wait_ready(s, digest, wait);
+  publish(kDone, s);
+  publish(kConsumed, s);
+}
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,105 @@
+// The collectives of the ranks of one node through a shared segment (issue 46): every rank
+// reduces its own piece of each chunk straight from the others' copies and the others copy
+// the result out, instead of passing the data around a ring of messages.
+//
+// The segment (shm_segment.h) holds a header, three flags per rank and two chunk slots per
+// rank. Every collective goes in rounds of at most one slot per rank; rounds are numbered
+// over the communicator's life, the same on every rank as its calls are. A round s:
+//   1. copy in    once every consumed[q] >= s - 2 (slots alternate, so a slot is written
+//                 again two rounds later, once every rank is done reading it): this rank's
+//                 part into its slot s % 2, the call's digest beside ready; ready[r] = s
+//   2. reduce     once every ready[q] >= s, and every digest is this call's (otherwise
+//                 NodeWait::disagree): piece r of the round from every slot, in rank order
+//                 0, 1, .., N-1 (reduce.h's kernels, the average divided in the last one);
+//                 done[r] = s
+//   3. copy out   once every done[q] >= s: the other pieces from their owners' slots;
+//                 consumed[r] = s
+// Allreduce runs all three, its pieces the N slices of a chunk (a chunk of at most
+// kNodeSmallBytes skips step 3: every rank reduces all of it, in the same order, so the
+// bytes are the same). Reduce-scatter has no step 3: piece p of a round is the next part
+// of segment p, and its owner reduces it into its output. Allgather and broadcast copy in
+// and out; a barrier is a round with no data. Flags are released after the writes they
+// publish and acquired before the reads that follow (std::atomic_ref on the segment).
+//
+// Results: every rank stores the same bytes (each element is reduced by one sum in rank
+// order). The ring sums in ring order, so at N >= 3 floating-point sums may differ from the
+// ring's in the last bits; at N = 2, and for min, max and integer sums, they are equal.
+//
+// Waiting: a wait spins, then calls NodeWait::poll between checks (which throws to end the
+// call: the deadline, an abort, a dead peer). A call that threw leaves the segment in an
+// unknown state: the communicator must not use it again (as after any failed collective).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "gradcomm/types.h"
+
+namespace gradcomm::detail {
+
+// An allreduce chunk of at most this many bytes is reduced whole by every rank.
+inline constexpr size_t kNodeSmallBytes = size_t{16} << 10;
+
+// Bytes a segment for `ranks` ranks with slots of `slot_bytes` needs.
+size_t node_segment_bytes(int ranks, size_t slot_bytes);
+// Writes the header of a fresh (zeroed) segment: its creator, before any rank attaches.
+void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes);
+
+struct NodeWait {
+  // Called between checks of a wait on rank `rank` (a place in the node); throws to end it.
+  std::function<void(int rank)> poll;
+  // Rank `rank` (a place in the node) published another call's digest in this round:
+  // must throw (the caller names both calls).
+  std::function<void(int rank)> disagree;
+};
+
+class NodeCollectives {
+ public:
+  // CorruptPayload when the segment's header is not one for `ranks` and `slot_bytes` (a
+  // stale segment, another job's, or one not initialized).
+  NodeCollectives(uint8_t* segment, int rank, int ranks, size_t slot_bytes);
+
+  int rank() const { return rank_; }
+  int size() const { return ranks_; }
+
+  // `digest` names the call (every rank of the node passes the same for the same call).
+  // data[0, numel) in place.
+  void allreduce(void* data, int64_t numel, DType dtype, ReduceOp op, uint64_t digest, const NodeWait& wait);
+  // `in` holds segment p at [starts[p], starts[p + 1]) (N + 1 entries): this rank's segment,
+  // reduced over the node, goes to `out` (which may be that segment of `in`; `in` is
+  // otherwise left as it was).
+  void reduce_scatter(const void* in, void* out, std::span<const int64_t> starts, DType dtype, ReduceOp op,
+                      uint64_t digest, const NodeWait& wait);
+  // Block p of `out` is bytes [offsets[p], offsets[p + 1]) (N + 1 entries); this rank's own
+  // block is in place; every other block is copied from its rank.
+  void allgather(uint8_t* out, std::span<const int64_t> offsets, uint64_t digest, const NodeWait& wait);
+  // data[0, bytes) of rank `root` to every rank.
+  void broadcast(void* data, size_t bytes, int root, uint64_t digest, const NodeWait& wait);
+  void barrier(uint64_t digest, const NodeWait& wait);
+
+ private:
+  enum Flag { kReady = 0, kDone = 1, kConsumed = 2 };
+  uint64_t* flag(int rank, int which) const;
+  uint64_t* digest_word(int rank, uint64_t round) const;
+  uint8_t* slot(int rank, uint64_t round) const;
+  // Steps of a round (see above).
+  uint64_t begin_round(const NodeWait& wait);
+  void publish_ready(uint64_t round, uint64_t digest) const;
+  void wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only = -1) const;
+  void wait_all(int which, uint64_t at_least, const NodeWait& wait) const;
+  void publish(int which, uint64_t value) const;
+  // Piece q of a chunk of n elements: [begin, end), 64-byte aligned boundaries.
+  std::pair<int64_t, int64_t> slice(int64_t n, size_t elem, int q) const;
+  // out = the rank-order reduction of `count` elements at byte `offset` of every slot of round s.
+  void reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op, uint64_t s) const;
+
+  uint8_t* segment_;
+  int rank_;
+  int ranks_;
+  size_t slot_bytes_;
+  uint64_t round_ = 0;  // the last round this rank started
+};
+
+}  // namespace gradcomm::detail

@@ -1,0 +1,98 @@
+// The collectives of a call whose group is one node's ranks, on the node's shared segment
+// (node_shm.h, node_collectives.h) instead of the transport: what dense_allreduce,
+// dense_reduce_scatter, the ring's and the direct reduce-scatter, ring_allgatherv,
+// chain_broadcast and dissemination_barrier run when Op::node_shm() says the segment
+// serves this group. Here: the waits' checks (the call's deadline, aborts, the peers'
+// processes) and the digest that keeps the node's ranks in the same collective.
+#include <fmt/format.h>
+
+#include "checksum.h"
+#include "collectives/collectives.h"
+#include "node_shm.h"
+
+namespace gradcomm::detail {
+namespace {
+
+constexpr auto kCheckEvery = std::chrono::microseconds(50);
+
+// The same on every rank of the node for the same collective of the same call: every field
+// of the call's header that ranks must agree on (WireHeader::agrees_with), so that calls
+// that differ never exchange data, and what this collective moves.
+uint64_t digest(const Op& op, char kind, int64_t count, DType dtype, ReduceOp reduce_op, int root) {
+  const WireHeader& h = op.header();
+  const int64_t words[] = {static_cast<int64_t>(h.seq),       static_cast<int64_t>(h.op),
+                           static_cast<int64_t>(h.dtype),     static_cast<int64_t>(h.reduce_op),
+                           h.numel,                           h.root,
+                           h.compressor_hash,                 static_cast<int64_t>(h.step),
+                           static_cast<int64_t>(h.payload_bytes), h.fused,
+                           h.fused_digest,                    kind,
+                           count,                             static_cast<int64_t>(dtype),
+                           static_cast<int64_t>(reduce_op),   root};
+  return fnv1a64(std::span(reinterpret_cast<const uint8_t*>(words), sizeof words));
+}
+
+// Runs `body(collectives, wait)`; the waits check in with the Op (deadline, aborts,
+// destruction) and the peers' processes every kCheckEvery.
+template <typename Body>
+void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body) {
+  auto next = Clock::now();
+  NodeWait wait;
+  wait.poll = [&](int place) {
+    const auto now = Clock::now();
+    if (now < next) return;
+    next = now + kCheckEvery;
+    op.check_in(what, shm.members()[static_cast<size_t>(place)]);
+    try {
+      shm.check_peers();
+    } catch (const PeerFailure& e) {
+      op.fail(ErrorCode::kPeerFailure, fmt::format("{} ({})", e.what(), what));
+    }
+  };
+  wait.disagree = [&](int place) {
+    op.confirm_header();  // a call that differs is a MismatchError naming both calls
+    op.fail(ErrorCode::kMismatch,
+            fmt::format("rank {} is in another collective than this rank on the node's shared segment ({})",
+                        shm.members()[static_cast<size_t>(place)], what));
+  };
+  body(shm.collectives(), wait);
+  op.count_shm();
+}
+
+}  // namespace
+
+void shm_allreduce(Op& op, NodeShm& shm, void* data, int64_t numel, DType dtype, ReduceOp reduce_op) {
+  on_segment(op, shm, "allreduce on the node's segment", [&](NodeCollectives& node, const NodeWait& wait) {
+    node.allreduce(data, numel, dtype, reduce_op, digest(op, 'A', numel, dtype, reduce_op, -1), wait);
+  });
+}
+
+void shm_reduce_scatter(Op& op, NodeShm& shm, const void* in, void* out, std::span<const int64_t> starts, DType dtype,
+                        ReduceOp reduce_op) {
+  on_segment(op, shm, "reduce-scatter on the node's segment", [&](NodeCollectives& node, const NodeWait& wait) {
+    node.reduce_scatter(in, out, starts, dtype, reduce_op, digest(op, 'R', starts.back(), dtype, reduce_op, -1),
+                        wait);
+  });
+}
+
+void shm_allgatherv(Op& op, NodeShm& shm, uint8_t* out, const std::vector<int64_t>& counts, size_t elem_bytes) {
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t p = 0; p < counts.size(); ++p) offsets[p + 1] = offsets[p] + counts[p] * static_cast<int64_t>(elem_bytes);
+  on_segment(op, shm, "allgather on the node's segment", [&](NodeCollectives& node, const NodeWait& wait) {
+    node.allgather(out, offsets, digest(op, 'G', offsets.back(), DType::kUInt8, ReduceOp::kSum, -1), wait);
+  });
+}
+
+void shm_broadcast(Op& op, NodeShm& shm, void* data, int64_t bytes, int root) {
+  on_segment(op, shm, "broadcast on the node's segment", [&](NodeCollectives& node, const NodeWait& wait) {
+    node.broadcast(data, static_cast<size_t>(bytes), root, digest(op, 'B', bytes, DType::kUInt8, ReduceOp::kSum, root),
+                   wait);
+  });
+}
+
+void shm_barrier(Op& op, NodeShm& shm) {
+  on_segment(op, shm, "barrier on the node's segment", [&](NodeCollectives& node, const NodeWait& wait) {
+    node.barrier(digest(op, 'Z', 0, DType::kUInt8, ReduceOp::kSum, -1), wait);
+  });
+}
+
+}  // namespace gradcomm::detail
