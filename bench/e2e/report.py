@@ -2,7 +2,7 @@
 """The e2e report from bench/e2e/run.sh's records: DIR/records.jsonl -> DIR.md (tables) and
 DIR.png (step time per variant per rate). Re-run it on the records at any time:
 
-    /usr/bin/python3 bench/e2e/report.py bench/results/e2e-2026-11-23
+    /usr/bin/python3 bench/e2e/report.py OUT_DIR   (the folder bench/e2e/run.sh wrote; raw runs are not kept in git)
 
 Per rate and variant: the median over rounds of each run's median step time (a run's step
 time: per step, the max over ranks), the range of the per-run medians over rounds, the
