@@ -54,12 +54,15 @@ for sig in INT TERM; do
   echo "SIG$sig: exit $rc, nothing left behind"
 done
 # 4. Ranks in separate namespaces stay on their shaped links: on one host gradcomm's UCX
-#    prefers shared memory (sysv/posix, cma), which namespaces do not separate, so the
-#    cluster pins UCX_TLS=tcp,self. Every rank must report TCP lanes to every peer.
+#    prefers shared memory (sysv/posix, cma) and gradcomm its node segment, which namespaces
+#    do not separate, so the cluster pins UCX_TLS=tcp,self and names each namespace a node.
+#    Every rank must report TCP lanes to every peer, and each veth must carry at least the
+#    ring's bytes of the 3 allreduces of 1 MiB (1 MiB each at N = 2).
 (
   source "$src/bench/cluster/netns.sh"
   netns_up 2 1gbit >/dev/null 2>&1
   port=$(netns_free_port)
+  before=$(netns_link_bytes)
   pids=()
   for r in 0 1; do
     netns_exec "$r" GRADCOMM_STORE="tcp://$NETNS_SUBNET.1:$port" GRADCOMM_LOG=info GRADCOMM_TIMEOUT_S=60 \
@@ -68,7 +71,14 @@ done
     pids+=($!)
   done
   netns_wait_ranks "${pids[@]}"
-) || { cat "$tmp"/lanes.*; fail "the lane check's run failed"; }
+  after=$(netns_link_bytes)
+  read -r -a b <<<"$before"; read -r -a a <<<"$after"
+  for node in 0 1; do
+    crossed=$((a[node] - b[node]))
+    echo "node $node's link carried $crossed bytes"
+    ((crossed >= 3 * 1048576)) || { echo "node $node's link carried only $crossed bytes"; exit 1; }
+  done
+) || { cat "$tmp"/lanes.*; fail "the lane check's run failed (or its bytes did not cross the links)"; }
 for r in 0 1; do
   line=$(grep -o "ucx: rank $r reaches rank $((1 - r)) over .*" "$tmp/lanes.$r") || { cat "$tmp/lanes.$r"; fail "rank $r logged no lanes"; }
   echo "$line"
