@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <string_view>
 
 #include "checksum.h"
 #include "env.h"
@@ -18,26 +20,29 @@ namespace {
 // in the last-level cache (4 ranks: 2 MiB). GRADCOMM_SHM_SLOT_BYTES on the node's first
 // rank overrides it (tuning; the others take the first rank's).
 constexpr int64_t kDefaultSlotBytes = int64_t{256} << 10;
+constexpr int64_t kMaxSlotBytes = int64_t{64} << 20;
 
-// The words the node's ranks publish: a status byte, then the process identity (ok) or
-// the reason (not).
-constexpr uint8_t kOk = 1;
-constexpr uint8_t kNot = 0;
+// What each rank of the node publishes: whether it has the segment, a text (the first
+// rank: "name slot_bytes"; a rank without it: why) and its process identity.
+struct Word {
+  bool ok = false;
+  std::string text;
+  std::vector<uint8_t> process;
 
-std::vector<uint8_t> word(uint8_t status, std::span<const uint8_t> rest) {
-  std::vector<uint8_t> out{status};
-  out.insert(out.end(), rest.begin(), rest.end());
-  return out;
-}
-std::vector<uint8_t> word(uint8_t status, const std::string& text) {
-  return word(status, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-}
-std::string text_of(const std::vector<uint8_t>& w) { return w.size() > 1 ? std::string(w.begin() + 1, w.end()) : ""; }
-
-// The first rank's word on success: name, segment bytes and slot bytes, then its process.
-struct Announcement {
-  std::string name;
-  uint64_t slot_bytes = 0;
+  std::vector<uint8_t> encode() const {
+    std::vector<uint8_t> out{static_cast<uint8_t>(ok), static_cast<uint8_t>(text.size() >> 8),
+                             static_cast<uint8_t>(text.size())};
+    out.insert(out.end(), text.begin(), text.end());
+    out.insert(out.end(), process.begin(), process.end());
+    return out;
+  }
+  // A malformed word reads as "not mapped", saying so.
+  static Word decode(const std::vector<uint8_t>& bytes) {
+    const size_t length = bytes.size() >= 3 ? size_t{bytes[1]} << 8 | bytes[2] : 0;
+    if (bytes.size() < 3 + length || bytes[0] > 1) return Word{false, "a malformed word in the store", {}};
+    return Word{bytes[0] == 1, std::string(bytes.begin() + 3, bytes.begin() + 3 + static_cast<long>(length)),
+                std::vector<uint8_t>(bytes.begin() + 3 + static_cast<long>(length), bytes.end())};
+  }
 };
 
 }  // namespace
@@ -100,100 +105,71 @@ std::unique_ptr<NodeShm> connect_node_shm(Store& store, const NodeMap& nodes, in
   };
   const bool enabled = shm_enabled_from_env();
   const std::optional<ProcessIdentity> me = this_process();
-  const std::vector<uint8_t> my_process = me ? me->serialize() : std::vector<uint8_t>{};
+  const std::string off = fmt::format("GRADCOMM_SHM=off on rank {}", rank);
 
-  // 1. The first rank creates the segment and announces it: "name\nslot bytes", then its process.
+  // 1. The first rank creates the segment and announces it; 2. the others map it. Each says
+  // whether it has it.
   ShmSegment segment;
   size_t slot_bytes = 0;
-  std::string name;
-  if (local == 0) {
-    std::vector<uint8_t> mine;
-    if (!enabled) {
-      mine = word(kNot, fmt::format("GRADCOMM_SHM=off on rank {}", rank));
-    } else {
-      static std::atomic<uint64_t> counter{0};
-      const std::string token_hash = fmt::format(
-          "{:016x}", fnv1a64(std::span(reinterpret_cast<const uint8_t*>(job_token.data()), job_token.size())));
-      name = fmt::format("/gradcomm-{}-g{}-{}-{}", token_hash, generation, ::getpid(), counter.fetch_add(1));
-      slot_bytes = static_cast<size_t>(
-          env_bytes("GRADCOMM_SHM_SLOT_BYTES", kDefaultSlotBytes, int64_t{64} * ranks, int64_t{64} << 20) / 64 * 64);
-      try {
-        segment = ShmSegment::create(name, node_segment_bytes(ranks, slot_bytes));
-        init_node_segment(segment.data(), ranks, slot_bytes);
-        std::string head = fmt::format("{}\n{}\n", name, slot_bytes);
-        mine = word(kOk, head);
-        mine.insert(mine.end(), my_process.begin(), my_process.end());
-      } catch (const Error& e) {
-        mine = word(kNot, fmt::format("rank {} could not make the node's segment: {}", rank, e.what()));
-      }
+  Word mine{false, off, {}};
+  std::vector<uint8_t> first;  // the first rank's word, as the others read it
+  if (local == 0 && enabled) {
+    static std::atomic<uint64_t> counter{0};
+    const uint64_t token_hash =
+        fnv1a64(std::span(reinterpret_cast<const uint8_t*>(job_token.data()), job_token.size()));
+    const std::string name =
+        fmt::format("/gradcomm-{:016x}-g{}-{}-{}", token_hash, generation, ::getpid(), counter.fetch_add(1));
+    slot_bytes = static_cast<size_t>(
+        env_bytes("GRADCOMM_SHM_SLOT_BYTES", kDefaultSlotBytes, int64_t{64} * ranks, kMaxSlotBytes) / 64 * 64);
+    try {
+      segment = ShmSegment::create(name, node_segment_bytes(ranks, slot_bytes));
+      init_node_segment(segment.data(), ranks, slot_bytes);
+      mine = Word{true, fmt::format("{} {}", name, slot_bytes), {}};
+    } catch (const Error& e) {
+      mine.text = fmt::format("rank {} could not make the node's segment: {}", rank, e.what());
     }
-    store.set(key(0), mine);
-  }
-  // 2. The others map it (or say why not).
-  const std::vector<uint8_t> first = local == 0 ? std::vector<uint8_t>{} : store.get(key(0), left());
-  Announcement announced;
-  std::optional<ProcessIdentity> first_process;
-  if (local != 0) {
-    std::vector<uint8_t> mine;
-    if (first.empty() || first[0] != kOk) {
-      mine = word(kNot, "");
-    } else if (!enabled) {
-      mine = word(kNot, fmt::format("GRADCOMM_SHM=off on rank {}", rank));
-    } else {
-      // name \n slot \n process
-      const std::string all(first.begin() + 1, first.end());
-      const size_t a = all.find('\n');
-      const size_t b = a == std::string::npos ? a : all.find('\n', a + 1);
+  } else if (local != 0) {
+    first = store.get(key(0), left());
+    const Word announced = Word::decode(first);
+    if (!announced.ok) {
+      mine.text.clear();  // the first rank says why
+    } else if (enabled) {
       try {
-        if (b == std::string::npos) throw CorruptPayload("the node's first rank announced a malformed segment");
-        announced.name = all.substr(0, a);
-        announced.slot_bytes = std::stoull(all.substr(a + 1, b - a - 1));
-        first_process = ProcessIdentity::parse(std::vector<uint8_t>(first.begin() + 1 + static_cast<long>(b) + 1,
-                                                                     first.end()));
-        if (!announced.name.starts_with("/gradcomm-") || announced.slot_bytes == 0 ||
-            announced.slot_bytes > (uint64_t{64} << 20)) {
-          throw CorruptPayload(fmt::format("the node's first rank announced segment '{}' with slots of {} bytes",
-                                           announced.name.substr(0, 80), announced.slot_bytes));
+        char name[128] = {};
+        unsigned long long slot = 0;
+        if (std::sscanf(announced.text.c_str(), "%127s %llu", name, &slot) != 2 ||
+            !std::string_view(name).starts_with("/gradcomm-") || slot == 0 || slot > kMaxSlotBytes) {
+          throw CorruptPayload(fmt::format("the node's first rank announced '{}'", announced.text.substr(0, 160)));
         }
-        slot_bytes = announced.slot_bytes;
-        segment = ShmSegment::open(announced.name, node_segment_bytes(ranks, slot_bytes));
+        slot_bytes = slot;
+        segment = ShmSegment::open(name, node_segment_bytes(ranks, slot_bytes));
         NodeCollectives check(segment.data(), local, ranks, slot_bytes);  // its header is this node's
-        mine = word(kOk, my_process);
+        mine = Word{true, "", {}};
       } catch (const std::exception& e) {
         segment = ShmSegment{};
-        mine = word(kNot, fmt::format("rank {} could not map the node's segment: {}", rank, e.what()));
+        mine.text = fmt::format("rank {} could not map the node's segment: {}", rank, e.what());
       }
     }
-    store.set(key(local), mine);
   }
+  if (mine.ok && me) mine.process = me->serialize();
+  store.set(key(local), mine.encode());
+
   // 3. Every member's word: the node uses the segment only if every one mapped it.
   std::vector<std::optional<ProcessIdentity>> processes(static_cast<size_t>(ranks));
   std::string why_not;
   for (int q = 0; q < ranks; ++q) {
-    std::vector<uint8_t> w;
-    if (q == local) {
-      w = segment.data() != nullptr ? word(kOk, my_process)
-                                    : word(kNot, enabled ? "" : fmt::format("GRADCOMM_SHM=off on rank {}", rank));
-    } else {
-      w = q == 0 ? first : store.get(key(q), left());
-    }
-    if (w.empty() || w[0] != kOk) {
-      const std::string reason = text_of(w);
-      if (why_not.empty() && !reason.empty()) why_not = reason;
-      if (why_not.empty()) why_not = fmt::format("rank {} did not map it", members[static_cast<size_t>(q)]);
+    const Word w = q == local ? mine : Word::decode(q == 0 ? first : store.get(key(q), left()));
+    if (!w.ok) {
+      if (why_not.empty() && !w.text.empty()) why_not = w.text;
       continue;
     }
-    if (q == 0 && q != local) {
-      processes[0] = first_process;
-    } else if (q != local) {
-      processes[static_cast<size_t>(q)] = ProcessIdentity::parse(std::vector<uint8_t>(w.begin() + 1, w.end()));
-    }
+    if (q != local) processes[static_cast<size_t>(q)] = ProcessIdentity::parse(w.process);
   }
+  if (why_not.empty() && segment.data() == nullptr) why_not = "a rank did not map it";
   // 4. Every member has mapped it or never will: the name goes now.
   if (local == 0) segment.unlink();
   if (!why_not.empty()) {
-    const bool off = why_not.find("GRADCOMM_SHM=off") != std::string::npos;
-    log(off && !enabled ? LogLevel::kDebug : LogLevel::kWarn,
+    log(!enabled ? LogLevel::kDebug : LogLevel::kWarn,
         "rank {}: the ranks of node {} talk through the transport, not a shared segment: {}", rank, nodes.name(node),
         why_not);
     return nullptr;

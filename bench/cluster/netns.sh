@@ -155,9 +155,10 @@ netns_down() {
 # The transports pinned to eth0: network namespaces do not separate /dev/shm or
 # process_vm_readv, so UCX (gradcomm's, and OpenMPI's UCX pml) would reach a rank in
 # another namespace by shared memory and cma and bypass the shaped link; UCX_TLS=tcp,self
-# and OpenMPI's btl=tcp,self keep every byte on eth0, and GRADCOMM_SHM=off keeps gradcomm's
-# ranks out of a node segment (docs/shared-memory.md: their host names are one node's).
-# (tests/cluster/test_cluster_run.sh checks the lanes gradcomm's ranks report.)
+# and OpenMPI's btl=tcp,self keep every byte on eth0. Every namespace is a node to gradcomm
+# (GRADCOMM_NODE): its host name is the same in all of them, and ranks of one node would
+# meet in a shared segment (docs/shared-memory.md) and bypass the link. (tests/cluster/
+# test_cluster_run.sh checks the lanes gradcomm's ranks report and the bytes on the veths.)
 netns_exec() {
   local r=$1 node lanes; shift
   node=$(netns_node_of "$r")
@@ -165,7 +166,7 @@ netns_exec() {
     lanes=(GRADCOMM_NODE="$(netns_name "$node")" LOCAL_RANK=$((r % NETNS_RANKS_PER_NODE))
            LOCAL_WORLD_SIZE="$NETNS_RANKS_PER_NODE")
   else
-    lanes=(LOCAL_RANK="$r" UCX_TLS=tcp,self GRADCOMM_SHM=off)
+    lanes=(GRADCOMM_NODE="$(netns_name "$node")" LOCAL_RANK="$r" UCX_TLS=tcp,self)
   fi
   ip netns exec "$(netns_name "$node")" env RANK="$r" WORLD_SIZE="$NETNS_RANKS" "${lanes[@]}" \
     MASTER_ADDR="$NETNS_SUBNET.1" UCX_NET_DEVICES=eth0 UCX_TCP_CM_REUSEADDR=y GLOO_SOCKET_IFNAME=eth0 \

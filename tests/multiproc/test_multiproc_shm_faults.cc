@@ -7,8 +7,6 @@
 // bound, and nothing is left in /dev/shm once every rank is gone. The test is its own
 // launcher (it must SIGKILL a stopped victim afterwards). GRADCOMM_SHM_FAULT_RUNS runs per
 // position (default 1; the figure is 20).
-#include <dirent.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,7 +15,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <set>
 #include <string>
@@ -26,6 +23,7 @@
 
 #include "free_port.h"
 #include "multiproc/job.h"
+#include "multiproc/own_launcher.h"
 
 namespace {
 
@@ -37,41 +35,15 @@ constexpr double kKillBound = 5.0;
 constexpr double kStopBound = kTimeoutMs / 1000.0 + 2.0 + 4.0;
 constexpr auto kJobLimit = std::chrono::seconds(60);
 
-std::set<std::string> dev_shm() {
-  std::set<std::string> names;
-  if (DIR* dir = ::opendir("/dev/shm")) {
-    while (const dirent* e = ::readdir(dir)) {
-      if (e->d_name[0] != '.') names.insert(e->d_name);
-    }
-    ::closedir(dir);
-  }
-  return names;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
 pid_t start_rank(int rank, int ranks, const std::string& store, const std::string& token, const std::string& numel,
                  const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  const int fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-  ::dup2(fd, 1);
-  ::dup2(fd, 2);
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(ranks).c_str(), 1);
-  ::setenv("GRADCOMM_STORE", store.c_str(), 1);
-  ::setenv("GRADCOMM_JOB_TOKEN", token.c_str(), 1);
-  ::setenv("GRADCOMM_FAULT_NUMEL", numel.c_str(), 1);
-  ::setenv("GRADCOMM_LOG", "info", 1);
-  ::unsetenv("GRADCOMM_SHM");
-  std::vector<char*> argv{const_cast<char*>(WORKER_PATH)};
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execv(WORKER_PATH, argv.data());
-  ::_exit(127);
+  return gradcomm::testing::start_rank(WORKER_PATH, rank, ranks,
+                                       {{"GRADCOMM_STORE", store},
+                                        {"GRADCOMM_JOB_TOKEN", token},
+                                        {"GRADCOMM_FAULT_NUMEL", numel},
+                                        {"GRADCOMM_LOG", "info"},
+                                        {"GRADCOMM_SHM", ""}},
+                                       args, log);
 }
 
 struct Case {
@@ -88,7 +60,7 @@ TEST_P(MultiprocShmFaults, EveryOtherRankRaisesNamingTheVictimAndDevShmIsClean) 
   const char* env_runs = std::getenv("GRADCOMM_SHM_FAULT_RUNS");
   const int runs = env_runs != nullptr ? std::atoi(env_runs) : 1;
   const bool stop = std::string(c.kind) == "sigstop";
-  const std::set<std::string> shm_before = dev_shm();
+  const std::set<std::string> shm_before = gradcomm::testing::dev_shm_names();
   for (int run = 0; run < runs; ++run) {
     for (int victim = 0; victim < c.ranks; ++victim) {
       const uint32_t seed = std::random_device{}();
@@ -123,7 +95,7 @@ TEST_P(MultiprocShmFaults, EveryOtherRankRaisesNamingTheVictimAndDevShmIsClean) 
         if (exit_codes[r] == -1) ::waitpid(pids[r], &status, 0);
       }
       std::string output;
-      for (int r = 0; r < c.ranks; ++r) output += slurp(fmt::format("{}/rank{}.log", dir, r));
+      for (int r = 0; r < c.ranks; ++r) output += gradcomm::testing::slurp(fmt::format("{}/rank{}.log", dir, r));
       std::filesystem::remove_all(dir);
       ASSERT_EQ(survivors_left, 0) << "survivors still running after " << kJobLimit.count() << " s\n" << output;
       EXPECT_NE(output.find(fmt::format("node segment: shared by {} ranks", c.ranks)), std::string::npos)
@@ -152,7 +124,7 @@ TEST_P(MultiprocShmFaults, EveryOtherRankRaisesNamingTheVictimAndDevShmIsClean) 
       }
     }
   }
-  for (const std::string& name : dev_shm()) {
+  for (const std::string& name : gradcomm::testing::dev_shm_names()) {
     EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
   }
 }

@@ -9,8 +9,6 @@
 // Cases: a 64 MiB allreduce (16M floats) and a loop of small calls (1 KiB), dense,
 // over shared memory (the default between ranks of one host). GRADCOMM_ZOMBIE_RUNS runs
 // of each (default 3; the figure is 10 of 10).
-#include <dirent.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -29,6 +27,7 @@
 
 #include "free_port.h"
 #include "multiproc/job.h"
+#include "multiproc/own_launcher.h"
 
 namespace {
 
@@ -37,17 +36,6 @@ constexpr int kRanks = 3;
 constexpr double kDetectBound = 10.0;
 constexpr auto kJobLimit = std::chrono::seconds(90);
 
-std::set<std::string> dev_shm() {
-  std::set<std::string> names;
-  if (DIR* dir = ::opendir("/dev/shm")) {
-    while (const dirent* e = ::readdir(dir)) {
-      if (e->d_name[0] != '.') names.insert(e->d_name);
-    }
-    ::closedir(dir);
-  }
-  return names;
-}
-
 char process_state(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(in)), {});
@@ -55,30 +43,15 @@ char process_state(pid_t pid) {
   return close == std::string::npos || close + 2 >= text.size() ? '?' : text[close + 2];
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-// Starts one rank of the worker with the launcher's environment; its output goes to `log`.
+// One rank of the fault worker with the launcher's variables; its output goes to `log`.
 pid_t start_rank(int rank, const std::string& store, const std::string& token, const std::string& numel,
                  const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  const int fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-  ::dup2(fd, 1);
-  ::dup2(fd, 2);
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(kRanks).c_str(), 1);
-  ::setenv("GRADCOMM_STORE", store.c_str(), 1);
-  ::setenv("GRADCOMM_JOB_TOKEN", token.c_str(), 1);
-  ::setenv("GRADCOMM_FAULT_NUMEL", numel.c_str(), 1);
-  ::setenv("GRADCOMM_LOG", "info", 1);
-  std::vector<char*> argv{const_cast<char*>(WORKER_PATH)};
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execv(WORKER_PATH, argv.data());
-  ::_exit(127);
+  return gradcomm::testing::start_rank(WORKER_PATH, rank, kRanks,
+                                       {{"GRADCOMM_STORE", store},
+                                        {"GRADCOMM_JOB_TOKEN", token},
+                                        {"GRADCOMM_FAULT_NUMEL", numel},
+                                        {"GRADCOMM_LOG", "info"}},
+                                       args, log);
 }
 
 struct Case {
@@ -92,7 +65,7 @@ TEST_P(MultiprocZombie, SurvivorsRaisePeerFailureWhileTheVictimIsUnreaped) {
   const Case c = GetParam();
   const char* env_runs = std::getenv("GRADCOMM_ZOMBIE_RUNS");
   const int runs = env_runs != nullptr ? std::atoi(env_runs) : 3;
-  const std::set<std::string> shm_before = dev_shm();
+  const std::set<std::string> shm_before = gradcomm::testing::dev_shm_names();
   for (int run = 0; run < runs; ++run) {
     const uint32_t seed = std::random_device{}();
     const int victim = static_cast<int>(seed % kRanks);
@@ -131,7 +104,7 @@ TEST_P(MultiprocZombie, SurvivorsRaisePeerFailureWhileTheVictimIsUnreaped) {
     EXPECT_EQ(victim_state, 'Z') << "the victim was reaped or still running when the survivors ended";
 
     std::string output;
-    for (int r = 0; r < kRanks; ++r) output += slurp(fmt::format("{}/rank{}.log", dir, r));
+    for (int r = 0; r < kRanks; ++r) output += gradcomm::testing::slurp(fmt::format("{}/rank{}.log", dir, r));
     std::filesystem::remove_all(dir);
     EXPECT_NE(output.find("over sysv/"), std::string::npos) << "not on shared memory\n" << output;
     int64_t died_at = -1;
@@ -156,7 +129,7 @@ TEST_P(MultiprocZombie, SurvivorsRaisePeerFailureWhileTheVictimIsUnreaped) {
       if (r != victim) EXPECT_EQ(exit_codes[r], 10) << "rank " << r << "\n" << output;
     }
   }
-  const std::set<std::string> shm_after = dev_shm();
+  const std::set<std::string> shm_after = gradcomm::testing::dev_shm_names();
   for (const std::string& name : shm_after) {
     EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
   }
