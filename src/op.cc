@@ -243,7 +243,11 @@ void Op::wait_all(std::vector<RequestPtr>& requests, const char* what) {
   }
 }
 
-void Op::count_shm() { comm_.mutable_stats().node_shm_ops += 1; }
+void Op::count_shm(uint64_t bytes) {
+  auto& stats = comm_.mutable_stats();
+  stats.node_shm_ops += 1;
+  stats.node_shm_bytes += bytes;
+}
 
 void Op::count_wire(uint64_t sent, uint64_t received, uint64_t messages) {
   auto& stats = comm_.mutable_stats();

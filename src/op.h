@@ -99,8 +99,9 @@ class Op {
   // do not answer).
   void check_in(const char* what, int peer);
 
-  // A collective that ran on the node's shared segment, for Stats.
-  void count_shm();
+  // A collective that ran on the node's shared segment and the bytes this rank wrote
+  // into it, for Stats.
+  void count_shm(uint64_t bytes);
 
   // Wire traffic that did not go through send()/recv() (NCCL groups), for Stats.
   void count_wire(uint64_t sent, uint64_t received, uint64_t messages);

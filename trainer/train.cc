@@ -358,7 +358,9 @@ void Trainer::step() {
   double loss = 0;
   const bool stepped = c_.overlap ? step_overlapped(loss) : step_blocking(loss);
   const Stats after = comm_.stats();
-  s_.wire_bytes += after.bytes_sent - before.bytes_sent;
+  // What this rank gave the others: on the transport, and into its node's shared segment
+  // (docs/shared-memory.md), where ranks of one host meet without the transport.
+  s_.wire_bytes += (after.bytes_sent - before.bytes_sent) + (after.node_shm_bytes - before.node_shm_bytes);
   compress_s_ += (after.encode_s - before.encode_s) + (after.decode_s - before.decode_s);
   if (stepped) {
     s_.loss_sum += loss;

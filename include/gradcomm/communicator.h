@@ -93,6 +93,9 @@ struct Stats {
   // Collectives (or the level inside the node of a two-level call) that ran on the node's
   // shared segment instead of the transport (GRADCOMM_SHM, docs/shared-memory.md).
   uint64_t node_shm_ops = 0;
+  // Bytes this rank wrote into the node's shared segment for them: what it gave its node's
+  // peers there (bytes_sent counts the transport only).
+  uint64_t node_shm_bytes = 0;
   // compressor=auto: each key's latest choice (empty when no call used auto).
   std::vector<AutoChoice> auto_choices;
 };

@@ -16,6 +16,8 @@ namespace {
 constexpr uint64_t kMagic = 0x32524c4e4d434447ull;  // "GDCMNLR2"
 constexpr size_t kLine = 64;                        // flags on their own cache lines
 constexpr int kFlags = 3;                           // ready (+ the round's digests), done, consumed
+constexpr int kRecordLines = 2;                     // a call record per slot
+constexpr int kLinesPerRank = kFlags + 2 * kRecordLines;
 constexpr uint32_t kSpinsPerPoll = 64;
 
 struct Header {
@@ -25,7 +27,7 @@ struct Header {
 };
 
 size_t flags_offset() { return kLine; }
-size_t slots_offset(int ranks) { return flags_offset() + static_cast<size_t>(ranks) * kFlags * kLine; }
+size_t slots_offset(int ranks) { return flags_offset() + static_cast<size_t>(ranks) * kLinesPerRank * kLine; }
 
 }  // namespace
 
@@ -54,7 +56,7 @@ NodeCollectives::NodeCollectives(uint8_t* segment, int rank, int ranks, size_t s
 
 uint64_t* NodeCollectives::flag(int rank, int which) const {
   return reinterpret_cast<uint64_t*>(segment_ + flags_offset() +
-                                     (static_cast<size_t>(rank) * kFlags + static_cast<size_t>(which)) * kLine);
+                                     (static_cast<size_t>(rank) * kLinesPerRank + static_cast<size_t>(which)) * kLine);
 }
 
 // Beside ready, one word per slot: a rank can be at most one round ahead of another's
@@ -62,8 +64,18 @@ uint64_t* NodeCollectives::flag(int rank, int which) const {
 // until that rank has read it.
 uint64_t* NodeCollectives::digest_word(int rank, uint64_t round) const { return flag(rank, kReady) + 1 + round % 2; }
 
+// Like the digest: round s's record stays until every rank is done with round s.
+uint8_t* NodeCollectives::record(int rank, uint64_t round) const {
+  return reinterpret_cast<uint8_t*>(flag(rank, kFlags + static_cast<int>(round % 2) * kRecordLines));
+}
+
 uint8_t* NodeCollectives::slot(int rank, uint64_t round) const {
   return segment_ + slots_offset(ranks_) + (static_cast<size_t>(rank) * 2 + round % 2) * slot_bytes_;
+}
+
+void NodeCollectives::put(uint8_t* slot_bytes, const void* from, size_t bytes) {
+  std::memcpy(slot_bytes, from, bytes);
+  written_ += bytes;
 }
 
 void NodeCollectives::publish(int which, uint64_t value) const {
@@ -91,7 +103,11 @@ uint64_t NodeCollectives::begin_round(const NodeWait& wait) {
   return s;
 }
 
-void NodeCollectives::publish_ready(uint64_t round, uint64_t digest) const {
+void NodeCollectives::publish_ready(uint64_t round, uint64_t digest, const NodeWait& wait) const {
+  const size_t length = std::min(wait.record.size(), kNodeRecordBytes);
+  uint8_t* mine = record(rank_, round);
+  mine[0] = static_cast<uint8_t>(length);
+  if (length > 0) std::memcpy(mine + 1, wait.record.data(), length);
   std::atomic_ref<uint64_t>(*digest_word(rank_, round)).store(digest, std::memory_order_relaxed);
   publish(kReady, round);
 }
@@ -112,7 +128,8 @@ void NodeCollectives::wait_ready(uint64_t round, uint64_t digest, const NodeWait
   for (int q = 0; q < ranks_; ++q) {
     if (only >= 0 && q != only) continue;
     if (std::atomic_ref<uint64_t>(*digest_word(q, round)).load(std::memory_order_relaxed) != digest) {
-      wait.disagree(q);
+      const uint8_t* theirs = record(q, round);
+      wait.disagree(q, std::span<const uint8_t>(theirs + 1, std::min<size_t>(theirs[0], kNodeRecordBytes)));
       throw std::logic_error("NodeWait::disagree returned");
     }
   }
@@ -148,8 +165,8 @@ void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp
     const int64_t len = std::min(chunk, numel - begin);
     uint8_t* const chunk_data = bytes + static_cast<size_t>(begin) * elem;
     const uint64_t s = begin_round(wait);
-    std::memcpy(slot(rank_, s), chunk_data, static_cast<size_t>(len) * elem);
-    publish_ready(s, digest);
+    put(slot(rank_, s), chunk_data, static_cast<size_t>(len) * elem);
+    publish_ready(s, digest, wait);
     wait_ready(s, digest, wait);
     if (static_cast<size_t>(len) * elem <= kNodeSmallBytes) {
       // Small: every rank reduces the whole chunk, in the same order, from the slots.
@@ -163,7 +180,7 @@ void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp
     if (e > b) {
       const size_t off = static_cast<size_t>(b) * elem;
       reduce_from_slots(chunk_data + off, off, e - b, dtype, op, s);
-      std::memcpy(slot(rank_, s) + off, chunk_data + off, static_cast<size_t>(e - b) * elem);
+      put(slot(rank_, s) + off, chunk_data + off, static_cast<size_t>(e - b) * elem);
     }
     publish(kDone, s);
     wait_all(kDone, s, wait);
@@ -199,11 +216,11 @@ void NodeCollectives::reduce_scatter(const void* in, void* out, std::span<const 
     for (int p = 0; p < ranks_; ++p) {
       const int64_t n = std::clamp<int64_t>(starts[p + 1] - starts[p] - at, 0, per);
       if (n > 0) {
-        std::memcpy(my_slot + static_cast<size_t>(p * per) * elem, src + static_cast<size_t>(starts[p] + at) * elem,
+        put(my_slot + static_cast<size_t>(p * per) * elem, src + static_cast<size_t>(starts[p] + at) * elem,
                     static_cast<size_t>(n) * elem);
       }
     }
-    publish_ready(s, digest);
+    publish_ready(s, digest, wait);
     wait_ready(s, digest, wait);
     const int64_t n = std::clamp<int64_t>(mine - at, 0, per);
     reduce_from_slots(dst + static_cast<size_t>(at) * elem, static_cast<size_t>(rank_ * per) * elem, n, dtype, op, s);
@@ -224,9 +241,9 @@ void NodeCollectives::allgather(uint8_t* out, std::span<const int64_t> offsets, 
   for (int64_t at = 0; at < longest; at += per) {
     const uint64_t s = begin_round(wait);
     if (const int64_t n = block(rank_, at); n > 0) {
-      std::memcpy(slot(rank_, s), out + offsets[rank_] + at, static_cast<size_t>(n));
+      put(slot(rank_, s), out + offsets[rank_] + at, static_cast<size_t>(n));
     }
-    publish_ready(s, digest);
+    publish_ready(s, digest, wait);
     wait_ready(s, digest, wait);
     for (int q = 0; q < ranks_; ++q) {
       if (q == rank_) continue;
@@ -242,8 +259,8 @@ void NodeCollectives::broadcast(void* data, size_t bytes, int root, uint64_t dig
   for (size_t at = 0; at < bytes; at += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, bytes - at);
     const uint64_t s = begin_round(wait);
-    if (rank_ == root) std::memcpy(slot(rank_, s), p + at, n);
-    publish_ready(s, digest);
+    if (rank_ == root) put(slot(rank_, s), p + at, n);
+    publish_ready(s, digest, wait);
     wait_ready(s, digest, wait, root);
     if (rank_ != root) std::memcpy(p + at, slot(root, s), n);
     publish(kDone, s);
@@ -253,7 +270,7 @@ void NodeCollectives::broadcast(void* data, size_t bytes, int root, uint64_t dig
 
 void NodeCollectives::barrier(uint64_t digest, const NodeWait& wait) {
   const uint64_t s = begin_round(wait);
-  publish_ready(s, digest);
+  publish_ready(s, digest, wait);
   wait_ready(s, digest, wait);
   publish(kDone, s);
   publish(kConsumed, s);

@@ -47,12 +47,17 @@ size_t node_segment_bytes(int ranks, size_t slot_bytes);
 // Writes the header of a fresh (zeroed) segment: its creator, before any rank attaches.
 void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes);
 
+// A call record of at most this many bytes goes beside each round's digest.
+inline constexpr size_t kNodeRecordBytes = 127;
+
 struct NodeWait {
   // Called between checks of a wait on rank `rank` (a place in the node); throws to end it.
   std::function<void(int rank)> poll;
-  // Rank `rank` (a place in the node) published another call's digest in this round:
-  // must throw (the caller names both calls).
-  std::function<void(int rank)> disagree;
+  // Rank `rank` (a place in the node) published another call's digest in this round, with
+  // `theirs`, its call record: must throw (the caller names both calls).
+  std::function<void(int rank, std::span<const uint8_t> theirs)> disagree;
+  // This rank's call record (what `disagree` gets on the other ranks), published each round.
+  std::span<const uint8_t> record;
 };
 
 class NodeCollectives {
@@ -63,6 +68,8 @@ class NodeCollectives {
 
   int rank() const { return rank_; }
   int size() const { return ranks_; }
+  // Bytes this rank has copied into its slots so far: what it gave its node's peers.
+  uint64_t bytes_written() const { return written_; }
 
   // `digest` names the call (every rank of the node passes the same for the same call).
   // data[0, numel) in place.
@@ -83,13 +90,15 @@ class NodeCollectives {
   enum Flag { kReady = 0, kDone = 1, kConsumed = 2 };
   uint64_t* flag(int rank, int which) const;
   uint64_t* digest_word(int rank, uint64_t round) const;
+  uint8_t* record(int rank, uint64_t round) const;  // [length][bytes], kNodeRecordBytes at most
   uint8_t* slot(int rank, uint64_t round) const;
   // Steps of a round (see above).
   uint64_t begin_round(const NodeWait& wait);
-  void publish_ready(uint64_t round, uint64_t digest) const;
+  void publish_ready(uint64_t round, uint64_t digest, const NodeWait& wait) const;
   void wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only = -1) const;
   void wait_all(int which, uint64_t at_least, const NodeWait& wait) const;
   void publish(int which, uint64_t value) const;
+  void put(uint8_t* slot_bytes, const void* from, size_t bytes);  // a copy into this rank's slot
   // Piece q of a chunk of n elements: [begin, end), 64-byte aligned boundaries.
   std::pair<int64_t, int64_t> slice(int64_t n, size_t elem, int q) const;
   // out = the rank-order reduction of `count` elements at byte `offset` of every slot of round s.
@@ -100,6 +109,7 @@ class NodeCollectives {
   int ranks_;
   size_t slot_bytes_;
   uint64_t round_ = 0;  // the last round this rank started
+  uint64_t written_ = 0;
 };
 
 }  // namespace gradcomm::detail

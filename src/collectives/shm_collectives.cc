@@ -6,6 +6,9 @@
 // processes) and the digest that keeps the node's ranks in the same collective.
 #include <fmt/format.h>
 
+#include <array>
+#include <optional>
+
 #include "checksum.h"
 #include "collectives/collectives.h"
 #include "node_shm.h"
@@ -48,14 +51,27 @@ void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body) {
       op.fail(ErrorCode::kPeerFailure, fmt::format("{} ({})", e.what(), what));
     }
   };
-  wait.disagree = [&](int place) {
-    op.confirm_header();  // a call that differs is a MismatchError naming both calls
-    op.fail(ErrorCode::kMismatch,
-            fmt::format("rank {} is in another collective than this rank on the node's shared segment ({})",
-                        shm.members()[static_cast<size_t>(place)], what));
+  // The call's header goes beside each round's digest, so that a rank that finds another
+  // call there names both, as the transport's header check does (Op::check_header).
+  const std::array<uint8_t, WireHeader::kBytes> record = op.header().serialize();
+  static_assert(WireHeader::kBytes <= kNodeRecordBytes);
+  wait.record = record;
+  wait.disagree = [&](int place, std::span<const uint8_t> theirs) {
+    const int them = shm.members()[static_cast<size_t>(place)];
+    const std::optional<WireHeader> header = WireHeader::parse(theirs.data(), theirs.size());
+    if (header && !header->agrees_with(op.header())) {
+      op.fail(ErrorCode::kMismatch,
+              fmt::format("mismatched collective calls: rank {} called {}; rank {} called {} (they differ in {})",
+                          op.comm_rank(op.rank()), op.header().describe(), them, header->describe(),
+                          op.header().differences(*header)));
+    }
+    op.fail(ErrorCode::kMismatch, fmt::format("rank {} is in another collective of the same call than this rank on "
+                                              "the node's shared segment ({})",
+                                              them, what));
   };
+  const uint64_t written = shm.collectives().bytes_written();
   body(shm.collectives(), wait);
-  op.count_shm();
+  op.count_shm(shm.collectives().bytes_written() - written);
 }
 
 }  // namespace

@@ -110,7 +110,11 @@ void run_node(int ranks, size_t slot_bytes, const std::function<void(int, NodeCo
   }
 }
 
-const NodeWait kNoPoll{[](int) {}, [](int q) { throw MismatchError("rank " + std::to_string(q) + " disagrees"); }};
+const NodeWait kNoPoll{[](int) {},
+                       [](int q, std::span<const uint8_t>) {
+                         throw MismatchError("rank " + std::to_string(q) + " disagrees");
+                       },
+                       {}};
 
 TEST(NodeCollectives, EveryDtypeAndOpIsTheRankOrderReductionOnEveryRank) {
   const size_t slot_bytes = 1024;  // small slots: several chunks a call, both slots of every rank reused
@@ -162,7 +166,7 @@ TEST(NodeCollectives, ARankThatNeverComesEndsTheOthersWaitThroughTheirPoll) {
                                                   throw TimeoutError("rank 2 never came");
                                                 }
                                               },
-                                              kNoPoll.disagree};
+                                              kNoPoll.disagree, {}};
                           node.allreduce(x.data(), 100, DType::kFloat32, ReduceOp::kSum, 7, wait);
                         }),
                TimeoutError);
@@ -215,7 +219,10 @@ TEST(NodeCollectives, AllgatherBroadcastAndBarrierMixWithAllreduceInOneSegment) 
         std::vector<uint8_t> out(static_cast<size_t>(offsets.back()), 0);
         const auto fill = [&](int p, int64_t i) { return static_cast<uint8_t>(p * 31 + i * 7 + unit); };
         for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) out[i] = fill(r, i);
+        const uint64_t written = node.bytes_written();
         node.allgather(out.data(), offsets, 11, kNoPoll);
+        ASSERT_EQ(node.bytes_written() - written, static_cast<uint64_t>(offsets[r + 1] - offsets[r]))
+            << "an allgather writes its own block into the segment, once";
         for (int p = 0; p < ranks; ++p) {
           for (int64_t i = offsets[p]; i < offsets[p + 1]; ++i) ASSERT_EQ(out[i], fill(p, i)) << "block " << p;
         }
@@ -237,16 +244,22 @@ TEST(NodeCollectives, AllgatherBroadcastAndBarrierMixWithAllreduceInOneSegment) 
   }
 }
 
-TEST(NodeCollectives, ARankInAnotherCollectiveIsCaughtByTheDigest) {
-  // Rank 1 calls a barrier while rank 0 allreduces: rank 0 sees rank 1's digest and the
-  // disagreement ends its call (rank 1's barrier completes: its round has no data).
+TEST(NodeCollectives, ARankInAnotherCollectiveIsCaughtByTheDigestAndNamedByItsRecord) {
+  // Rank 1 calls a barrier while rank 0 allreduces: each sees the other's digest, and the
+  // disagreement ends its call with the other's call record in hand (what the caller names).
+  const std::string records[] = {"allreduce #7", "barrier #7"};
   std::atomic<int> disagreements{0};
   EXPECT_THROW(run_node(2, 256,
                         [&](int r, NodeCollectives& node) {
-                          const NodeWait wait{[](int) {}, [&](int q) {
+                          const std::string& mine = records[r];
+                          const NodeWait wait{[](int) {},
+                                              [&](int q, std::span<const uint8_t> theirs) {
+                                                EXPECT_EQ(q, 1 - r);
+                                                EXPECT_EQ(std::string(theirs.begin(), theirs.end()), records[q]);
                                                 disagreements += 1;
                                                 throw MismatchError("rank " + std::to_string(q) + " disagrees");
-                                              }};
+                                              },
+                                              std::span(reinterpret_cast<const uint8_t*>(mine.data()), mine.size())};
                           std::vector<float> x(10, 1.0f);
                           if (r == 0) node.allreduce(x.data(), 10, DType::kFloat32, ReduceOp::kSum, 1, wait);
                           if (r == 1) node.barrier(2, wait);
