@@ -8,33 +8,15 @@
 // c10d's contract is that the output tensors and the Future are final when the
 // Work completes, so that step must run before completion, off the caller's thread.
 //
-// Completion. The communicator's engine runs calls in issue order and completes
-// them in that order, so one thread per process group (the Completer's waiter)
-// waits on the works front to back and never waits longer than the op it is on;
-// the process group pushes a work while it holds its issue lock, so the waiter's
-// order is the engine's. For each work the waiter waits on the gradcomm works and
-// runs the local step. It never runs user code: marking the Future runs its
-// callbacks (DDP's reducer, a .then), and a callback may issue another collective
-// and wait on it (torch's powerSGD_hook does), which the waiter must be free to
-// finish. So it hands each settled work to a completion thread, which marks the
-// Future (running its callbacks, as gloo's worker threads do) and then completes
-// the c10d::Work, which wakes wait(). Future before Work: a caller that returns
-// from wait() finds the Future already done.
-//
-// Which completion runs when. Collectives that callbacks issue must be issued in
-// the same order on every rank, so callbacks must not race one another:
-//   - an op issued from outside the completion threads (a "top-level" op) is
-//     completed only once the previous top-level op's completion has returned,
-//     callbacks and all, so callbacks run one op after another, in op order;
-//   - an op issued by a callback is completed as soon as it settles, beside the
-//     completion that issued it, which may be waiting on it.
-// So a callback that waits on an op it issued never blocks a thread that must
-// complete that op, and every rank runs the same callbacks in the same order. A
-// callback that waits on a later top-level op (issued elsewhere) would wait
-// forever under this rule; after kStall the next top-level op is completed beside
-// it anyway: it then runs late, never not at all. Completion threads are a pool
-// that grows when every thread is busy and keeps its threads for reuse, so it is as
-// large as the deepest chain of blocked callbacks, plus one.
+// Completion. Each process group has a Completer: its ops are items of an
+// OrderedCompleter (../src/ordered_completion.h, which explains the protocol: one
+// waiter settles them in issue order, completion threads complete them, top-level
+// ops one after another, a callback's ops at once, kStall). The process group
+// pushes a work while it holds its issue lock, so the waiter's order is the
+// engine's. settle() waits on the op's gradcomm works and runs the local step;
+// complete() marks the Future (running its callbacks) and then completes the
+// c10d::Work, which wakes wait(). Future before Work: a caller that returns from
+// wait() finds the Future already done.
 //
 // Which op is issued when: collectives that callbacks issue would race those that
 // other threads issue meanwhile (DDP's backward issuing its next buckets while a
@@ -51,14 +33,9 @@
 //
 // Shutdown. The process group destroys its communicator first: that fails every
 // outstanding gradcomm work at once (never waiting on a peer). Then the Completer
-// is stopped: the waiter drains what is queued (each wait now returns at once),
-// the completion threads complete what it hands them (a callback blocked on one of
-// this group's ops gets that op's error and returns), and the destructor joins
-// them all. A callback blocked on something else (another group, a lock) holds up
-// shutdown as long as it blocks, as with gloo. Threads reach only the shared state
-// and the works they hold, never the process group, so if the last reference to
-// the group is dropped on one of them (a future callback holding it), that thread
-// is detached instead of joined and exits once the queues are drained.
+// is destroyed, which drains and joins its threads (ordered_completion.h,
+// "Shutdown"); they reach only the works they hold and the listener, which the
+// group empties first, never the group itself.
 #pragma once
 
 #include <torch/csrc/Exceptions.h>
@@ -66,8 +43,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -75,6 +50,7 @@
 #include <vector>
 
 #include "gradcomm/communicator.h"
+#include "ordered_completion.h"
 
 namespace gradcomm::torch_backend {
 
@@ -170,61 +146,24 @@ std::exception_ptr as_torch_error(std::exception_ptr error);
 // Rethrows the current exception that way (call inside a catch block).
 [[noreturn]] void rethrow_as_torch_error();
 
+// The process group's OrderedCompleter, whose items are its GradcommWorks.
 class Completer {
  public:
   explicit Completer(std::shared_ptr<CompletionListener> listener);
-  ~Completer();  // see "Shutdown" above
-  Completer(const Completer&) = delete;
-  Completer& operator=(const Completer&) = delete;
 
   // Queues a work the caller has just issued; `top_level`: issued outside the
   // completion threads, or held and issued on the caller's behalf (issue_order.cc).
   void push(c10::intrusive_ptr<GradcommWork> work, bool top_level);
   // Whether the calling thread is one of this Completer's completion threads (a
   // future callback runs there), and the issuer of the work it is completing.
-  bool on_completion_thread() const;
+  bool on_completion_thread() const { return completer_.on_completion_thread(); }
   static int completing_issuer();
-  // Calls the listener with deadline=true at `when` (or soon after: the waiter
-  // checks between works); a later call replaces an earlier deadline.
-  void wake_at(std::chrono::steady_clock::time_point when);
+  // Calls the listener with deadline=true at `when` (or soon after); a later call
+  // replaces an earlier deadline.
+  void wake_at(std::chrono::steady_clock::time_point when) { completer_.wake_at(when); }
 
  private:
-  // How long a top-level op's completion may hold up the next one (see above).
-  static constexpr std::chrono::seconds kStall{5};
-
-  // Shared by the Completer and its threads, which outlive it when it is destroyed
-  // on one of them. The threads are detached; `threads` counts those still running.
-  struct State {
-    std::mutex mutex;
-    std::condition_variable issued_cv;    // the waiter: an op was pushed, stop, or a top-level completion ended
-    std::condition_variable runnable_cv;  // completion threads: a work may complete, or the waiter is done
-    std::condition_variable exited_cv;    // the destructor: a thread exited
-    std::deque<std::pair<c10::intrusive_ptr<GradcommWork>, bool>> issued;  // to settle, in the engine's order; top-level?
-    std::deque<c10::intrusive_ptr<GradcommWork>> waiting;  // settled top-level works held up by an earlier one
-    std::deque<std::pair<c10::intrusive_ptr<GradcommWork>, bool>> runnable;  // to complete; top-level?
-    size_t top_level_running = 0;
-    std::chrono::steady_clock::time_point top_level_started;  // of the last one made runnable
-    std::chrono::steady_clock::time_point hold_deadline = std::chrono::steady_clock::time_point::max();
-    bool rearmed = false;  // wake_at moved hold_deadline: the waiter recomputes its wait
-    std::shared_ptr<CompletionListener> listener;
-    size_t threads = 0;  // running: the waiter and the completion threads
-    size_t idle = 0;     // completion threads waiting for a runnable work
-    bool stop = false;
-    bool waiter_done = false;  // stopped and drained: nothing more will become runnable
-  };
-  static void wait_loop(std::shared_ptr<State> state);
-  static void completion_loop(std::shared_ptr<State> state);
-  // Makes the waiting top-level works runnable that may run now. Caller holds state->mutex.
-  static void release_top_level(const std::shared_ptr<State>& state);
-  // Queues a work for a completion thread, starting one when none is idle (when
-  // none can be started, one of those running takes it once it is free). Caller
-  // holds state->mutex.
-  static void make_runnable(const std::shared_ptr<State>& state, c10::intrusive_ptr<GradcommWork> work,
-                            bool top_level);
-  // Starts a detached thread running `run`, counted in state->threads. Caller holds state->mutex.
-  static void start_thread(const std::shared_ptr<State>& state, std::function<void()> run);
-
-  std::shared_ptr<State> state_;
+  python::OrderedCompleter completer_;
 };
 
 }  // namespace gradcomm::torch_backend
