@@ -64,10 +64,8 @@ caller has not called it (inside a torch.distributed job it uses torch's store).
 import atexit
 import collections
 import contextlib
+import functools
 import os
-import queue
-import threading
-import time
 import weakref
 
 import torch
@@ -193,107 +191,23 @@ class CompressionHookState:
         return f"ddp/p{','.join(ranges)}/n{bucket.buffer().numel()}"
 
 
-class _FutureCompleter:
-    """Completes torch futures from gradcomm Works, as the "gradcomm" backend's
-    Completer does (python_bindings/torch_backend/work.h). One daemon thread waits
-    for the works in issue order (they complete in that order, so this costs
-    nothing); the communicator's engine never touches Python. It never runs a
-    future's callbacks, which may start another allreduce and wait on its future:
-    completion threads do. A future of a work issued from outside them completes
-    once the previous such future's callbacks have returned (so callbacks run one
-    after another, in issue order, the same on every rank); one issued by a callback
-    completes at once, beside the callback that may be waiting on it. A callback
-    that blocks on anything else holds the next future back for _STALL_S at most."""
-
-    _STALL_S = 5.0
-
-    def __init__(self):
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)  # the threads do not survive a fork
-
-    def _reset(self):
-        self._lock = threading.Lock()
-        self._runnable_cv = threading.Condition(self._lock)
-        self._local = threading.local()  # .completing: this is a completion thread
-        self._issued = queue.SimpleQueue()  # (work, future, top_level)
-        self._waiting = collections.deque()  # settled top-level (future, result, error), held back
-        self._runnable = collections.deque()  # ((future, result, error), top_level)
-        self._top_level_running = 0
-        self._top_level_started = 0.0
-        self._idle = 0  # completion threads waiting for a runnable one
-        self._waiter = None
-
-    def complete(self, work, future):
-        with self._lock:
-            if self._waiter is None:
-                self._waiter = threading.Thread(target=self._wait, name="gradcomm-futures", daemon=True)
-                self._waiter.start()
-        self._issued.put((work, future, not getattr(self._local, "completing", False)))
-
-    def _wait(self):
-        while True:
-            with self._lock:
-                timeout = None if not self._waiting else max(0.0, self._top_level_started + self._STALL_S
-                                                             - time.monotonic())
-            try:
-                work, future, top_level = self._issued.get(timeout=timeout)
-            except queue.Empty:
-                with self._lock:
-                    self._release_top_level()
-                continue
-            try:
-                outcome = (future, work._wait(-1, True), None)  # on the program's behalf
-            except BaseException as e:  # the call's error reaches whoever waits on the future
-                outcome = (future, None, e)
-            del work, future
-            with self._lock:
-                if top_level:
-                    self._waiting.append(outcome)
-                    self._release_top_level()
-                else:
-                    self._make_runnable(outcome, False)  # its issuer may be waiting on it
-            del outcome
-
-    def _release_top_level(self):  # holds the lock
-        while self._waiting and (self._top_level_running == 0
-                                 or time.monotonic() >= self._top_level_started + self._STALL_S):
-            self._make_runnable(self._waiting.popleft(), True)
-
-    def _make_runnable(self, outcome, top_level):  # holds the lock
-        if self._idle <= len(self._runnable):
-            threading.Thread(target=self._complete, name="gradcomm-future-callbacks", daemon=True).start()
-        if top_level:
-            self._top_level_running += 1
-            self._top_level_started = time.monotonic()
-        self._runnable.append((outcome, top_level))
-        self._runnable_cv.notify()
-
-    def _complete(self):
-        self._local.completing = True
-        while True:
-            with self._lock:
-                self._idle += 1
-                self._runnable_cv.wait_for(lambda: self._runnable)
-                self._idle -= 1
-                (future, result, error), top_level = self._runnable.popleft()
-            try:
-                if error is None:
-                    future.set_result(result)
-                elif isinstance(error, gradcomm.Error) and _gradcomm_torch is not None:
-                    # With its class in DDP's backward too (set_exception would give
-                    # DDP an exception object where it expects a tensor).
-                    _gradcomm_torch._fail_future(future, error)
-                else:
-                    future.set_exception(error)
-            finally:
-                del future, result, error
-                if top_level:
-                    with self._lock:
-                        self._top_level_running -= 1
-                        self._release_top_level()
-
-
-_completer = _FutureCompleter()
+def _complete_future(work, future):
+    """Completes the hook's `future` from its gradcomm `work`, which is done by now:
+    gradcomm's ordered completer (python_bindings/src/ordered_completion.h, as for the
+    "gradcomm" backend's Works) calls this on one of its completion threads, in issue
+    order, so the future's callbacks (which may run the hook again and wait on it) run
+    one bucket after another, the same on every rank."""
+    try:
+        result = work._wait(-1, True)  # at once; on the program's behalf (needed() says when DDP needs it)
+    except BaseException as error:  # the call's error reaches whoever waits on the future
+        if isinstance(error, gradcomm.Error) and _gradcomm_torch is not None:
+            # With its class in DDP's backward too (set_exception would give DDP an
+            # exception object where it expects a tensor).
+            _gradcomm_torch._fail_future(future, error)
+        else:
+            future.set_exception(error)
+        return
+    future.set_result(result)
 
 
 def _bucket_parts(bucket, buffer):
@@ -338,7 +252,7 @@ def compression_hook(state: CompressionHookState, bucket: _GradBucket) -> torch.
             w.needed()
         state._backward.clear()
     future = torch.futures.Future()
-    _completer.complete(work, future)
+    gradcomm._C.complete_in_order(work._work, functools.partial(_complete_future, work, future))
     return future
 
 

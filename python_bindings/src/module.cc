@@ -23,6 +23,7 @@
 #include "compressors/family.h"
 #include "compressors/spec.h"
 #include "gradcomm/gradcomm.h"
+#include "ordered_completion.h"
 #include "python_store.h"
 #include "stats_dict.h"
 
@@ -277,6 +278,58 @@ void barrier() {
   with_communicator("barrier", [](Communicator& c) { c.barrier(); });
 }
 
+// ---- futures completed in order (the DDP hook's) ---------------------------------------
+// gradcomm/torch.py's compression_hook completes a torch future per bucket through
+// this process's OrderedCompleter (ordered_completion.h: the protocol, shared with the
+// torch backend). An item waits on its work on the waiter as a helper (the hook calls
+// needed() where DDP comes to need the result), then calls `done` on a completion
+// thread, with the GIL; `done` finds the work complete and marks the future.
+class PythonItem final : public OrderedCompleter::Item {
+ public:
+  PythonItem(std::shared_ptr<Work> work, py::object done) : work_(std::move(work)), done_(std::move(done)) {}
+  // Never completed (the process is going, or the item was abandoned at a fork): the
+  // GIL may not be had here, so `done` is leaked rather than released.
+  ~PythonItem() override { (void)done_.release(); }
+
+  void settle() override {
+    try {
+      work_->wait(Waiter::kHelper);
+    } catch (...) {
+      // done() sees the error: waiting on the work again rethrows it.
+    }
+    work_.reset();
+  }
+  void complete() override {
+    py::gil_scoped_acquire gil;
+    try {
+      done_();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("gradcomm: completing a future in issue order");
+    }
+    done_ = py::object();
+  }
+
+ private:
+  std::shared_ptr<Work> work_;
+  py::object done_;
+};
+
+// Made at first use, never destroyed: its threads stay for the process's life (a
+// static destructor would run after the interpreter is gone). The GIL guards it.
+OrderedCompleter*& ordered_completer() {
+  static OrderedCompleter* completer = nullptr;
+  return completer;
+}
+
+void complete_in_order(std::shared_ptr<Work> work, py::object done) {
+  OrderedCompleter*& completer = ordered_completer();
+  if (completer == nullptr) completer = new OrderedCompleter();
+  OrderedCompleter* c = completer;
+  auto item = std::make_unique<PythonItem>(std::move(work), std::move(done));
+  py::gil_scoped_release release;  // a completion thread takes the GIL with the completer's lock free
+  c->push(std::move(item), /*top_level=*/!c->on_completion_thread());
+}
+
 }  // namespace
 }  // namespace gradcomm::python
 
@@ -297,9 +350,13 @@ PYBIND11_MODULE(_gradcomm, m) {
         py::arg("store_address"));
   m.def("shutdown", &shutdown);
   // In a child of fork(): the communicator's engine thread and transport exist only in
-  // the parent. Destroying the copy would join a thread that is not there; it is
-  // forgotten instead (leaked), and the child starts without one.
-  m.def("forget_after_fork", [] { (void)session().comm.release(); });
+  // the parent, as do the ordered completer's threads. Destroying the copies would join
+  // threads that are not there; they are forgotten instead (leaked), with whatever they
+  // held, and the child starts without them (complete_in_order makes a new completer).
+  m.def("forget_after_fork", [] {
+    (void)session().comm.release();
+    ordered_completer() = nullptr;
+  });
   m.def("is_initialized", [] {
     // Release the GIL first, as every entry point does: init() holds the mutex while
     // its store callbacks wait for the GIL.
@@ -340,6 +397,10 @@ PYBIND11_MODULE(_gradcomm, m) {
   m.def("broadcast_async", &broadcast_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
         py::arg("device_index"), py::arg("root"));
   m.def("barrier", &barrier);
+  // Waits on `work` on the completer's waiter, then calls done() on a completion
+  // thread: in issue order, one top-level call's done() after the previous one's has
+  // returned (ordered_completion.h).
+  m.def("complete_in_order", &complete_in_order, py::arg("work"), py::arg("done"));
   m.def("save_state", [] {
     const std::vector<uint8_t> bytes = with_communicator("save_state", [](Communicator& c) { return c.save_state(); });
     return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
