@@ -1,16 +1,16 @@
-"""PyTorch: DDP with gloo plus gradcomm's hook, and DistributedOptimizer, on 2 and 4
-ranks (parameters bitwise identical across ranks after every step, loss falling,
-compression "none" equal to plain DDP within fp32 tolerance); DistributedOptimizer
-with a layer that has no gradient on one rank only (equal to a reference, fusion on
-and off); callbacks on the hook's futures that wait on the hook again; the hook's
-errors keep their gradcomm class; compressor=auto through the hook measuring the
-overlap DDP gives; the examples under
+"""PyTorch: DDP with gloo plus gradcomm's hook, and DistributedOptimizer, on 2 and 4 ranks
+(parameters bitwise identical across ranks after every step, loss falling, compression
+"none" equal to plain DDP within fp32 tolerance); DistributedOptimizer with a layer that
+has no gradient on one rank only (equal to a reference, fusion on and off); callbacks on
+the hook's futures that wait on the hook again, run in issue order, and past a stall;
+the hook's futures in a forked child; the hook's errors keep their gradcomm class;
+compressor=auto through the hook measuring the overlap DDP gives; the examples under
 gradcomm-run and torchrun."""
 import os
 
 import pytest
 
-from conftest import EXAMPLES, WORKERS, expect_ok, launch, run, torchrun, torchrun_command
+from conftest import EXAMPLES, PYTHON, WORKERS, expect_ok, launch, run, torchrun, torchrun_command
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():
@@ -37,8 +37,13 @@ def test_distributed_optimizer_layer_without_gradient_on_one_rank(case, fusion):
     expect_ok(result, 2, "torch-opt-unused")
 
 
-def test_hook_futures_chain_and_keep_error_class():
+def test_hook_futures_chain_run_in_issue_order_outlast_a_stall_and_keep_error_class():
     expect_ok(launch(2, os.path.join(WORKERS, "torch_hook_futures.py"), timeout=90), 2, "torch-hook-futures")
+
+
+def test_hook_futures_complete_in_a_forked_child():
+    result = run([PYTHON, os.path.join(WORKERS, "torch_hook_fork.py")], timeout=90)
+    expect_ok(result, 1, "torch-hook-fork")
 
 
 def test_auto_through_the_hook_measures_the_overlap_ddp_gives():
