@@ -287,8 +287,8 @@ void barrier() {
 class PythonItem final : public OrderedCompleter::Item {
  public:
   PythonItem(std::shared_ptr<Work> work, py::object done) : work_(std::move(work)), done_(std::move(done)) {}
-  // Never completed (the process is going, or the item was abandoned at a fork): the
-  // GIL may not be had here, so `done` is leaked rather than released.
+  // Still holding `done` only when complete() never ran or was cut short (a thread
+  // ended by the interpreter's exit as it took the GIL): no GIL here, so it is leaked.
   ~PythonItem() override { (void)done_.release(); }
 
   void settle() override {
