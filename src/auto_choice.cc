@@ -9,7 +9,6 @@
 
 #include "bytes.h"
 #include "call.h"
-#include "call_context.h"
 #include "collectives/collectives.h"
 #include "compression.h"
 #include "compressors/codec.h"
@@ -18,6 +17,7 @@
 #include "env.h"
 #include "hierarchy.h"
 #include "logging.h"
+#include "op.h"
 #include "reduce.h"
 #include "wire.h"
 
@@ -143,6 +143,9 @@ namespace {
 
 const CompressorSpec kDenseSpec{};  // id none
 
+// A review's reduced values before the candidates': α, 1/β, -drift, -observations, -overlap.
+constexpr size_t kReviewHead = 5;
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -205,14 +208,13 @@ PricedLevel priced_level(const Op& op, int64_t numel) {
 
 }  // namespace
 
-
-std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call& call, CallExecutor& exec,
-                                                int64_t numel) const {
+std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call& call, HostCompression& compression,
+                                                int rank, int64_t numel) const {
   const int64_t n = numel;
   const auto* grad = static_cast<const float*>(call.tensor.data);
   std::vector<float> work(grad, grad + n), other(grad, grad + n);
   const double pass_s = time_min2([&] { reduce_inplace(work.data(), other.data(), n, DType::kFloat32, ReduceOp::kSum); });
-  const PhiloxStream rng{0, philox_stream_id(call.key_hash, 0, exec.rank())};
+  const PhiloxStream rng{0, philox_stream_id(call.key_hash, 0, rank)};
   std::vector<CandidateCost> costs;
   for (const CompressorSpec& c : spec.candidates) {
     CandidateCost cost;
@@ -222,7 +224,7 @@ std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call
         cost.payload_bytes = 4.0 * static_cast<double>(n);
         break;
       case AutoShape::kCodecRing: {
-        const DenseCodec& codec = exec.compression().codec(c);
+        const DenseCodec& codec = compression.codec(c);
         std::vector<uint8_t> payload(codec.encoded_bytes(n));
         cost.encode_s = time_min2([&] { codec.encode(grad, n, payload.data(), rng, 0); });
         cost.decode_s = time_min2([&] { codec.decode_add(payload, n, work.data()); });
@@ -284,38 +286,43 @@ LinkModel AutoChooser::probe(Op& op) const {
   return link;
 }
 
-void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
+WireHeader AutoChooser::review_header(const Call& call, uint64_t seq) const {
+  WireHeader header;
+  header.op = OpKind::kAllreduce;
+  header.dtype = DType::kFloat64;
+  header.reduce_op = ReduceOp::kMax;
+  header.numel = static_cast<int64_t>(kReviewHead + 3 * call.auto_spec->candidates.size());
+  header.seq = seq;
+  header.compressor = "auto-review";
+  header.compressor_hash = fnv1a32(header.compressor);
+  header.fused_digest = call.auto_spec->hash;  // ranks must review with the same auto spec
+  header.step = call.key->step;
+  return header;
+}
+
+void AutoChooser::review(Op& op, HostCompression& compression, Call& call) {
+  AutoRecord record = record_of(call);
   const AutoSpec& spec = *call.auto_spec;
   const uint32_t spec_hash = spec.hash;
   AutoKeyState& mine = state_of(*call.key);
   const bool measure_now = mine.costs.empty() || mine.spec_hash != spec_hash || mine.numel != call.tensor.numel ||
                            mine.generation != measure_generation_;
   const size_t count = spec.candidates.size();
-  // [α, 1/β, -drift, -observations, -overlap, then per candidate: encode, decode, payload bytes]
-  constexpr size_t kHead = 5;
+  // [the head (kReviewHead), then per candidate: encode, decode, payload bytes]
+  constexpr size_t kHead = kReviewHead;
   std::vector<double> v(kHead + 3 * count);
   const bool probe_now = !link_known_ && !test_link_;
   const double drift = drift_count_ > 0 ? std::exp(drift_log_sum_ / static_cast<double>(drift_count_)) : 1.0;
-  WireHeader header;
-  header.op = OpKind::kAllreduce;
-  header.dtype = DType::kFloat64;
-  header.reduce_op = ReduceOp::kMax;
-  header.numel = static_cast<int64_t>(v.size());
-  header.seq = exec.next_seq();
-  header.compressor = "auto-review";
-  header.compressor_hash = fnv1a32(header.compressor);
-  header.fused_digest = spec_hash;  // ranks must review with the same auto spec
-  header.step = call.key->step;
   const double overlap_mean =
       mine.overlap_count > 0 ? mine.overlap_sum_s / static_cast<double>(mine.overlap_count) : 0.0;
   bool relinked = false, judged = false;
   PricedLevel level;
-  exec.run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
-    // Inside the call: a failure here reaches the other ranks as any call's does.
+  [&] {
+    // Inside the review's Op: a failure here reaches the other ranks as any call's does.
     level = priced_level(op, call.tensor.numel);
     mine.level_ranks = level.ranks;
     if (measure_now) {
-      mine.costs = measure(spec, call, exec, level.numel);
+      mine.costs = measure(spec, call, compression, op.rank(), level.numel);
       mine.spec_hash = spec_hash;
       mine.numel = call.tensor.numel;
       mine.generation = measure_generation_;
@@ -339,10 +346,10 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
     // row more than 2x away from it mean the rates moved: the link is probed again.
     const double shared_drift = -v[2];
     judged = -v[3] >= kDriftCalls;
-    if (!judged || test_link_ || probe_now) return 1;
+    if (!judged || test_link_ || probe_now) return;
     if (drift_baseline_ == 0) {
       drift_baseline_ = shared_drift;
-      return 1;
+      return;
     }
     const bool moved = shared_drift > drift_baseline_ * kDriftBand || shared_drift < drift_baseline_ / kDriftBand;
     drift_moved_ = moved ? drift_moved_ + 1 : 0;
@@ -354,8 +361,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
       v[1] = w[1];
       relinked = true;
     }
-    return 1;  // numbered, internal: Stats::ops counts the user's collectives
-  });
+  }();
   if (probe_now || relinked) {
     drift_baseline_ = 0;  // the next judgement becomes the baseline
     drift_moved_ = 0;
@@ -397,7 +403,7 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
   report.alpha_s = link_.alpha_s;
   report.bytes_per_s = 1.0 / link_.seconds_per_byte;
   report.overlap_s = shared_overlap;
-  if (changed && exec.rank() == 0) {
+  if (changed && op.rank() == 0) {
     std::string times;
     for (size_t i = 0; i < count; ++i) {
       times += fmt::format("{}{} {}", i == 0 ? "" : ", ", spec.names[i],
@@ -409,40 +415,38 @@ void AutoChooser::review(CallExecutor& exec, Call& call, AutoRecord& record) {
         call.key_name, call.tensor.numel, call.key->step, report.chosen, times, link_.alpha_s * 1e6,
         report.bytes_per_s / 1e6, shared_overlap * 1e3);
   }
+  call.key->extra = record.serialize();
   std::lock_guard lock(report_mutex_);
   report_[call.key_name] = std::move(report);
 }
 
-void AutoChooser::choose(CallExecutor& exec, Call& call) {
-  KeyState& key = *call.key;
+AutoRecord AutoChooser::record_of(const Call& call) {
+  AutoRecord record = AutoRecord::parse(call.key->extra).value_or(AutoRecord{});
   const AutoSpec& spec = *call.auto_spec;
-  if (call.tensor.numel == 0) {  // nothing to send: the dense ring's empty call, no review
-    call.spec = &kDenseSpec;
-    return;
-  }
-  const uint32_t spec_hash = spec.hash;
-  AutoRecord record = AutoRecord::parse(key.extra).value_or(AutoRecord{});
-  if (record.spec_hash != spec_hash || record.choice < 0 || static_cast<size_t>(record.choice) >= spec.candidates.size()) {
+  if (record.spec_hash != spec.hash || record.choice < 0 || static_cast<size_t>(record.choice) >= spec.candidates.size()) {
     record = AutoRecord{};
   }
+  return record;
+}
+
+bool AutoChooser::review_due(Call& call, int ranks) {
+  if (call.tensor.numel == 0) return false;  // nothing to send: the dense ring's empty call, no review
+  KeyState& key = *call.key;
+  const AutoSpec& spec = *call.auto_spec;
+  AutoRecord record = record_of(call);
   note_overlap(call);
   // After load_state the record's choice holds until its review (costs are measured then).
-  if (record.choice < 0 || key.step >= record.next_review) {
-    if (exec.size() > 1) {
-      review(exec, call, record);
-    } else {  // one rank: nothing travels, nothing to choose
-      record = AutoRecord{spec_hash, 0, key.step + static_cast<uint64_t>(spec.review), key.step};
-    }
+  const bool due = record.choice < 0 || key.step >= record.next_review;
+  if (due && ranks <= 1) {  // one rank: nothing travels, nothing to choose
+    record = AutoRecord{spec.hash, 0, key.step + static_cast<uint64_t>(spec.review), key.step};
   }
   key.extra = record.serialize();
-  call.spec = &spec.candidates[record.choice];
-  // A choice without error feedback sends what the residual kept (flushes it).
-  if (!call.spec->ef && !key.residual.empty()) {
-    auto* data = static_cast<float*>(call.tensor.data);
-    const auto* residual = reinterpret_cast<const float*>(key.residual.data());
-    for (int64_t i = 0; i < call.tensor.numel; ++i) data[i] += residual[i];
-    key.residual.clear();
-  }
+  return due && ranks > 1;
+}
+
+const CompressorSpec* AutoChooser::choice(const Call& call) const {
+  if (call.tensor.numel == 0) return &kDenseSpec;
+  return &call.auto_spec->candidates[static_cast<size_t>(record_of(call).choice)];
 }
 
 AutoKeyState& AutoChooser::state_of(KeyState& key) {

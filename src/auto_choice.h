@@ -70,13 +70,14 @@
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "state.h"
+#include "wire.h"
 
 namespace gradcomm::detail {
 
 struct Call;
 struct PricedLevel;  // auto_choice.cc: the level a choice is priced on
 struct WorkState;
-class CallExecutor;
+class HostCompression;
 class Op;
 
 // ---- the model (pure: tests/unit/test_auto_choice.cc) -------------------------------
@@ -151,11 +152,17 @@ struct AutoKeyState {
 
 class AutoChooser {
  public:
-  // On the engine thread, before the call's header is made: sets call.spec to the
-  // key's choice, reviewing it first when due (an internal numbered call, run through
-  // `exec`), and flushes the residual into the gradient when the choice has no error
-  // feedback. Errors are the review call's (every rank's view of it).
-  void choose(CallExecutor& exec, Call& call);
+  // On the engine thread, before the call's header is made (call_runner.h runs these):
+  //   review_due  whether the key's choice is due for a review, which then runs first as
+  //               an internal numbered call of its own: review_header and, inside its
+  //               Op, review (errors are that call's, every rank's view of it);
+  //   choice      the spec the call runs with (the key's choice; the dense ring for an
+  //               empty tensor).
+  // review_due also notes the call's overlap; with one rank it decides without a review.
+  bool review_due(Call& call, int ranks);
+  WireHeader review_header(const Call& call, uint64_t seq) const;
+  void review(Op& op, HostCompression& compression, Call& call);
+  const CompressorSpec* choice(const Call& call) const;
   // After the call: its measured wire time against the model's (the drift).
   void observe(const Call& call, const Stats& before, const Stats& after, int ranks);
   // Test hook: from the next review on, this rank's measurements are multiplied by
@@ -169,9 +176,11 @@ class AutoChooser {
 
  private:
   void note_overlap(const Call& call);
-  void review(CallExecutor& exec, Call& call, AutoRecord& record);
+  // The key's record (KeyState::extra), or a fresh one when it is not this spec's.
+  static AutoRecord record_of(const Call& call);
   // Each candidate's costs on `numel` elements of the key's gradient (the level's piece).
-  std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, CallExecutor& exec, int64_t numel) const;
+  std::vector<CandidateCost> measure(const AutoSpec& spec, const Call& call, HostCompression& compression, int rank,
+                                     int64_t numel) const;
   LinkModel probe(Op& op) const;
   // The probe on the level compression runs on (auto_choice.cc, PricedLevel).
   LinkModel probe_level(Op& op, const PricedLevel& level) const;

@@ -1,15 +1,13 @@
-// The two narrow views of a communicator that the layers below it get.
+// The narrow view of a communicator that one call in flight gets.
 //
 //   CallContext   what one call in flight needs (Op, op.h, and through it every
 //                 collective in src/collectives/): the transport, the stats it adds
 //                 to, and the failure state it watches and reports to.
-//   CallExecutor  what the engine thread (engine.h) needs on top: number calls, make
-//                 their headers, run them (alone or as a fused group) and account
-//                 them. The execute side of CommunicatorImpl (comm_execute.cc).
 //
-// CommunicatorImpl (comm_impl.h) implements both; nothing below it includes it, so the
-// collectives and the engine cannot reach the issuing side, the keys' state or the
-// device path by accident.
+// CommunicatorImpl (comm_impl.h) implements it; nothing below it includes comm_impl.h, so
+// the collectives cannot reach the issuing side, the keys' state or the device path by
+// accident. The engine (engine.h) sees its communicator through the CallRunner
+// (call_runner.h), the one place calls run.
 #pragma once
 
 #include <chrono>
@@ -27,8 +25,6 @@
 
 namespace gradcomm::detail {
 
-struct Call;
-class HostCompression;
 class NodeShm;  // node_shm.h
 
 // After a failure, how long outstanding sends (the abort to the others among them)
@@ -75,30 +71,6 @@ class CallContext {
 
  protected:
   ~CallContext() = default;
-};
-
-class CallExecutor : public CallContext {
- public:
-  virtual bool usable() const = 0;  // no failure recorded yet
-  virtual uint64_t next_seq() const = 0;
-  // Makes the Stats of the calls completed so far visible to stats() (any thread).
-  virtual void publish_stats() = 0;
-  // The header a call puts on the wire, numbered `seq` (reads the key's step).
-  virtual WireHeader header_for(const Call& call, uint64_t seq) const = 0;
-  // Runs `body` inside an Op numbered `header.seq` (a deferred Op posts its header once
-  // a fusion plan fixes it); `body` returns how many calls it ran (a fused group:
-  // several; unnumbered: 0). Then accounts them: sequence numbers, Stats::ops and time;
-  // on failure marks the communicator failed and tells the others, and rethrows.
-  virtual void run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body) = 0;
-  // The algorithm of one call inside its Op (after the header matched), and its key's step.
-  virtual void run_body(Op& op, Call& call) = 0;
-  // Runs one queued call alone: a collective in its own Op, or a local function.
-  virtual void execute(Call& call) = 0;
-  // The host compression of fused groups (fusion.cc).
-  virtual HostCompression& compression() = 0;
-
- protected:
-  ~CallExecutor() = default;
 };
 
 }  // namespace gradcomm::detail

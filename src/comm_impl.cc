@@ -1,7 +1,7 @@
 // CommunicatorImpl's own state (comm_impl.h): construction and teardown, the published
 // Stats, and the failure state every call checks and reports to (the CallContext side
-// that is neither issuing nor executing). The issuing side is comm_issue.cc, the
-// engine's side comm_execute.cc.
+// that is neither issuing nor running calls). The issuing side is comm_issue.cc; the
+// engine thread runs the calls through the CallRunner (call_runner.h).
 #include "comm_impl.h"
 
 #include <fmt/format.h>
@@ -34,13 +34,14 @@ CommunicatorImpl::CommunicatorImpl(std::unique_ptr<Transport> transport, std::ch
       transport_(std::move(transport)),
       store_(std::move(store)),
       timeout_(timeout),
+      runner_(*this),
       shm_(std::move(shm)) {
   if (nodes_.size() != size_) {
     throw InvalidArgument(fmt::format("rank {}: a topology of {} ranks for a communicator of {}", rank_,
                                       nodes_.size(), size_));
   }
   // Last: from here on the engine thread alone drives the transport.
-  engine_ = std::make_unique<Engine>(*this, FusionConfig::from_env());
+  engine_ = std::make_unique<Engine>(runner_, FusionConfig::from_env());
 }
 
 // The engine first (it fails outstanding work and stops touching everything
@@ -66,14 +67,14 @@ void CommunicatorImpl::leave() noexcept {
   if (!usable()) return;
   try {
     const auto start = Clock::now();
-    const std::vector<int> waiting = transport_->leave(next_seq_, start + timeout_);
+    const std::vector<int> waiting = transport_->leave(runner_.next_seq(), start + timeout_);
     if (!waiting.empty()) {
       std::string ranks;
       for (int r : waiting) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
       log(LogLevel::kWarn,
           "rank {}: destroyed after call #{} without word from rank(s) {} within the {:.1f} s timeout that they "
           "completed it too: they may not have received all of this rank's data",
-          rank_, next_seq_ - 1, ranks, std::chrono::duration<double>(timeout_).count());
+          rank_, runner_.next_seq() - 1, ranks, std::chrono::duration<double>(timeout_).count());
     }
   } catch (...) {
     // A destructor's part: the transport's own teardown still runs.

@@ -2,9 +2,10 @@
 // the engine that runs the calls (engine.h). The issuing side (any caller
 // thread) validates a call and queues it (comm_issue.cc); the engine thread numbers
 // it, checks that every rank called the same thing (op.h), runs the algorithm, and
-// turns any failure into a typed error on every rank (comm_execute.cc). The algorithms
-// live in src/collectives/, one per file; they see only an Op, which sees only the
-// CallContext of call_context.h, and the engine only the CallExecutor.
+// turns any failure into a typed error on every rank: the CallRunner (call_runner.h),
+// the one place a call runs, which reads and writes the state below as the engine
+// thread. The algorithms live in src/collectives/, one per file; they see only an Op,
+// which sees only the CallContext of call_context.h; the engine sees only the runner.
 //
 // Threads. Everything below "engine thread" is touched by the engine alone; the
 // issuing side shares with it only the engine's queue, the spec cache and the
@@ -25,6 +26,7 @@
 #include "auto_choice.h"
 #include "call.h"
 #include "call_context.h"
+#include "call_runner.h"
 #include "compression.h"
 #include "env.h"
 #include "gradcomm/communicator.h"
@@ -43,7 +45,7 @@ namespace gradcomm::detail {
 class DevicePath;  // device_path.h
 class Engine;
 
-class CommunicatorImpl final : public CallExecutor {
+class CommunicatorImpl final : public CallContext {
  public:
   // `nodes`: which ranks share a node (topology.h); none given: one node holds every rank.
   // `shm`: this rank's node's shared segment (node_shm.h), or null.
@@ -98,6 +100,9 @@ class CommunicatorImpl final : public CallExecutor {
 
   // Runs `fn` on the engine thread after every call issued before it; blocking.
   void run_local(std::function<void()> fn);
+  // The engine thread's runner: inside run_local, a test may run a numbered call of its
+  // own through it (CallRunner::run_numbered).
+  CallRunner& runner() { return runner_; }
 
   // Test hook (auto_choice.h, AutoChooser::set_test_override), applied on the engine
   // after every call issued before it.
@@ -107,7 +112,7 @@ class CommunicatorImpl final : public CallExecutor {
   AllreducePlan plan_allreduce(int64_t numel, const CompressOptions& options);
   bool sent_mask(const std::string& key, TensorView mask, void* stream);
 
-  // ---- engine thread: the CallContext and CallExecutor of call_context.h -----------
+  // ---- engine thread: the CallContext of call_context.h -----------------------------
   Transport& transport() override { return *transport_; }
   Stats& mutable_stats() override { return stats_; }
   std::optional<ControlMessage>& pending_abort() override { return pending_abort_; }
@@ -119,16 +124,13 @@ class CommunicatorImpl final : public CallExecutor {
   bool fail_and_tell(ErrorCode code, const std::string& message, uint64_t seq) override;
   void tell_peers_destroyed(uint64_t seq) override;
 
-  bool usable() const override;
-  uint64_t next_seq() const override { return next_seq_; }
-  void publish_stats() override;
-  WireHeader header_for(const Call& call, uint64_t seq) const override;
-  void run_op(const WireHeader& header, Op::HeaderMode mode, const std::function<size_t(Op&)>& body) override;
-  void run_body(Op& op, Call& call) override;
-  void execute(Call& call) override;
-  HostCompression& compression() override { return compression_; }
+  bool usable() const;  // no failure recorded yet
+  // Makes the Stats of the calls completed so far visible to stats() (any thread).
+  void publish_stats();
 
  private:
+  friend class CallRunner;  // the engine thread's side: runs the calls on the state below
+
   void check_usable() const;
   // At destruction: a clean run waits until the live peers completed its calls too.
   void leave() noexcept;
@@ -145,10 +147,8 @@ class CommunicatorImpl final : public CallExecutor {
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
   std::shared_ptr<WorkState> submit(Call call, const char* op);
-  // CUDA tensors (device_path.h). open_device runs the numbered setup call at a
-  // communicator's first CUDA call (every rank's first CUDA call must be the same
-  // call), which chooses the path; the calls then run on it inside their Op.
-  void open_device(int device);
+  // CUDA tensors (device_path.h): the issuing side's device check. The runner opens
+  // the path at the first CUDA call (a numbered setup call that chooses it).
   void check_cuda_device(int device, const char* op);
   // Raises an abort another rank sent, if one has arrived (GPU waits poll it).
   void watch_for_aborts();
@@ -176,7 +176,7 @@ class CommunicatorImpl final : public CallExecutor {
   bool told_peers_destroyed_ = false;  // under failure_mutex_
 
   // Engine thread.
-  uint64_t next_seq_ = 1;
+  CallRunner runner_;  // numbers the calls and runs them on the state below
   Stats stats_;
   CompressionState state_;  // keys: see call.h for who touches which field
   HostCompression compression_;

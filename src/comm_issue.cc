@@ -347,8 +347,8 @@ std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count,
     header.op = OpKind::kAllgatherv;
     header.dtype = dtype;
     header.numel = -1;  // counts differ by rank by design
-    header.seq = next_seq_;
-    run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+    header.seq = runner_.next_seq();
+    runner_.run_numbered(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
       std::vector<int64_t> sizes;
       out = ring_allgatherv_bytes(op, std::span(static_cast<const uint8_t*>(in), static_cast<size_t>(count) * elem),
                                   sizes);
@@ -375,9 +375,9 @@ void CommunicatorImpl::synchronize() {
     } catch (const std::exception& e) {
       auto* error = dynamic_cast<const Error*>(&e);
       const ErrorCode code = error ? error->code() : ErrorCode::kTransport;
-      const std::string message = fmt::format("rank {}: synchronize (after call #{}): {}", rank(), next_seq_ - 1,
+      const std::string message = fmt::format("rank {}: synchronize (after call #{}): {}", rank(), runner_.next_seq() - 1,
                                               e.what());
-      fail_and_tell(code, message, next_seq_ - 1);
+      fail_and_tell(code, message, runner_.next_seq() - 1);
       throw_error(code, message);
     }
   });
@@ -405,7 +405,7 @@ void CommunicatorImpl::connect_barrier() {
     // GRADCOMM_SCHEDULE itself; the digest makes sure they agree (a mismatch is a
     // MismatchError at create naming both digests).
     header.fused_digest = levels_digest(nodes_, two_levels_, schedule_mode_);
-    run_op(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+    runner_.run_numbered(header, Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
       if (size() > 1) dissemination_barrier(op);
       return 0;
     });
@@ -426,6 +426,10 @@ void CommunicatorImpl::check_cuda_device(int device, const char* op_name) {
                                       "(its first CUDA tensor's device); use one device per communicator",
                                       rank(), op_name, device, cuda_device_));
   }
+}
+
+void CommunicatorImpl::set_auto_test_override(double compute_scale, std::optional<LinkModel> link) {
+  run_local([&] { auto_.set_test_override(compute_scale, link); });
 }
 
 }  // namespace gradcomm::detail

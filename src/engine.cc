@@ -9,7 +9,6 @@
 #include <algorithm>
 
 #include "call_context.h"
-#include "compression.h"
 #include "logging.h"
 #include "spin.h"
 
@@ -23,8 +22,8 @@ constexpr auto kIdleSleep = std::chrono::milliseconds(100);
 constexpr size_t kViewCalls = 1025;
 }  // namespace
 
-Engine::Engine(CallExecutor& comm, FusionConfig fusion)
-    : comm_(comm), fusion_(fusion), doorbell_(std::make_shared<Doorbell>()) {
+Engine::Engine(CallRunner& runner, FusionConfig fusion)
+    : runner_(runner), comm_(runner.context()), fusion_(fusion), doorbell_(std::make_shared<Doorbell>()) {
   doorbell_->attach(this);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gradcomm-engine");  // what top, perf and gdb show
@@ -196,104 +195,13 @@ void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
 void Engine::finish(size_t n, std::exception_ptr error) {
   // A caller waited on it: the next call of a loop of blocking calls is close behind.
   if (doorbell_->waited_on()) last_finish_ = Clock::now();
-  comm_.publish_stats();  // before the works complete: a waiter then sees its call counted
+  runner_.publish_stats();  // before the works complete: a waiter then sees its call counted
   std::vector<std::shared_ptr<WorkState>> works;
   {
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < n && !queue_.empty(); ++i) works.push_back(std::move(pop_front_locked().work));
   }
   for (auto& work : works) work->complete(error);
-}
-
-void Engine::run_one(Call& call) {
-  std::exception_ptr error;
-  try {
-    comm_.execute(call);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  finish(1, error);
-}
-
-size_t Engine::run_group(std::span<Call* const> view, const FusionClass& cls) {
-  Call& first = *view.front();
-  const uint64_t seq = comm_.next_seq();
-  // The header of a group: a single call keeps its own (marked as planned).
-  const auto header_of = [&](std::span<Call* const> members) {
-    WireHeader fused = fused_header(members, cls, seq);
-    if (members.size() > 1) return fused;
-    WireHeader single = comm_.header_for(*members.front(), seq);
-    single.fused = 1;
-    single.fused_digest = fused.fused_digest;
-    return single;
-  };
-  const auto body = [&](Op& op, std::span<Call* const> members) {
-    if (members.size() == 1) {
-      comm_.run_body(op, *members.front());
-    } else {
-      run_fused(op, comm_.compression(), members, cls, fusion_buffer_);
-    }
-  };
-  size_t count = 0;
-  std::exception_ptr error;
-  try {
-    // A deferred Op's header until the group is known: its first call's, as planned.
-    const auto provisional = [&] {
-      WireHeader header = comm_.header_for(first, seq);
-      header.fused = 1;
-      return header;
-    };
-    if (comm_.rank() == 0) {
-      const size_t planned = fusable_prefix(view, cls, fusion_.bytes);
-      count = planned;
-      // One call needs no agreement: its header goes out with the plan. Several are
-      // agreed first (Op::agree_plan), and the header follows.
-      const bool single = planned == 1;
-      comm_.run_op(single ? header_of(view.first(1)) : provisional(),
-                   single ? Op::HeaderMode::kPostNow : Op::HeaderMode::kDeferred, [&](Op& op) -> size_t {
-                     const FusionPlan plan{seq, static_cast<uint32_t>(planned)};
-                     op.send_plan(plan);
-                     if (!single) {
-                       count = op.agree_plan(plan);
-                       op.post_header(header_of(view.first(count)));
-                     }
-                     body(op, view.first(count));
-                     return count;
-                   });
-    } else {
-      comm_.run_op(provisional(), Op::HeaderMode::kDeferred, [&](Op& op) -> size_t {
-        const FusionPlan plan = op.receive_plan();
-        count = plan.count;
-        if (plan.count > 1) {
-          uint32_t takes = 0;
-          op.wait_until([&] { return (takes = can_take(plan.count, cls, first.work->ticket)) > 0; },
-                        "this rank's own calls of the fused group rank 0 planned (issue them)");
-          count = op.agree_plan(plan, takes);
-        }
-        const std::vector<Call*> members = head(count);
-        const size_t n = fusable_prefix(members, cls, fusion_.bytes);
-        if (n < count) {
-          op.fail(ErrorCode::kMismatch,
-                  fmt::format("mismatched collective calls: rank 0 fused calls #{}-#{} into one collective, but on "
-                              "rank {} call #{} ({}) cannot travel with call #{} ({})",
-                              seq, seq + count - 1, comm_.rank(), seq + n,
-                              n < members.size() ? comm_.header_for(*members[n], seq + n).describe()
-                                                 : std::string("not issued"),
-                              seq, comm_.header_for(first, seq).describe()));
-        }
-        op.post_header(header_of(members));
-        body(op, members);
-        return count;
-      });
-    }
-    comm_.mutable_stats().ops += count;
-    if (count > 1) comm_.mutable_stats().fused_calls += count;
-  } catch (...) {
-    error = std::current_exception();
-    count = std::max<size_t>(count, 1);
-  }
-  finish(count, error);
-  return count;
 }
 
 uint32_t Engine::can_take(uint32_t planned, const FusionClass& cls, uint64_t first_ticket) {
@@ -315,12 +223,12 @@ void Engine::fail_queued() {
   }
   if (left.empty()) return;
   const bool collective = std::any_of(left.begin(), left.end(), [](const Call& c) { return c.kind != Call::Kind::kLocal; });
-  if (collective) comm_.tell_peers_destroyed(comm_.next_seq());
+  if (collective) comm_.tell_peers_destroyed(runner_.next_seq());
   const auto error = std::make_exception_ptr(InvalidArgument(
       fmt::format("rank {}: the communicator was destroyed with this call outstanding (not yet started; call #{} "
                   "or later); wait() on every call before destroying it",
-                  comm_.rank(), comm_.next_seq())));
-  comm_.publish_stats();
+                  comm_.rank(), runner_.next_seq())));
+  runner_.publish_stats();
   for (Call& call : left) call.work->complete(error);
 }
 
@@ -345,11 +253,11 @@ void Engine::loop() {
 }
 
 void Engine::step(uint64_t generation, uint64_t flush) {
-  if (auto refused = refusal(); refused && comm_.usable()) {
+  if (auto refused = refusal(); refused && runner_.usable()) {
     // A call was refused (submit): nothing this rank issued from here on can be
     // paired safely. Every rank learns it, and every call queued here fails with it.
     comm_.fail_and_tell(ErrorCode::kInvalidArgument, fmt::format("rank {}: {}", comm_.rank(), *refused),
-                        comm_.next_seq());
+                        runner_.next_seq());
   }
   const std::vector<Call*> view = head(kViewCalls);
   if (view.empty()) {
@@ -358,11 +266,12 @@ void Engine::step(uint64_t generation, uint64_t flush) {
   }
   Call& call = *view.front();
   std::optional<FusionClass> cls;
-  if (call.kind != Call::Kind::kLocal && comm_.size() > 1 && fusion_.bytes > 0 && comm_.usable()) {
+  if (call.kind != Call::Kind::kLocal && comm_.size() > 1 && fusion_.bytes > 0 && runner_.usable()) {
     cls = fusion_class(call, fusion_.bytes);
   }
   if (!cls) {
-    run_one(call);
+    const CallRunner::Ran ran = runner_.run_one(call);
+    finish(ran.calls, ran.error);
     return;
   }
   if (comm_.rank() == 0) {
@@ -377,7 +286,8 @@ void Engine::step(uint64_t generation, uint64_t flush) {
       return;
     }
   }
-  run_group(view, *cls);
+  const CallRunner::Ran ran = runner_.run_group(view, *cls, fusion_.bytes, *this);
+  finish(ran.calls, ran.error);
 }
 
 // ---- Doorbell, WorkState ----------------------------------------------------------------

@@ -4,9 +4,10 @@
 //   caller threads                      engine thread
 //   --------------                      -------------
 //   validate, queue a Call,             loop: take the head call (or a fused group
-//   return a Work          ----------->       of calls, fusion.h), run it inside an
-//   Work::wait() blocks on                    Op, publish Stats, complete its Works;
-//   the WorkState                             nothing queued: progress the transport
+//   return a Work          ----------->       of calls, fusion.h), have the runner
+//   Work::wait() blocks on                    run it (call_runner.h), publish Stats,
+//   the WorkState                             complete its Works;
+//                                             nothing queued: progress the transport
 //                                             and sleep on it until new work or I/O
 //
 // Why a thread. Collectives run while the caller computes (a training step's
@@ -47,6 +48,7 @@
 #include <vector>
 
 #include "call.h"
+#include "call_runner.h"
 #include "fusion.h"
 
 namespace gradcomm::detail {
@@ -57,11 +59,12 @@ namespace gradcomm::detail {
 int this_thread_issuer();
 int& issuer_override();
 
-class CallExecutor;  // call_context.h: all the engine sees of its communicator
+class CallContext;
 
-class Engine {
+class Engine final : private GroupQueue {
  public:
-  Engine(CallExecutor& comm, FusionConfig fusion);
+  // `runner`: all the engine sees of its communicator (call_runner.h).
+  Engine(CallRunner& runner, FusionConfig fusion);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -93,17 +96,11 @@ class Engine {
   // Progresses the transport and sleeps until `until`, new work, a doorbell or I/O.
   // `seen_generation`: the queue's generation when the loop last looked.
   void idle(Clock::time_point until, uint64_t seen_generation);
-  // The first calls of the queue (stable pointers: deque growth keeps elements in place).
-  std::vector<Call*> head(size_t max);
+  // GroupQueue: the first calls of the queue (stable pointers: deque growth keeps
+  // elements in place), and what a fused group may take of them.
+  std::vector<Call*> head(size_t max) override;
+  uint32_t can_take(uint32_t planned, const FusionClass& cls, uint64_t first_ticket) override;
   size_t queued();
-  // Runs the head call alone.
-  void run_one(Call& call);
-  // Rank 0: runs the group of `members`; the others: learns the group from rank
-  // 0's plan. Returns how many calls it consumed.
-  size_t run_group(std::span<Call* const> view, const FusionClass& cls);
-  // Not rank 0: how many of the `planned` calls of rank 0's plan this rank can take
-  // now, or 0 while it should wait for its caller to issue more (Op::agree_plan).
-  uint32_t can_take(uint32_t planned, const FusionClass& cls, uint64_t first_ticket);
   // Pops `n` calls and completes their works (after Stats are published).
   void finish(size_t n, std::exception_ptr error);
   // Under mutex_: the head call leaves the queue (keeps the issuer's count).
@@ -113,10 +110,10 @@ class Engine {
   std::optional<std::string> concurrent_issue_locked(const Call& call) const;
   void fail_queued();
 
-  CallExecutor& comm_;
+  CallRunner& runner_;
+  CallContext& comm_;
   const FusionConfig fusion_;
   std::shared_ptr<Doorbell> doorbell_;
-  std::vector<uint8_t> fusion_buffer_;  // engine thread only; kept between groups
   Clock::time_point last_finish_{};     // engine thread only: when the last call a caller waited on ended
 
   mutable std::mutex mutex_;

@@ -8,11 +8,8 @@
 #include <map>
 #include <unordered_set>
 
-#include "collectives/collectives.h"
-#include "compression.h"
 #include "compressors/family.h"
-#include "op.h"
-#include "reduce.h"
+#include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
 
@@ -33,15 +30,6 @@ bool goes_dense(const Call& call) {
 bool fusable_spec(const CompressorSpec& spec) {
   const Family& family = family_of(spec.id);
   return family.fusable == nullptr || family.fusable(spec);
-}
-
-// A member's residual while the group runs: its slice of the group's.
-float* residual_of(const Call& call, const CompressorSpec& spec) {
-  if (!spec.ef || call.key == nullptr) return nullptr;
-  KeyState& key = *call.key;
-  take_back_from_device(key);  // the key's state was on a GPU (NCCL path)
-  key.residual.resize(static_cast<size_t>(call.tensor.numel) * sizeof(float));  // zero-filled the first time
-  return reinterpret_cast<float*>(key.residual.data());
 }
 }  // namespace
 
@@ -151,80 +139,6 @@ WireHeader fused_header(std::span<Call* const> members, const FusionClass& cls, 
   header.fused_digest = fnv1a32(digest);
   if (cls.compressed) header.step = members.front()->key != nullptr ? members.front()->key->step : 0;
   return header;
-}
-
-void run_fused(Op& op, HostCompression& compression, std::span<Call* const> members, const FusionClass& cls,
-               std::vector<uint8_t>& buffer) {
-  const size_t elem = dtype_size(cls.dtype);
-  const int64_t total = op.header().numel;
-  if (buffer.size() < static_cast<size_t>(total) * elem) buffer.resize(static_cast<size_t>(total) * elem);
-  uint8_t* base = buffer.data();
-
-  // Pack. Dense members that are compressed calls going dense fold their residual in (and clear it).
-  {
-    Op::PhaseTimer timer(op, &Stats::reduce_s);
-    size_t at = 0;
-    for (const Call* call : members) {
-      std::memcpy(base + at, call->tensor.data, static_cast<size_t>(call->tensor.nbytes()));
-      if (!cls.compressed) {
-        if (float* residual = residual_of(*call, *call->spec)) {
-          reduce_inplace(base + at, residual, call->tensor.numel, DType::kFloat32, ReduceOp::kSum);
-          std::fill(residual, residual + call->tensor.numel, 0.0f);
-        }
-      }
-      at += static_cast<size_t>(call->tensor.nbytes());
-    }
-  }
-
-  if (!cls.compressed) {
-    dense_allreduce(op, base, total, cls.dtype, cls.reduce_op);
-  } else {
-    // One state for the group: its residual is the members' side by side, its
-    // random streams keyed by the members' digest (the same on every rank).
-    KeyState group;
-    group.step = op.header().step;
-    group.numel = total;
-    if (cls.spec->ef) {
-      group.residual.resize(static_cast<size_t>(total) * sizeof(float));
-      size_t at = 0;
-      for (const Call* call : members) {
-        if (const float* residual = residual_of(*call, *cls.spec)) {
-          std::memcpy(group.residual.data() + at, residual, static_cast<size_t>(call->tensor.nbytes()));
-        }
-        at += static_cast<size_t>(call->tensor.nbytes());
-      }
-    }
-    const uint64_t group_hash = (uint64_t{op.header().fused_digest} << 32) | op.header().fused;
-    compression.allreduce(op, reinterpret_cast<float*>(base), total, cls.reduce_op, *cls.spec, &group, group_hash);
-    if (cls.spec->ef) {
-      size_t at = 0;
-      for (const Call* call : members) {
-        if (float* residual = residual_of(*call, *cls.spec)) {
-          std::memcpy(residual, group.residual.data() + at, static_cast<size_t>(call->tensor.nbytes()));
-        }
-        at += static_cast<size_t>(call->tensor.nbytes());
-      }
-    }
-    // Each member's share of what the group sent, in its own index space.
-    uint64_t first = 0;
-    size_t j = 0;
-    for (const Call* call : members) {
-      const uint64_t end = first + static_cast<uint64_t>(call->tensor.numel);
-      std::vector<uint64_t> sent;
-      for (; j < group.sent.size() && group.sent[j] < end; ++j) sent.push_back(group.sent[j] - first);
-      if (call->key != nullptr) call->key->sent = std::move(sent);
-      first = end;
-    }
-  }
-
-  // Unpack; every keyed member has taken one step.
-  Op::PhaseTimer timer(op, &Stats::reduce_s);
-  size_t at = 0;
-  for (const Call* call : members) {
-    std::memcpy(call->tensor.data, base + at, static_cast<size_t>(call->tensor.nbytes()));
-    at += static_cast<size_t>(call->tensor.nbytes());
-    if (call->key != nullptr) call->key->step += 1;
-  }
 }
 
 }  // namespace gradcomm::detail

@@ -46,9 +46,6 @@
 
 namespace gradcomm::detail {
 
-class HostCompression;
-class Op;
-
 struct FusionConfig {
   int64_t bytes = 0;                      // per call and per group; 0 disables fusion
   std::chrono::microseconds cycle{1000};  // how long rank 0 keeps a group open for more calls
@@ -86,10 +83,5 @@ struct FusionPlan {
 
 // The header of a group starting at call number `first_seq`.
 WireHeader fused_header(std::span<Call* const> members, const FusionClass& cls, uint64_t first_seq);
-
-// Runs the group inside `op` (whose header fused_header() made); `buffer` is the
-// engine's fusion buffer, grown as needed and kept between groups.
-void run_fused(Op& op, HostCompression& compression, std::span<Call* const> members, const FusionClass& cls,
-               std::vector<uint8_t>& buffer);
 
 }  // namespace gradcomm::detail

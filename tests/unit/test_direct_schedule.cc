@@ -142,7 +142,7 @@ TEST(DirectSchedule, DenseReduceScatterIsExact) {
           detail::WireHeader h;
           h.seq = 1;
           comm.impl().run_local([&] {
-            comm.impl().run_op(h, detail::Op::HeaderMode::kPostNow, [&](detail::Op& o) -> size_t {
+            comm.impl().runner().run_numbered(h, detail::Op::HeaderMode::kPostNow, [&](detail::Op& o) -> size_t {
               detail::direct_reduce_scatter(o, data.data(), starts, dtype, op);
               return 1;
             });
