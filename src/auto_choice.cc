@@ -309,48 +309,44 @@ void AutoChooser::review(Op& op, HostCompression& compression, Call& call) {
                            mine.generation != measure_generation_;
   const size_t count = spec.candidates.size();
   // [the head (kReviewHead), then per candidate: encode, decode, payload bytes]
-  constexpr size_t kHead = kReviewHead;
-  std::vector<double> v(kHead + 3 * count);
+  std::vector<double> v(kReviewHead + 3 * count);
   const bool probe_now = !link_known_ && !test_link_;
   const double drift = drift_count_ > 0 ? std::exp(drift_log_sum_ / static_cast<double>(drift_count_)) : 1.0;
   const double overlap_mean =
       mine.overlap_count > 0 ? mine.overlap_sum_s / static_cast<double>(mine.overlap_count) : 0.0;
-  bool relinked = false, judged = false;
-  PricedLevel level;
-  [&] {
-    // Inside the review's Op: a failure here reaches the other ranks as any call's does.
-    level = priced_level(op, call.tensor.numel);
-    mine.level_ranks = level.ranks;
-    if (measure_now) {
-      mine.costs = measure(spec, call, compression, op.rank(), level.numel);
-      mine.spec_hash = spec_hash;
-      mine.numel = call.tensor.numel;
-      mine.generation = measure_generation_;
-    }
-    for (size_t i = 0; i < count; ++i) {
-      v[kHead + 3 * i] = mine.costs[i].encode_s;
-      v[kHead + 3 * i + 1] = mine.costs[i].decode_s;
-      v[kHead + 3 * i + 2] = mine.costs[i].payload_bytes;
-    }
-    LinkModel link = test_link_ ? *test_link_ : link_;
-    if (probe_now) link = probe_level(op, level);
-    v[0] = link.alpha_s;
-    v[1] = link.seconds_per_byte;
-    v[2] = -drift;
-    v[3] = -static_cast<double>(drift_count_);
-    v[4] = -overlap_mean;
-    dense_allreduce(op, v.data(), static_cast<int64_t>(v.size()), DType::kFloat64, ReduceOp::kMax, kReduceUnits);
-    // Everything below reads reduced values only, so every rank takes the same branch.
-    // The drift (the least drifted rank's) is judged once enough calls were seen since
-    // the last judgement: the first judgement after a probe is the baseline; two in a
-    // row more than 2x away from it mean the rates moved: the link is probed again.
-    const double shared_drift = -v[2];
-    judged = -v[3] >= kDriftCalls;
-    if (!judged || test_link_ || probe_now) return;
-    if (drift_baseline_ == 0) {
-      drift_baseline_ = shared_drift;
-      return;
-    }
+  bool relinked = false;
+  // Inside the review's Op: a failure here reaches the other ranks as any call's does.
+  const PricedLevel level = priced_level(op, call.tensor.numel);
+  mine.level_ranks = level.ranks;
+  if (measure_now) {
+    mine.costs = measure(spec, call, compression, op.rank(), level.numel);
+    mine.spec_hash = spec_hash;
+    mine.numel = call.tensor.numel;
+    mine.generation = measure_generation_;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    v[kReviewHead + 3 * i] = mine.costs[i].encode_s;
+    v[kReviewHead + 3 * i + 1] = mine.costs[i].decode_s;
+    v[kReviewHead + 3 * i + 2] = mine.costs[i].payload_bytes;
+  }
+  LinkModel link = test_link_ ? *test_link_ : link_;
+  if (probe_now) link = probe_level(op, level);
+  v[0] = link.alpha_s;
+  v[1] = link.seconds_per_byte;
+  v[2] = -drift;
+  v[3] = -static_cast<double>(drift_count_);
+  v[4] = -overlap_mean;
+  dense_allreduce(op, v.data(), static_cast<int64_t>(v.size()), DType::kFloat64, ReduceOp::kMax, kReduceUnits);
+  // Everything below reads reduced values only, so every rank takes the same branch.
+  // The drift (the least drifted rank's) is judged once enough calls were seen since
+  // the last judgement: the first judgement after a probe is the baseline; two in a
+  // row more than 2x away from it mean the rates moved: the link is probed again.
+  const double shared_drift = -v[2];
+  const bool judged = -v[3] >= kDriftCalls;
+  const bool judge_drift = judged && !test_link_ && !probe_now;
+  if (judge_drift && drift_baseline_ == 0) {
+    drift_baseline_ = shared_drift;
+  } else if (judge_drift) {
     const bool moved = shared_drift > drift_baseline_ * kDriftBand || shared_drift < drift_baseline_ / kDriftBand;
     drift_moved_ = moved ? drift_moved_ + 1 : 0;
     if (drift_moved_ >= 2) {
@@ -361,7 +357,7 @@ void AutoChooser::review(Op& op, HostCompression& compression, Call& call) {
       v[1] = w[1];
       relinked = true;
     }
-  }();
+  }
   if (probe_now || relinked) {
     drift_baseline_ = 0;  // the next judgement becomes the baseline
     drift_moved_ = 0;
@@ -377,7 +373,7 @@ void AutoChooser::review(Op& op, HostCompression& compression, Call& call) {
   mine.overlap_count = 0;
 
   std::vector<CandidateCost> shared(count);
-  for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[kHead + 3 * i], v[kHead + 3 * i + 1], v[kHead + 3 * i + 2]};
+  for (size_t i = 0; i < count; ++i) shared[i] = CandidateCost{v[kReviewHead + 3 * i], v[kReviewHead + 3 * i + 1], v[kReviewHead + 3 * i + 2]};
   const AutoDecision d = decide_auto(spec, shared, link_, level.numel, level.ranks, record.choice, shared_overlap);
   const bool changed = d.choice != record.choice;
   // The first choice knows no overlap yet (nothing was waited on): it is revisited after
