@@ -2,7 +2,7 @@
 // a process about 215 MB of resident memory and 0.4 s at start (measured on the dev
 // VM: a program linking libcublas.so.13 and never calling it, against one that does
 // not link it), which every process linking it would pay, CPU-only ones included.
-// Two users: PowerSGD on CUDA tensors (compressors/powersgd/gpu_powersgd.cu) and
+// Two users: PowerSGD on CUDA tensors (compressors/lowrank/gpu_powersgd.cu) and
 // gradcomm-train's CUDA backend (trainer/cuda_backend.cc).
 //
 // Header-only, so the trainer, which links only the shared library's public API,

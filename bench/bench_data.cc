@@ -8,8 +8,13 @@
 #include <new>
 #include <vector>
 
-#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/lowrank/powersgd_logic.h"
+#include "compressors/powersgd/powersgd.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sketch/sketch.h"
 #include "compressors/spec.h"
+#include "compressors/topk/topk.h"
 #include "env.h"
 #include "gradcomm/errors.h"
 #include "half.h"
@@ -294,7 +299,8 @@ template <class Exact>
 int64_t count_wrong_powersgd(const detail::CompressorSpec& spec, const float* out, int64_t count, int64_t rows,
                              Exact exact) {
   const int64_t cols = rows > 0 ? count / rows : 0;
-  const int r = rows > 0 ? detail::powersgd::matrix_rank(rows, cols, spec.rank, spec.min_compression_rate) : 0;
+  const auto& p = spec.family<detail::PowersgdParams>();
+  const int r = rows > 0 ? detail::powersgd::matrix_rank(rows, cols, p.rank, p.min_compression_rate) : 0;
   double s_max = 0, out_norm = 0, exact_norm = 0;
   for (int64_t i = 0; i < count; ++i) {
     s_max = std::max(s_max, exact(i));
@@ -343,19 +349,28 @@ int64_t count_wrong_compressed(const BenchBuffer& buf, const std::string& spec_t
     case CompressorId::kFp16: bound = encodes * std::ldexp(s_max, -11); break;
     case CompressorId::kBf16: bound = encodes * std::ldexp(s_max, -8); break;
     case CompressorId::kQuant: {  // step <= (max - min) / (2^b - 1) <= s_max / (2^b - 1)
-      const double step = s_max / ((1 << spec.bits) - 1);
-      bound = encodes * (spec.round == Rounding::kNearest ? step / 2 : step);
+      const auto& p = spec.family<detail::QuantParams>();
+      const double step = s_max / ((1 << p.bits) - 1);
+      bound = encodes * (p.round == Rounding::kNearest ? step / 2 : step);
       break;
     }
-    case CompressorId::kQsgd:  // one level of the bucket's L2 norm, <= sqrt(B) * s_max
-      bound = encodes * std::sqrt(static_cast<double>(spec.bucket)) * s_max / spec.levels;
+    case CompressorId::kQsgd: {  // one level of the bucket's L2 norm, <= sqrt(B) * s_max
+      const auto& p = spec.family<detail::QsgdParams>();
+      bound = encodes * std::sqrt(static_cast<double>(p.bucket)) * s_max / p.levels;
       break;
+    }
     case CompressorId::kSign: bound = encodes * 2 * s_max; break;  // |x| + mean|x| per encode
-    case CompressorId::kTopk:  // all ranks' inputs are proportional: one shared selection
-      max_nonzero = n * selected(spec.ratio, spec.k) * (spec.select == TopkSelect::kSample ? 2 : 1);
+    case CompressorId::kTopk: {  // all ranks' inputs are proportional: one shared selection
+      const auto& p = spec.family<detail::TopkParams>();
+      max_nonzero = n * selected(p.ratio, p.k) * (p.select == TopkSelect::kSample ? 2 : 1);
       break;
-    case CompressorId::kRandomk: max_nonzero = selected(spec.ratio, 0); break;
-    case CompressorId::kSketch: max_nonzero = selected(spec.ratio, spec.k); break;
+    }
+    case CompressorId::kRandomk: max_nonzero = selected(spec.family<detail::RandomkParams>().ratio, 0); break;
+    case CompressorId::kSketch: {
+      const auto& p = spec.family<detail::SketchParams>();
+      max_nonzero = selected(p.ratio, p.k);
+      break;
+    }
     case CompressorId::kPowersgd: break;  // handled above
   }
   int64_t wrong = 0, nonzero = 0;

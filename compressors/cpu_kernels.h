@@ -1,5 +1,5 @@
 // The one switch between the compressors' CPU kernel sets, host only: the AVX2
-// kernels (philox.cc, quantize/dense_simd.cc) where the CPU has AVX2, the AVX-512
+// kernels (philox.cc, dense/dense_simd.cc) where the CPU has AVX2, the AVX-512
 // Philox kernel (philox.cc) where it also has AVX-512F, the scalar definitions
 // everywhere else. All give the same bits (tests/unit/test_dense_codec_bytes.cc,
 // tests/unit/test_philox.cc), so the switch is a speed choice and nothing on the wire

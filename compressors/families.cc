@@ -3,7 +3,11 @@
 // here; docs/adding-a-compressor.md walks through adding one.
 #include <span>
 
+#include "compressors/dense_codec_spec.h"
 #include "compressors/family.h"
+#include "compressors/sign/sign.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/spec.h"
 
 namespace gradcomm::detail {
 
@@ -24,6 +28,41 @@ constexpr Family kNoneFamily{.id = CompressorId::kNone,
                              .collective = Collective::kDense};
 
 }  // namespace
+
+CompressorSpec dense_codec_spec(CompressorId id, int bits, Rounding round, int levels, int64_t bucket) {
+  switch (id) {
+    case CompressorId::kQuant: return quant_spec(bits, bucket, round);
+    case CompressorId::kQsgd: return qsgd_spec(levels, bucket);
+    case CompressorId::kSign: return sign_spec(bucket);
+    default: {  // the casts have no keys; any other id makes a spec make_dense_codec refuses
+      CompressorSpec s;
+      s.id = id;
+      return s;
+    }
+  }
+}
+
+DenseCodecFields dense_codec_fields(const CompressorSpec& spec) {
+  DenseCodecFields f;
+  switch (spec.id) {
+    case CompressorId::kQuant: {
+      const auto& p = spec.family<QuantParams>();
+      f.bits = p.bits;
+      f.round = p.round;
+      f.bucket = p.bucket;
+      break;
+    }
+    case CompressorId::kQsgd: {
+      const auto& p = spec.family<QsgdParams>();
+      f.levels = p.levels;
+      f.bucket = p.bucket;
+      break;
+    }
+    case CompressorId::kSign: f.bucket = spec.family<SignParams>().bucket; break;
+    default: break;
+  }
+  return f;
+}
 
 std::span<const Family* const> builtin_families() {
   static const Family* const kBuiltins[] = {

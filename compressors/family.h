@@ -1,9 +1,11 @@
 // A compressor family, described in one place: its name and wire id, its spec keys
-// (parsed and printed back by the family itself), whether a key keeps state between
-// steps, the collective the compressed allreduce runs for it, and its payload codec. The registry
-// (registry.cc) parses specs through these descriptors; the CPU and GPU paths
-// dispatch on `collective`, never on the family's id. families.cc registers the
-// built-in families, one line each; docs/adding-a-compressor.md walks through a new one.
+// (parsed into its own parameter block and printed back by the family itself), whether
+// a key keeps state between steps, the collective shape the compressed allreduce runs for
+// it, and what that shape asks of it: a codec (dense/), a selection (sparse/), a rank
+// (lowrank/). The registry (registry.cc) parses specs through these descriptors; the CPU
+// and GPU paths dispatch on `collective` and call the family through these hooks, never
+// on its id or its keys. families.cc registers the built-in families, one line each;
+// docs/adding-a-compressor.md walks through a new one.
 #pragma once
 
 #include <cstdint>
@@ -16,23 +18,31 @@
 #include <utility>
 #include <vector>
 
-#include "compressors/spec.h"
+#include "compressors/compressor_id.h"
+#include "compressors/family_params.h"
 
 namespace gradcomm::detail {
 
-class DenseCodec;
-struct GpuDenseKernels;  // compressors/gpu_dense_launch.h (CUDA builds)
+struct CompressorSpec;  // spec.h
 
-// What the compressed allreduce (src/compressed_allreduce.h, on host and device
-// primitives) does with a family's output. A new family that fits one of these changes
-// nothing there.
+class DenseCodec;
+struct GpuDenseKernels;  // compressors/dense/gpu_dense_launch.h (CUDA builds)
+struct SparseOps;        // compressors/sparse/sparse.h
+struct GpuSparseOps;     // compressors/sparse/gpu_sparse.h (CUDA builds)
+struct LowRankShape;     // compressors/lowrank/lowrank.h
+
+// The collective shape the compressed allreduce (src/compressed_allreduce.h, on host and
+// device primitives) runs for a family: what it exchanges, and which of the family's
+// hooks it calls. A new family picks one and provides those hooks; nothing there changes.
 enum class Collective : uint8_t {
   kDense,             // nothing to compress: the dense ring (none)
-  kCodecRing,         // a DenseCodec's fixed-size payloads over the compressed ring
-  kSparseSelection,   // each rank's own selection, exchanged as sparse payloads (top-k)
-  kSharedIndices,     // indices every rank draws alike; a dense allreduce of their values (random-k)
-  kSketchThenValues,  // a summed count-sketch table picks shared indices; then as kSharedIndices
-  kLowRank,           // P and Q factors over two dense rings (powersgd)
+  kCodecRing,         // a DenseCodec's fixed-size payloads over the compressed ring (make_codec)
+  kSparseSelection,   // each rank's own selection, exchanged as sparse payloads (sparse->select; top-k)
+  kSharedIndices,     // indices every rank draws alike; a dense allreduce of their values
+                      // (sparse->draw; random-k)
+  kTableThenValues,   // a summed table picks shared indices; then as kSharedIndices
+                      // (sparse->table, accumulate, recover; the count sketch)
+  kLowRank,           // P and Q factors over two dense rings (low_rank; powersgd)
 };
 
 // Whether reduce_scatter compresses with such a family itself (on host memory): the
@@ -63,8 +73,8 @@ class SpecReader {
   double parse_ratio(std::string_view key, std::string_view value) const;
   // A finite number in [lo, hi].
   double parse_number(std::string_view key, std::string_view value, double lo, double hi) const;
-  // Exactly one of ratio=R, k=K: fills spec.ratio or spec.k (topk, sketch).
-  void ratio_or_k(CompressorSpec& spec) const;
+  // Exactly one of ratio=R, k=K: fills `ratio` or `k` (topk, sketch).
+  void ratio_or_k(double& ratio, int64_t& k) const;
   // One of the listed words; `fallback` when the key is absent.
   template <class T>
   T choice(std::string_view key, std::initializer_list<std::pair<std::string_view, T>> options, T fallback) const {
@@ -98,8 +108,10 @@ struct Family {
   bool ef_default;           // error feedback unless ef=0 in the spec (docs/api.md, "Compression")
   ValueType values_default;  // sparse values on the wire, for families with a `values` key
   Collective collective;
-  // Reads the family's own keys into `spec` (the common ones are read already).
-  void (*parse)(const SpecReader& reader, CompressorSpec& spec) = nullptr;
+  // Reads the family's own keys into its parameter block (CompressorSpec::params);
+  // `common` holds the common keys, read already (for checks that involve them, e.g. ef;
+  // a family may set one under another name: powersgd's start_iter is warmup).
+  std::shared_ptr<const FamilyParams> (*parse)(const SpecReader& reader, CompressorSpec& common) = nullptr;
   // The family's own keys as "key=value," each, in `keys` order, for canonical().
   std::string (*canonical)(const CompressorSpec& spec) = nullptr;
   // True when a key must keep state between steps beyond error feedback and warm-up
@@ -108,7 +120,7 @@ struct Family {
   // kCodecRing: the CPU codec, after checking what the payload header can carry.
   std::unique_ptr<DenseCodec> (*make_codec)(const CompressorSpec& spec) = nullptr;
   // kCodecRing: the family's GPU codec (layout and launchers) for GpuDenseCodec
-  // (compressors/gpu_dense_codec.h). Null: none, or a build without CUDA;
+  // (compressors/dense/gpu_dense_codec.h). Null: none, or a build without CUDA;
   // the NCCL path then refuses the family by name.
   const GpuDenseKernels* gpu_dense = nullptr;
   // One call over many small tensors means the same as one call each. Null: always.
@@ -117,6 +129,13 @@ struct Family {
   // so ranks must agree on the shapes (their digest travels in the call header) and a
   // key's shapes must not change. False: only the element count matters.
   bool reads_shapes = false;
+  // kSparseSelection, kSharedIndices, kTableThenValues: the family's selection on host
+  // memory (sparse/sparse.h), and on a GPU (sparse/gpu_sparse.h; null: none, or a build
+  // without CUDA, and the NCCL path refuses the family by name).
+  const SparseOps* sparse = nullptr;
+  const GpuSparseOps* gpu_sparse = nullptr;
+  // kLowRank: the rank and carry-over a spec asks for (lowrank/lowrank.h).
+  LowRankShape (*low_rank)(const CompressorSpec& spec) = nullptr;
 
   bool takes(std::string_view key) const {
     for (const auto& k : keys) {
@@ -126,8 +145,10 @@ struct Family {
   }
 };
 
-// "ratio=R" or "k=K", whichever the spec holds (topk's and sketch's canonical forms).
-std::string ratio_or_k_text(const CompressorSpec& spec);
+// "ratio=R" or "k=K", whichever is set (k > 0) (topk's and sketch's canonical forms).
+std::string ratio_or_k_text(double ratio, int64_t k);
+// The spec's family's sparse calls; InvalidArgument naming the family when it has none.
+const SparseOps& sparse_ops(const CompressorSpec& spec);
 
 // The family of a registered id; InvalidArgument for an id no family has.
 const Family& family_of(CompressorId id);
@@ -136,17 +157,11 @@ const Family& family_of(CompressorId id);
 // with no float32 copy of the tensor (src/compression_16bit.cc): the families whose wire
 // format does not depend on the tensor's type, the compressed ring's codecs and top-k,
 // unless inside=compress. The others (and GPU tensors) take float32 only.
-inline bool compresses_16bit(const CompressorSpec& spec) {
-  const Collective c = family_of(spec.id).collective;
-  return (c == Collective::kCodecRing || c == Collective::kSparseSelection) && !spec.compress_inside;
-}
+bool compresses_16bit(const CompressorSpec& spec);
 // Whether a call with `spec` at a key's `step` over `numel` elements runs the dense
 // allreduce this time: nothing to compress, a warm-up step, or a tensor below min_numel
 // (the compressed allreduce, src/compressed_allreduce.h; fusion and plan_allreduce ask the same).
-inline bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel) {
-  return family_of(spec.id).collective == Collective::kDense || step < static_cast<uint64_t>(spec.warmup) ||
-         numel < spec.min_numel;
-}
+bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel);
 // Every registered family, in id order.
 std::vector<const Family*> registered_families();
 // The names of the registered families that run `collective`, in id order, joined by

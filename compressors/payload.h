@@ -15,7 +15,7 @@
 #include <span>
 #include <string>
 
-#include "compressors/spec.h"
+#include "compressors/compressor_id.h"
 
 namespace gradcomm::detail {
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "compressors/family.h"
+#include "compressors/sparse/sparse.h"
 #include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
@@ -127,6 +128,20 @@ void Registry::add(const Family& f) {
   if (f.collective == Collective::kCodecRing && f.make_codec == nullptr) refuse("a codec-ring family needs make_codec");
   if (f.collective == Collective::kLowRank && !f.reads_shapes) {
     refuse("a low-rank family reads the shapes (reads_shapes)");
+  }
+  if (f.collective == Collective::kLowRank && f.low_rank == nullptr) refuse("a low-rank family needs low_rank");
+  const bool sparse = f.collective == Collective::kSparseSelection || f.collective == Collective::kSharedIndices ||
+                      f.collective == Collective::kTableThenValues;
+  if (sparse && (f.sparse == nullptr || f.sparse->shape == nullptr)) refuse("a sparsifier needs sparse ops with shape");
+  if (f.collective == Collective::kSparseSelection && f.sparse->select == nullptr) {
+    refuse("a family selecting its own indices needs sparse->select");
+  }
+  if (f.collective == Collective::kSharedIndices && f.sparse->draw == nullptr) {
+    refuse("a family drawing shared indices needs sparse->draw");
+  }
+  if (f.collective == Collective::kTableThenValues &&
+      (f.sparse->table == nullptr || f.sparse->accumulate == nullptr || f.sparse->recover == nullptr)) {
+    refuse("a family whose indices come from a table needs sparse->table, accumulate and recover");
   }
   if (f.parse != nullptr && f.canonical == nullptr) refuse("it parses keys but has no canonical form");
   if (!f.keys.empty()) {
@@ -253,19 +268,19 @@ double SpecReader::parse_number(std::string_view key, std::string_view value, do
                    whole && std::isfinite(v) ? "is out of range" : "is not a finite number", lo, hi));
 }
 
-void SpecReader::ratio_or_k(CompressorSpec& s) const {
+void SpecReader::ratio_or_k(double& ratio_out, int64_t& k_out) const {
   const auto ratio = take("ratio");
   const auto k = take("k");
   if (ratio && k) fail(fmt::format("{}: give ratio or k, not both", name_));
   if (!ratio && !k) {
     fail(fmt::format("{}: one of ratio=R (a number in (0, 1]) or k=K (an integer >= 1) is required", name_));
   }
-  if (ratio) s.ratio = parse_ratio("ratio", *ratio);
-  if (k) s.k = parse_integer("k", *k, 1, kMaxInt64);
+  if (ratio) ratio_out = parse_ratio("ratio", *ratio);
+  if (k) k_out = parse_integer("k", *k, 1, kMaxInt64);
 }
 
-std::string ratio_or_k_text(const CompressorSpec& s) {
-  return s.k > 0 ? fmt::format("k={}", s.k) : fmt::format("ratio={}", s.ratio);
+std::string ratio_or_k_text(double ratio, int64_t k) {
+  return k > 0 ? fmt::format("k={}", k) : fmt::format("ratio={}", ratio);
 }
 
 // ---- the registry ------------------------------------------------------------------
@@ -276,6 +291,26 @@ const Family& family_of(CompressorId id) {
 }
 
 std::vector<const Family*> registered_families() { return Registry::get().all(); }
+
+bool compresses_16bit(const CompressorSpec& spec) {
+  const Collective c = family_of(spec.id).collective;
+  return (c == Collective::kCodecRing || c == Collective::kSparseSelection) && !spec.compress_inside;
+}
+
+bool runs_dense(const CompressorSpec& spec, uint64_t step, int64_t numel) {
+  return family_of(spec.id).collective == Collective::kDense || step < static_cast<uint64_t>(spec.warmup) ||
+         numel < spec.min_numel;
+}
+
+const SparseOps& sparse_ops(const CompressorSpec& spec) {
+  const Family& family = family_of(spec.id);
+  if (family.sparse == nullptr) throw InvalidArgument(fmt::format("{} is not a sparsifier", family.name));
+  return *family.sparse;
+}
+
+void wrong_family_params(CompressorId id, const char* wanted) {
+  throw InvalidArgument(fmt::format("a {} spec does not hold {}", compressor_name(id), wanted));
+}
 
 std::string family_names(Collective collective) {
   std::string names;
@@ -316,7 +351,7 @@ CompressorSpec parse_compressor_spec(std::string_view spec) {
   s.id = family->id;
   if (family->keys.empty()) return s;
   parse_common(reader, *family, s);
-  if (family->parse != nullptr) family->parse(reader, s);
+  if (family->parse != nullptr) s.params = family->parse(reader, s);
   return s;
 }
 

@@ -1,7 +1,7 @@
 // One part of a call's tensor, as the caller described it (the tensor's shape, or
 // CompressOptions::parts for several tensors laid end to end). The core only carries
 // the parts and compares their digest across ranks; a family that views a tensor as
-// matrices (Family::reads_shapes: powersgd, compressors/powersgd/powersgd_logic.h)
+// matrices (Family::reads_shapes: powersgd, compressors/lowrank/powersgd_logic.h)
 // reads them.
 #pragma once
 

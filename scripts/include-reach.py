@@ -14,8 +14,10 @@ generated header, a system header in quotes) is left out. A file "reaches" HEADE
 HEADER is in the transitive closure of its includes; the figure is over all the graph's
 files (tests, benchmarks and tools included), and HEADER itself does not count.
 
-A family's folder is a folder directly under compressors/ other than dense/ (the machinery
-every dense family shares, issue 45): topk/, quantize/, powersgd/, ...
+A family's folder is a folder directly under compressors/ other than the shapes' shared
+folders (issue 45): dense/ (what every dense codec family shares), sparse/ (every
+sparsifier's payload, magnitude selection and GPU workspace) and lowrank/ (the low-rank
+step's arithmetic). So: topk/, quantize/, powersgd/, ...
 
 Exit status 0; 2 on usage errors (an unknown header).
 """
@@ -28,7 +30,7 @@ import sys
 SOURCE = re.compile(r"\.(cc|h|cu|cuh)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 ROOTS = ["include", "src", ".", "base", "tests"]
-SHARED_FOLDERS = {"dense"}
+SHARED_FOLDERS = {"dense", "sparse", "lowrank"}
 
 
 def tracked_sources(root):

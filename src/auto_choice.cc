@@ -14,6 +14,9 @@
 #include "compressors/codec.h"
 #include "compressors/family.h"
 #include "compressors/philox.h"
+#include "compressors/sparse/sparse.h"
+#include "compressors/auto_spec.h"
+#include "compressors/spec.h"
 #include "env.h"
 #include "hierarchy.h"
 #include "logging.h"
@@ -232,11 +235,14 @@ std::vector<CandidateCost> AutoChooser::measure(const AutoSpec& spec, const Call
         break;
       }
       case AutoShape::kAllgather: {
-        const int64_t k = selection_count(c.ratio, c.k, n);
+        const SparseOps& ops = sparse_ops(c);
+        const SparseShape shape = ops.shape(c);
+        const int64_t k = selection_count(shape.ratio, shape.k, n);
         std::vector<uint8_t> payload;
         cost.encode_s = time_min2([&] {
-          const SparseVector selected = topk_select_accumulate(grad, nullptr, n, k, c.select, rng);
-          payload = encode_sparse(c.id, n, selected, sparse_format(c));
+          // Without a residual a selection only reads the data (SparseOps::select).
+          const SparseVector selected = ops.select(c, const_cast<float*>(grad), nullptr, n, k, rng);
+          payload = encode_sparse(c.id, n, selected, shape.format);
         });
         const std::span<const uint8_t> one(payload);
         cost.decode_s = time_min2([&] { decode_sum_sparse(c.id, std::span(&one, 1), n, work.data()); });

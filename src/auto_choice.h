@@ -66,13 +66,15 @@
 #include <string>
 #include <vector>
 
-#include "compressors/auto_spec.h"
 #include "env.h"
 #include "gradcomm/communicator.h"
 #include "state.h"
 #include "wire.h"
 
 namespace gradcomm::detail {
+
+struct AutoSpec;        // compressors/auto_spec.h
+struct CompressorSpec;  // compressors/spec.h
 
 struct Call;
 struct PricedLevel;  // auto_choice.cc: the level a choice is priced on

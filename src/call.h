@@ -17,14 +17,15 @@
 #include <string>
 #include <vector>
 
-#include "compressors/auto_spec.h"
-#include "compressors/spec.h"
 #include "compressors/tensor_part.h"
 #include "env.h"
 #include "gradcomm/types.h"
 #include "state.h"
 
 namespace gradcomm::detail {
+
+struct CompressorSpec;  // compressors/spec.h
+struct AutoSpec;        // compressors/auto_spec.h
 
 class Engine;
 

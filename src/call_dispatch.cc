@@ -13,6 +13,7 @@
 #include "comm_impl.h"
 #include "compression.h"
 #include "compressors/family.h"
+#include "compressors/spec.h"
 #include "device_path.h"
 #include "hierarchy.h"
 #include "shape.h"

@@ -13,6 +13,7 @@
 #include "device_path.h"
 #include "gpu_plan.h"
 #include "reduce.h"
+#include "compressors/spec.h"
 
 namespace gradcomm::detail {
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "compressors/auto_spec.h"
 #include "device_path.h"
 #include "engine.h"
 #include "fusion.h"

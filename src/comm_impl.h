@@ -166,7 +166,8 @@ class CommunicatorImpl final : public CallContext {
   std::mutex issue_mutex_;  // compression_.spec() and the keys' numel/dtype (and map insertions)
   int cuda_device_ = -1;  // the device of the first CUDA call, under issue_mutex_
   std::string transport_preference_ = "auto";
-  std::map<std::string, AutoSpec> auto_specs_;  // by spec text; nodes never move: calls point at them
+  // By spec text; calls point at them, so each is held where it stays.
+  std::map<std::string, std::unique_ptr<const AutoSpec>> auto_specs_;
 
   // Shared.
   mutable std::mutex failure_mutex_;

@@ -11,6 +11,9 @@
 
 #include "collectives/collectives.h"
 #include "compressors/family.h"
+#include "compressors/sparse/sparse.h"
+#include "compressors/auto_spec.h"
+#include "compressors/spec.h"
 #include "device_path.h"
 #include "engine.h"
 #include "logging.h"
@@ -111,7 +114,8 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
       throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}' supports sum and avg, not {}", rank(),
                                         what, text, reduce_op_name(reduce_op)));
     }
-    if (spec.algo == SparseAlgo::kReduceScatter && t.device.type == DeviceType::kCuda) {
+    if (t.device.type == DeviceType::kCuda && family_of(spec.id).collective == Collective::kSparseSelection &&
+        sparse_ops(spec).shape(spec).algo == SparseAlgo::kReduceScatter) {
       throw InvalidArgument(fmt::format("rank {}: {}: compressor '{}': algo=reduce_scatter is not available "
                                         "for CUDA tensors (the NCCL path runs the sparse allgather); use "
                                         "algo=allgather or auto",
@@ -196,11 +200,11 @@ void CommunicatorImpl::resolve_auto(Call& call, const CompressOptions& options, 
 const AutoSpec& CommunicatorImpl::auto_spec(const std::string& text) {
   auto it = auto_specs_.find(text);
   if (it == auto_specs_.end()) {
-    AutoSpec parsed = parse_auto_spec(text);
-    parsed.hash = fnv1a32(parsed.canonical());
+    auto parsed = std::make_unique<AutoSpec>(parse_auto_spec(text));
+    parsed->hash = fnv1a32(parsed->canonical());
     it = auto_specs_.emplace(text, std::move(parsed)).first;
   }
-  return it->second;
+  return *it->second;
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, ReduceOp reduce_op,

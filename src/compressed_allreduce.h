@@ -20,23 +20,28 @@
 //   codec_ring(data, n, rng, divisor)     the compressed ring's sum, divided by divisor (the
 //                                         average; 1: none) as each piece becomes final;
 //                                         every encode's loss accumulates into the residual
-//   sparse_algo(n)                        top-k's exchange (the device refuses reduce-scatter)
-//   select_topk(data, n, k, rng)          the selection, from acc = data + residual; the residual
-//                                         becomes acc with the sent entries replaced by the
-//                                         rounding their value type drops
+//   sparse_algo(n)                        own selections' exchange (the device refuses
+//                                         reduce-scatter)
+//   select(data, n, count, rng)           the family's own selection (SparseOps::select), from
+//                                         acc = data + residual; the residual becomes acc with
+//                                         the sent entries replaced by the rounding their value
+//                                         type drops
 //   sparse_allreduce(algo, data, n, k, op) the selections' sum (or average: applies op) into data
 //   sparse_reduce_scatter(data, n, k, op) the selections' sum (or average) into this rank's
 //                                         segment of data only (reduce-scatter; host only)
-//   select_random(n, count, rng)          count indices drawn alike on every rank
-//   make_sketch(rows, cols, rng)          a count-sketch; sketch_table(sketch): its zeroed table
-//   sketch_accumulate(sketch, data, n, t) t += sketch(acc); returns acc as accumulate_in_residual
-//   sketch_recover(sketch, t, n, k, rng)  the selection: the k largest estimates of t
+//   draw(n, count, rng)                   count indices drawn alike on every rank (SparseOps::draw)
+//   table_cells(table)                    a zeroed table of the family's (SparseOps::table)
+//   table_accumulate(table, rng, data, n, cells)
+//                                         cells += the family's table of acc; returns acc as
+//                                         accumulate_in_residual
+//   table_recover(table, rng, cells, n, count)
+//                                         the selection the summed cells recover
 //   gather_sum_scatter(data, acc, n, type, unit_base)
 //                                         values = acc at the selection (the residual keeps
 //                                         their rounding as `type`), summed across ranks as
 //                                         `type`; data = 0 but for the sums at the selection
 //   keep_selection()                      the key remembers the selection (sent_mask)
-//   low_rank(data, n, op)                 PowerSGD's step; applies op
+//   low_rank(data, n, op)                 the low-rank step (Family::low_rank); applies op
 //   check_payloads(n)                     payload faults found by asynchronous decoders
 //   divide(data, n, ranks)                the average
 #pragma once
@@ -49,6 +54,7 @@
 #include "collectives/collectives.h"
 #include "compressors/family.h"
 #include "compressors/philox.h"
+#include "compressors/sparse/sparse.h"
 #include "compressors/spec.h"
 #include "compressors/tensor_part.h"
 #include "gradcomm/types.h"
@@ -72,15 +78,15 @@ struct CompressedCall {
 
   uint64_t step() const { return key != nullptr ? key->step : 0; }
   int64_t whole_numel(int64_t numel) const { return whole > 0 ? whole : numel; }
-  // How many elements a selection of `numel` takes: ratio x numel, or for k=K the piece's
-  // share of K.
-  int64_t selection(int64_t numel) const {
-    if (spec.k > 0 && whole > numel) {
-      const int64_t share = static_cast<int64_t>(std::llround(static_cast<double>(spec.k) * static_cast<double>(numel) /
-                                                              static_cast<double>(whole)));
+  // How many elements a sparsifier's selection of `numel` takes: ratio x numel, or for k=K
+  // the piece's share of K.
+  int64_t selection(const SparseShape& shape, int64_t numel) const {
+    if (shape.k > 0 && whole > numel) {
+      const int64_t share = static_cast<int64_t>(std::llround(static_cast<double>(shape.k) *
+                                                              static_cast<double>(numel) / static_cast<double>(whole)));
       return std::clamp<int64_t>(share, 1, std::max<int64_t>(numel, 1));
     }
-    return selection_count(spec.ratio, spec.k, numel);
+    return selection_count(shape.ratio, shape.k, numel);
   }
 };
 
@@ -114,29 +120,30 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
       }
       break;
     case Collective::kSparseSelection: {
-      const int64_t k = call.selection(numel);
+      const int64_t k = call.selection(sparse_ops(spec).shape(spec), numel);
       const SparseAlgo algo = p.sparse_algo(numel);
-      p.select_topk(data, numel, k, mine);
+      p.select(data, numel, k, mine);
       p.sparse_allreduce(algo, data, numel, k, reduce_op);
       p.keep_selection();
       p.check_payloads(numel);
       return;
     }
     case Collective::kSharedIndices: {
-      p.select_random(numel, selection_count(spec.ratio, 0, numel), shared);
+      p.draw(numel, call.selection(sparse_ops(spec).shape(spec), numel), shared);
       const float* acc = p.accumulate_in_residual(data, numel);
       p.gather_sum_scatter(data, acc, numel, spec.values, 0);
       p.keep_selection();
       break;
     }
-    case Collective::kSketchThenValues: {
-      const int64_t k = call.selection(numel);
-      const auto sketch = p.make_sketch(spec.rows, sketch_columns(spec, k), shared);
-      float* table = p.sketch_table(sketch);
-      const float* acc = p.sketch_accumulate(sketch, data, numel, table);
-      p.dense_allreduce(table, int64_t{sketch.rows()} * sketch.cols(), ReduceOp::kSum, 0);
-      // The same summed table on every rank, so the same heavy hitters everywhere.
-      p.sketch_recover(sketch, table, numel, k, shared);
+    case Collective::kTableThenValues: {
+      const SparseOps& ops = sparse_ops(spec);
+      const int64_t k = call.selection(ops.shape(spec), numel);
+      const SparseTable table = ops.table(spec, k);
+      float* cells = p.table_cells(table);
+      const float* acc = p.table_accumulate(table, shared, data, numel, cells);
+      p.dense_allreduce(cells, int64_t{table.rows} * table.cols, ReduceOp::kSum, 0);
+      // The same summed table on every rank, so the same selection everywhere.
+      p.table_recover(table, shared, cells, numel, k);
       p.gather_sum_scatter(data, acc, numel, spec.values, kSecondPhaseUnits);
       p.keep_selection();
       break;
@@ -156,7 +163,7 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
 // The families reduce_scatter_compresses names (the issuing side refuses the others):
 // a codec-ring family runs the compressed ring's reduce-scatter phase, whose encodes
 // refill the residual as the allreduce's do (the owner's segment is exact: its own
-// values plus the decoded partial sums); top-k selects as its allreduce does and sends
+// values plus the decoded partial sums); an own-selection family (top-k) selects as its allreduce does and sends
 // each owner the selected entries in its segment (sparse_reduce_scatter).
 // Host primitives only, with two more:
 //   dense_reduce_scatter(data, n, op)     the dense ring's reduce-scatter, in place
@@ -172,8 +179,8 @@ void compressed_reduce_scatter(P& p, const CompressedCall& call, float* data, in
   }
   const PhiloxStream mine{spec.seed, philox_stream_id(call.key_hash, step, call.rank)};
   if (family_of(spec.id).collective == Collective::kSparseSelection) {
-    const int64_t k = call.selection(numel);
-    p.select_topk(data, numel, k, mine);
+    const int64_t k = call.selection(sparse_ops(spec).shape(spec), numel);
+    p.select(data, numel, k, mine);
     p.sparse_reduce_scatter(data, numel, k, reduce_op);
     p.keep_selection();
     p.check_payloads(numel);

@@ -9,7 +9,8 @@
 #include "collectives/collectives.h"
 #include "compressed_allreduce.h"
 #include "compressors/family.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/spec.h"
+#include "compressors/sparse/sparse_code.h"
 #include "env.h"
 #include "half.h"
 #include "hierarchy.h"
@@ -88,58 +89,55 @@ class HostPrimitives {
     if (op_.size() > 1 && numel > 0) ring_reduce_scatter(op_, data, numel, DType::kFloat32, reduce_op);
   }
 
-  SparseAlgo sparse_algo(int64_t numel) const { return choose_sparse_algo(spec_, op_.size(), numel); }
+  SparseAlgo sparse_algo(int64_t numel) const {
+    return choose_sparse_algo(sparse_ops(spec_).shape(spec_), op_.size(), numel);
+  }
 
   // With error feedback, acc lives in the residual and nothing reads data again: the
-  // selection's pass zeroes it (topk_select_fold), so the decoders write only the
-  // selected entries instead of all of data.
-  void select_topk(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
+  // selection zeroes data (SparseOps::select), so the decoders write only the selected
+  // entries instead of all of data.
+  void select(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
     Op::PhaseTimer timer(op_, &Stats::encode_s);
-    if (residual_ != nullptr) {
-      selected_ = topk_select_fold(data, residual_, numel, k, spec_.select, rng);
-      output_ = SparseOutput::kZeroed;
-    } else {
-      selected_ = topk_select_accumulate(data, nullptr, numel, k, spec_.select, rng);
-    }
+    selected_ = sparse_ops(spec_).select(spec_, data, residual_, numel, k, rng);
+    if (residual_ != nullptr) output_ = SparseOutput::kZeroed;
     keep_rounding(selected_.values.data());
   }
 
   void sparse_allreduce(SparseAlgo algo, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
-    const SparseFormat format = sparse_format(spec_);
+    const SparseShape shape = sparse_ops(spec_).shape(spec_);
     if (algo == SparseAlgo::kReduceScatter) {
-      sparse_reduce_scatter_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, format, k, residual_, output_);
+      sparse_reduce_scatter_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, shape.format, k, residual_,
+                                      output_);
     } else {
-      sparse_allgather_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, format,
-                                 spec_.select == TopkSelect::kExact, output_);
+      sparse_allgather_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, shape.format, shape.exact_count,
+                                 output_);
     }
   }
 
   void sparse_reduce_scatter(float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
-    detail::sparse_reduce_scatter(op_, spec_.id, data, numel, reduce_op, selected_, sparse_format(spec_), k);
+    detail::sparse_reduce_scatter(op_, spec_.id, data, numel, reduce_op, selected_,
+                                  sparse_ops(spec_).shape(spec_).format, k);
   }
 
-  void select_random(int64_t numel, int64_t count, const PhiloxStream& rng) {
+  void draw(int64_t numel, int64_t count, const PhiloxStream& rng) {
     Op::PhaseTimer timer(op_, &Stats::encode_s);
-    selected_.indices = randomk_indices(numel, count, rng);
+    selected_.indices = sparse_ops(spec_).draw(spec_, numel, count, rng);
   }
 
-  CountSketch make_sketch(int rows, int cols, const PhiloxStream& rng) const { return CountSketch(rows, cols, rng); }
-  float* sketch_table(const CountSketch& sketch) {
-    table_.assign(static_cast<size_t>(sketch.rows()) * sketch.cols(), 0.0f);
-    return table_.data();
+  float* table_cells(SparseTable table) {
+    cells_.assign(static_cast<size_t>(table.rows) * table.cols, 0.0f);
+    return cells_.data();
   }
-  const float* sketch_accumulate(const CountSketch& sketch, const float* data, int64_t numel, float* table) {
+  const float* table_accumulate(SparseTable table, const PhiloxStream& rng, const float* data, int64_t numel,
+                                float* cells) {
     const float* acc = accumulate_in_residual(data, numel);
     Op::PhaseTimer timer(op_, &Stats::encode_s);
-    sketch.accumulate(acc, numel, table);
+    sparse_ops(spec_).accumulate(spec_, table, rng, acc, numel, cells);
     return acc;
   }
-  void sketch_recover(const CountSketch& sketch, const float* table, int64_t numel, int64_t k,
-                      const PhiloxStream& rng) {
-    std::vector<float> estimate(static_cast<size_t>(numel));
+  void table_recover(SparseTable table, const PhiloxStream& rng, const float* cells, int64_t numel, int64_t k) {
     Op::PhaseTimer timer(op_, &Stats::decode_s);
-    sketch.estimate(table, numel, estimate.data());
-    selected_.indices = topk_select(estimate.data(), numel, k, TopkSelect::kExact, rng).indices;
+    selected_.indices = sparse_ops(spec_).recover(spec_, table, rng, cells, numel, k);
   }
 
   void gather_sum_scatter(float* data, const float* acc, int64_t numel, ValueType type, uint32_t unit_base) {
@@ -207,9 +205,9 @@ class HostPrimitives {
   Op& op_;
   const CompressorSpec& spec_;
   float* residual_ = nullptr;  // null without error feedback
-  SparseVector selected_;      // this step's selection (top-k, random-k, the sketch's)
-  SparseOutput output_ = SparseOutput::kFill;  // kZeroed: select_topk zeroed data
-  std::vector<float> table_;   // the sketch's
+  SparseVector selected_;      // this step's selection (own, drawn or recovered)
+  SparseOutput output_ = SparseOutput::kFill;  // kZeroed: select zeroed data
+  std::vector<float> cells_;   // a table family's table
 };
 
 }  // namespace
@@ -220,10 +218,15 @@ CodecSchedule codec_schedule(ScheduleMode mode, int ranks) {
   return ranks >= 3 ? CodecSchedule::kDirect : CodecSchedule::kRing;
 }
 
+HostCompression::HostCompression() = default;
+HostCompression::~HostCompression() = default;
+
 const CompressorSpec& HostCompression::spec(const std::string& text) {
   auto it = specs_.find(text);
-  if (it == specs_.end()) it = specs_.emplace(text, parse_compressor_spec(text)).first;
-  return it->second;
+  if (it == specs_.end()) {
+    it = specs_.emplace(text, std::make_unique<const CompressorSpec>(parse_compressor_spec(text))).first;
+  }
+  return *it->second;
 }
 
 bool HostCompression::stateful(const CompressorSpec& spec) {

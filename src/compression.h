@@ -25,7 +25,6 @@
 
 #include "collectives/ring_schedule.h"  // RingPhases
 #include "compressors/codec.h"
-#include "compressors/spec.h"
 #include "compressors/tensor_part.h"
 #include "gradcomm/types.h"
 #include "state.h"
@@ -33,6 +32,7 @@
 namespace gradcomm::detail {
 
 class Op;
+struct CompressorSpec;              // compressors/spec.h
 struct TwoLevelPlan;                // hierarchy.h
 enum class ScheduleMode : uint8_t;  // hierarchy.h
 
@@ -41,6 +41,9 @@ enum class ScheduleMode : uint8_t;  // hierarchy.h
 // host and the GPU share is compressed_allreduce.h.)
 class HostCompression {
  public:
+  HostCompression();
+  ~HostCompression();
+
   // Parses once per distinct spec string; InvalidArgument from the registry.
   const CompressorSpec& spec(const std::string& text);
 
@@ -105,7 +108,7 @@ class HostCompression {
                       KeyState* key, uint64_t key_hash, ReduceOp reduce_op = ReduceOp::kSum,
                       Piece piece = Piece::kAllreduce);
 
-  std::unordered_map<std::string, CompressorSpec> specs_;
+  std::unordered_map<std::string, std::unique_ptr<const CompressorSpec>> specs_;
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec
 };
 

@@ -17,12 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "compressors/spec.h"
 #include "compressors/tensor_part.h"
 #include "gradcomm/types.h"
 #include "state.h"
 
 namespace gradcomm::detail {
+
+struct CompressorSpec;  // compressors/spec.h
 
 class Op;
 struct TwoLevelPlan;  // hierarchy.h

@@ -10,6 +10,7 @@
 #include "collectives/collectives.h"
 #include "collectives/gpu_collectives.h"
 #include "collectives/nccl_compressed.h"
+#include "compressors/spec.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "device_path.h"

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "compressors/family.h"
+#include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

@@ -10,6 +10,7 @@
 #include "engine.h"  // issuer_override
 #include "compressors/family.h"
 #include "compressors/spec.h"
+#include "compressors/auto_spec.h"
 
 namespace gradcomm::detail {
 
@@ -53,7 +54,7 @@ AllreducePlan CommunicatorImpl::plan_allreduce(int64_t numel, const CompressOpti
   plan.compressed = !runs_dense(spec, step, numel);
   plan.sparse_with_feedback = spec.ef && (collective == Collective::kSparseSelection ||
                                           collective == Collective::kSharedIndices ||
-                                          collective == Collective::kSketchThenValues);
+                                          collective == Collective::kTableThenValues);
   return plan;
 }
 

@@ -23,7 +23,7 @@ single-threaded per rank); R_x below are those rates.
                  README's upper bound), not overlapped.
   top-k payload  P(n,k) = 24 + k*v + idx, v = 4 (fp32) or 2 (bf16, fp16);
                  raw idx = 4k; coded (Elias-Fano) idx = ceil(k*L/8) + ceil((k + ((n-1)>>L))/8),
-                 L = floor(log2(floor(n/k))) (compressors/topk/sparse_code.h).
+                 L = floor(log2(floor(n/k))) (compressors/sparse/sparse_code.h).
   allgather      T = (N-1)a + (N-1)*P/B + S/R_sel + (k + N*k)/R_entry + S/R_memset
                  (select, encode own k, zero the output, add N payloads; sizes are not
                  exchanged when select=exact: fixed size; select=sample adds (N-1)a)

@@ -19,9 +19,14 @@
 #include <span>
 
 #include "compressors/codec.h"
+#include "compressors/lowrank/powersgd.h"
 #include "compressors/powersgd/powersgd.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sketch/sketch.h"
 #include "compressors/spec.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/sparse/sparse.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/topk/topk.h"
 #include "gradcomm/types.h"
 #include "reduce.h"
 
@@ -117,9 +122,9 @@ std::vector<Phase> ef_ring_phases(const Inputs& in) {
   };
 }
 
-// ---- top-k: select_topk, then sparse_allgather_allreduce -----------------------
+// ---- top-k: select, then sparse_allgather_allreduce -----------------------
 // Per step on the host (compressed_allreduce.h, compression.cc, sparse_allreduce.cc):
-// select_topk = topk_select_fold (the fold acc = grad + residual, and grad's zeroing,
+// select (topk's SparseOps::select) = topk_select_fold (the fold acc = grad + residual, and grad's zeroing,
 // are fused into its collect pass) + keep_rounding (the residual at the k sent
 // indices); then encode_sparse, the allgather, and decode_sum_sparse of the N payloads
 // onto the zeroed gradient (kZeroed, the average's divisor). select_acc and the
@@ -127,7 +132,8 @@ std::vector<Phase> ef_ring_phases(const Inputs& in) {
 std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
   const int64_t n = in.n;
   const CompressorSpec spec = detail::parse_compressor_spec(label);
-  const int64_t k = detail::selection_count(spec.ratio, spec.k, n);
+  const auto& topk = spec.family<detail::TopkParams>();
+  const int64_t k = detail::selection_count(topk.ratio, topk.k, n);
   const SparseFormat raw{spec.values, false}, coded{spec.values, true};
   struct State {
     std::vector<float> residual, out, grad;
@@ -141,8 +147,8 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
   s->out.assign(static_cast<size_t>(n), 0.0f);
   // This rank's selection (with error feedback) and a second rank's, whose payloads
   // the decode phase sums with ours.
-  s->sel = detail::topk_select_accumulate(in.grad, s->residual.data(), n, k, spec.select, s->rng);
-  s->sel2 = detail::topk_select(in.other, n, k, spec.select, s->rng);
+  s->sel = detail::topk_select_accumulate(in.grad, s->residual.data(), n, k, topk.select, s->rng);
+  s->sel2 = detail::topk_select(in.other, n, k, topk.select, s->rng);
   s->raw = detail::encode_sparse(CompressorId::kTopk, n, s->sel, raw);
   s->coded = detail::encode_sparse(CompressorId::kTopk, n, s->sel, coded);
   s->raw2 = detail::encode_sparse(CompressorId::kTopk, n, s->sel2, raw);
@@ -159,7 +165,7 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
     std::copy_n(other, n, s->residual.data());
     s->grad.assign(g, g + n);
   };
-  const detail::TopkSelect select = spec.select;
+  const detail::TopkSelect select = topk.select;
   const detail::ValueType values = spec.values;
   auto decode_sum = [s, n](bool use_coded, int64_t divisor = 1,
                            detail::SparseOutput output = detail::SparseOutput::kFill) {
@@ -174,16 +180,16 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
        restore_residual,
        [s, g, n] { detail::reduce_inplace(s->residual.data(), g, n, DType::kFloat32, ReduceOp::kSum); }},
       {label, "select_acc", "12n + 12k (acc into residual; selection out), " + pk, 12.0 * n + 12.0 * kk,
-       "topk_select_accumulate(grad, residual): select_topk with EF; allocates the SparseVector "
+       "topk_select_accumulate(grad, residual): select (topk's SparseOps::select) with EF; allocates the SparseVector "
        "and its collect lists per call",
        restore_residual,
        [s, g, n, k, select] { s->sel = detail::topk_select_accumulate(g, s->residual.data(), n, k, select, s->rng); }},
       {label, "select_fold", "16n + 12k (acc into residual; grad zeroed; selection out), " + pk, 16.0 * n + 12.0 * kk,
-       "topk_select_fold(grad, residual): select_topk with EF as the host engine runs it (grad zeroed "
+       "topk_select_fold(grad, residual): select (topk's SparseOps::select) with EF as the host engine runs it (grad zeroed "
        "in the same pass); allocates the SparseVector and its collect lists per call",
        restore_both,
        [s, n, k, select] { s->sel = detail::topk_select_fold(s->grad.data(), s->residual.data(), n, k, select, s->rng); }},
-      {label, "select", "4n + 12k", 4.0 * n + 12.0 * kk, "topk_select(grad): select_topk without EF; allocates",
+      {label, "select", "4n + 12k", 4.0 * n + 12.0 * kk, "topk_select(grad): select without EF; allocates",
        nullptr, [s, g, n, k, select] { s->sel_plain = detail::topk_select(g, n, k, select, s->rng); }},
       {label, "keep_rounding", "16k (read index, value; write residual[index]), scattered", 16.0 * kk,
        "keep_sparse_rounding (HostPrimitives::keep_rounding's step)", nullptr,
@@ -216,44 +222,45 @@ std::vector<Phase> topk_phases(const std::string& label, const Inputs& in) {
 std::vector<Phase> randomk_phases(const std::string& label, const Inputs& in) {
   const int64_t n = in.n;
   const CompressorSpec spec = detail::parse_compressor_spec(label);
-  const int64_t k = detail::selection_count(spec.ratio, 0, n);
+  const int64_t k = detail::selection_count(spec.family<detail::RandomkParams>().ratio, 0, n);
   auto idx = std::make_shared<std::vector<uint64_t>>();
   const PhiloxStream rng{spec.seed, kStream};
-  return {{label, "indices", "8k (u64 indices out)", 8.0 * k, "randomk_indices (select_random); allocates", nullptr,
+  return {{label, "indices", "8k (u64 indices out)", 8.0 * k, "randomk_indices (draw); allocates", nullptr,
            [idx, n, k, rng] { *idx = detail::randomk_indices(n, k, rng); }}};
 }
 
 // ---- sketch: accumulate, then recover ------------------------------------------
-// compressed_allreduce.h's kSketchThenValues: sketch_accumulate (after the fold,
-// measured under topk's "fold") and sketch_recover = estimate + exact top-k.
+// compressed_allreduce.h's kTableThenValues: table_accumulate (after the fold,
+// measured under topk's "fold") and table_recover = estimate + exact top-k.
 std::vector<Phase> sketch_phases(const std::string& label, const Inputs& in) {
   const int64_t n = in.n;
   const CompressorSpec spec = detail::parse_compressor_spec(label);
-  const int64_t k = detail::selection_count(spec.ratio, spec.k, n);
-  const int cols = detail::sketch_columns(spec, k);
+  const auto& sketch = spec.family<detail::SketchParams>();
+  const int64_t k = detail::selection_count(sketch.ratio, sketch.k, n);
+  const int cols = detail::sketch_columns(sketch, k);
   struct State {
     detail::CountSketch sketch;
     std::vector<float> table, estimate;
     SparseVector sel;
   };
   const PhiloxStream rng{spec.seed, kStream};
-  auto s = std::make_shared<State>(State{detail::CountSketch(spec.rows, cols, rng), {}, {}, {}});
-  const double cells = static_cast<double>(spec.rows) * cols;
+  auto s = std::make_shared<State>(State{detail::CountSketch(sketch.rows, cols, rng), {}, {}, {}});
+  const double cells = static_cast<double>(sketch.rows) * cols;
   s->table.assign(static_cast<size_t>(cells), 0.0f);
   s->estimate.assign(static_cast<size_t>(n), 0.0f);
   s->sketch.accumulate(in.grad, n, s->table.data());  // a real table for the estimate phase
   const auto table_copy = std::make_shared<std::vector<float>>(s->table);
-  const std::string shape = fmt::format("table {} x {}", spec.rows, cols);
+  const std::string shape = fmt::format("table {} x {}", sketch.rows, cols);
   const float* g = in.grad;
   return {
       {label, "accumulate", "4n + 8 rows cols (" + shape + ")", 4.0 * n + 8.0 * cells,
        "CountSketch::accumulate into a zeroed table", [s] { std::fill(s->table.begin(), s->table.end(), 0.0f); },
        [s, g, n] { s->sketch.accumulate(g, n, s->table.data()); }},
       {label, "estimate", "4 rows cols + 4n", 4.0 * cells + 4.0 * n,
-       "CountSketch::estimate (sketch_recover also allocates this 4n estimate per call: not timed)",
+       "CountSketch::estimate (the sketch's recover also allocates this 4n estimate per call: not timed)",
        [s, table_copy] { std::copy(table_copy->begin(), table_copy->end(), s->table.begin()); },
        [s, n] { s->sketch.estimate(s->table.data(), n, s->estimate.data()); }},
-      {label, "select", "4n + 12k", 4.0 * n + 12.0 * k, "topk_select(estimate, exact), as sketch_recover", nullptr,
+      {label, "select", "4n + 12k", 4.0 * n + 12.0 * k, "topk_select(estimate, exact), as the sketch's recover", nullptr,
        [s, n, k, rng] { s->sel = detail::topk_select(s->estimate.data(), n, k, detail::TopkSelect::kExact, rng); }},
   };
 }
@@ -268,7 +275,7 @@ std::vector<Phase> powersgd_phases(const std::string& label, const Inputs& in) {
   int64_t rows = static_cast<int64_t>(std::sqrt(static_cast<double>(n)));
   while (rows > 1 && n % rows != 0) --rows;
   const int64_t cols = n / rows;
-  const int r = spec.rank;
+  const int r = spec.family<detail::PowersgdParams>().rank;
   struct State {
     std::vector<float> m, p, q, residual;
   };
@@ -326,7 +333,7 @@ std::vector<std::string> not_measured() {
   return {
       "randomk gather (values[j] = acc[idx[j]]) and scatter (data = 0; data[idx[j]] = sum[j]): loops inside "
       "HostPrimitives::gather_sum_scatter, private to src/compression.cc (no public unit)",
-      "sketch_table's zeroing and sketch_recover's 4n estimate allocation: HostPrimitives, private "
+      "table_cells' zeroing and the sketch's recover's 4n estimate allocation: HostPrimitives, private "
       "(src/compression.cc)",
       "top-k reduce-scatter's owner work (merge_sum, top_magnitudes): anonymous namespace in "
       "src/collectives/sparse_allreduce.cc; its encode_sparse_into and decode_sum_sparse are measured",

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "compressors/gpu_dense_codec.h"
+#include "compressors/dense/gpu_dense_codec.h"
 #include "compressors/spec.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"

@@ -1,5 +1,5 @@
 // bench_cuda_sparse: CUDA-event timings of the sparse compressors' GPU layer
-// (compressors/topk/gpu_sparse.h) on fp32 gradients of 1M, 16M and 128M elements
+// (compressors/sparse/gpu_sparse.h) on fp32 gradients of 1M, 16M and 128M elements
 // (or a given raw float32 file): top-k exact and sample at ratio 0.01 / 0.001,
 // random-k 0.01 (indices + gather), count-sketch accumulate and heavy-hitter recovery,
 // and the sparse payload's decode-add. Each case: warm-up runs (workspaces grown),
@@ -27,7 +27,10 @@
 #include <vector>
 
 #include "compressors/codec.h"
-#include "compressors/topk/gpu_sparse.h"
+#include "compressors/sparse/gpu_sparse.h"
+#include "compressors/randomk/gpu_randomk.h"
+#include "compressors/sketch/gpu_sketch.h"
+#include "compressors/sparse/sparse.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"
 #include "cuda/device.h"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/dense_codec_spec.h"
 #include "compressors/spec.h"
 
 namespace gradcomm::detail {
@@ -21,12 +22,7 @@ struct Case {
 };
 
 CompressorSpec make_spec(CompressorId id, int bits = 0, Rounding round = Rounding::kStochastic, int levels = 0) {
-  CompressorSpec s;
-  s.id = id;
-  s.bits = bits;
-  s.round = round;
-  s.levels = levels;
-  s.bucket = 512;  // the registry's default for quant, qsgd and sign
+  CompressorSpec s = dense_codec_spec(id, bits, round, levels, 512);  // the registry's default bucket
   s.seed = 42;
   return s;
 }
@@ -47,7 +43,8 @@ std::vector<Case> cases() {
 
 std::string case_name(const Case& c) {
   if (c.name) return c.name;
-  return "quant_b" + std::to_string(c.spec.bits) + (c.spec.round == Rounding::kNearest ? "_nearest" : "_stochastic");
+  const auto& p = c.spec.family<QuantParams>();
+  return "quant_b" + std::to_string(p.bits) + (p.round == Rounding::kNearest ? "_nearest" : "_stochastic");
 }
 
 // One shared input of the largest size; smaller runs use its prefix.

@@ -36,6 +36,8 @@
 
 #include "compressors/codec.h"
 #include "compressors/spec.h"
+#include "compressors/dense_codec_spec.h"
+#include "compressors/quantize/quantize.h"
 
 namespace gradcomm::detail {
 namespace {

@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sketch/sketch.h"
+#include "compressors/sparse/sparse.h"
 
 namespace gradcomm::detail {
 namespace {

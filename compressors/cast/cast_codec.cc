@@ -9,7 +9,8 @@
 #include <bit>
 #include <cstring>
 
-#include "compressors/quantize/dense_util.h"
+#include "compressors/cast/cast.h"
+#include "compressors/dense/dense_util.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 #include "half_bulk.h"

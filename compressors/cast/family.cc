@@ -1,7 +1,9 @@
 // fp16 and bf16: every value cast to 16 bits over the compressed ring (cast_codec.cc).
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/cast/cast.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/spec.h"
 
 #if GRADCOMM_WITH_CUDA
 #include "compressors/cast/gpu_cast_logic.h"  // kCastGpuKernels

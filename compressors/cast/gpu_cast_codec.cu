@@ -1,8 +1,9 @@
 // fp16 and bf16 on the GPU: one thread per 8 elements narrows them with base/half.h
 // (the CPU's rounding, bit for bit) and stores the 16 bytes; decode widens back.
-// Layout and policy: gpu_cast_logic.h; kernels and launchers: ../gpu_dense_kernels.cuh.
+// Layout and policy: gpu_cast_logic.h; kernels and launchers: ../dense/gpu_dense_kernels.cuh.
 #include "compressors/cast/gpu_cast_logic.h"
-#include "compressors/gpu_dense_kernels.cuh"
+#include "compressors/dense/gpu_dense_kernels.cuh"
+#include "compressors/spec.h"
 
 namespace gradcomm::detail {
 

@@ -1,5 +1,5 @@
 // fp16 and bf16 on the GPU: their payload layout and their policy for the shared
-// dense kernels (../gpu_dense_logic.h says what a policy provides): each element
+// dense kernels (../dense/gpu_dense_logic.h says what a policy provides): each element
 // narrowed with base/half.h, the CPU's rounding bit for bit. GRADCOMM_HD, so the CPU
 // unit test (tests/unit/test_gpu_dense_logic.cc) runs exactly what the kernels run.
 // Host and device code; needs no CUDA. The kernels: gpu_cast_codec.cu.
@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "compressors/gpu_dense_logic.h"
-#include "compressors/spec.h"
+#include "compressors/dense/gpu_dense_logic.h"
+#include "compressors/compressor_id.h"
 #include "half.h"
 
 namespace gradcomm::detail {

@@ -5,7 +5,10 @@
 #include <limits>
 
 #include "compressors/family.h"
-#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/lowrank/lowrank.h"
+#include "compressors/lowrank/powersgd_logic.h"  // kMaxRank
+#include "compressors/powersgd/powersgd.h"
+#include "compressors/spec.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -13,23 +16,29 @@ namespace {
 constexpr std::string_view kKeys[] = {"rank",      "warm_start", "min_compression_rate", "start_iter", "ef",
                                       "min_numel", "warmup",     "seed"};
 
-void parse(const SpecReader& r, CompressorSpec& s) {
-  // torch's PowerSGDState defaults: rank 1, warm start, min_compression_rate 2.
-  s.rank = static_cast<int>(r.integer("rank", 1, powersgd::kMaxRank, 1));
-  s.warm_start = r.choice<bool>("warm_start", {{"0", false}, {"1", true}}, true);
-  s.min_compression_rate = 2.0;
+std::shared_ptr<const FamilyParams> parse(const SpecReader& r, CompressorSpec& common) {
+  auto s = std::make_shared<PowersgdParams>();  // torch's PowerSGDState defaults
+  s->rank = static_cast<int>(r.integer("rank", 1, powersgd::kMaxRank, 1));
+  s->warm_start = r.choice<bool>("warm_start", {{"0", false}, {"1", true}}, true);
   // 1 compresses whatever is smaller at all.
   if (const auto rate = r.take("min_compression_rate")) {
-    s.min_compression_rate = r.parse_number("min_compression_rate", *rate, 1.0, 1e9);
+    s->min_compression_rate = r.parse_number("min_compression_rate", *rate, 1.0, 1e9);
   }
   // start_iter is torch's name (start_powerSGD_iter) for the common warmup.
   if (const auto start = r.take("start_iter")) {
     if (r.take("warmup")) r.fail(fmt::format("{}: give start_iter or warmup (the same setting), not both", r.name()));
-    s.warmup = r.parse_integer("start_iter", *start, 0, std::numeric_limits<int64_t>::max());
+    common.warmup = r.parse_integer("start_iter", *start, 0, std::numeric_limits<int64_t>::max());
   }
+  return s;
 }
 
-std::string canonical(const CompressorSpec& s) {
+LowRankShape low_rank(const CompressorSpec& spec) {
+  const auto& s = spec.family<PowersgdParams>();
+  return LowRankShape{s.rank, s.warm_start, s.min_compression_rate};
+}
+
+std::string canonical(const CompressorSpec& spec) {
+  const auto& s = spec.family<PowersgdParams>();
   return fmt::format("rank={},warm_start={},min_compression_rate={},", s.rank, s.warm_start ? 1 : 0,
                      s.min_compression_rate);
 }
@@ -47,7 +56,8 @@ constexpr Family kPowersgdFamily{.id = CompressorId::kPowersgd,
                                  .canonical = canonical,
                                  .keeps_state = always,
                                  .fusable = never,
-                                 .reads_shapes = true};  // P and Q are sized by the shapes
+                                 .reads_shapes = true,  // P and Q are sized by the shapes
+                                 .low_rank = low_rank};
 
 }  // namespace
 

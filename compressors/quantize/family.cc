@@ -6,8 +6,10 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/quantize/quantize.h"
 #include "gradcomm/errors.h"
+#include "compressors/spec.h"
 
 #if GRADCOMM_WITH_CUDA
 #include "compressors/quantize/gpu_qsgd_logic.h"   // kQsgdGpuKernels
@@ -36,8 +38,8 @@ constexpr std::string_view kQuantKeys[] = {"bits", "bucket", "round", "ef", "min
 // quarter of B/s^2 when the values share one magnitude (every position at s/sqrt(B)).
 // Accepted: 4 s^2 > B, where both stay below 1 (about 0.5 sqrt(B)/s for normal values).
 // Measured at B = 512: s = 11 (4 s^2 = 484) still converged, s = 8 diverged.
-void check_qsgd_feedback(const SpecReader& r, const CompressorSpec& s) {
-  if (!s.ef || 4 * int64_t{s.levels} * s.levels > s.bucket) return;
+void check_qsgd_feedback(const SpecReader& r, bool ef, const QsgdParams& s) {
+  if (!ef || 4 * int64_t{s.levels} * s.levels > s.bucket) return;
   const auto fewest = static_cast<int64_t>(std::floor(std::sqrt(static_cast<double>(s.bucket)) / 2)) + 1;
   r.fail(fmt::format("qsgd: ef=1 needs levels > sqrt(bucket)/2 (levels={}, bucket={}): with fewer levels a bucket's "
                      "quantization error can exceed its values, and error feedback then grows without bound; use "
@@ -52,23 +54,29 @@ void check_qsgd_feedback(const SpecReader& r, const CompressorSpec& s) {
 // 1-bit codec made for error feedback (its scale, mean |x|, is the least-squares fit).
 // 2 bits and more converge on normal, heavy-tailed and sparse gradients at every bucket
 // size (the test's grid).
-void check_quant_feedback(const SpecReader& r, const CompressorSpec& s) {
-  if (!s.ef || s.bits != 1 || s.bucket <= 3) return;
+void check_quant_feedback(const SpecReader& r, bool ef, const QuantParams& s) {
+  if (!ef || s.bits != 1 || s.bucket <= 3) return;
   r.fail(fmt::format("quant: ef=1 with bits=1 (bucket={}) is refused: a 1-bit min/max code's error exceeds the "
                      "values it codes, and error feedback then grows without bound; use sign (1 bit per value, "
                      "made for error feedback), bits=2 or more, or ef=0",
                      s.bucket));
 }
 
-void parse_qsgd(const SpecReader& r, CompressorSpec& s) {
-  s.levels = static_cast<int>(r.integer("levels", 1, kMaxLevels, 16));
-  s.bucket = r.integer("bucket", 1, kMaxBucket, 512);
-  check_qsgd_feedback(r, s);
+std::shared_ptr<const FamilyParams> parse_qsgd(const SpecReader& r, CompressorSpec& common) {
+  auto s = std::make_shared<QsgdParams>();
+  s->levels = static_cast<int>(r.integer("levels", 1, kMaxLevels, 16));
+  s->bucket = r.integer("bucket", 1, kMaxBucket, 512);
+  check_qsgd_feedback(r, common.ef, *s);
+  return s;
 }
 
-std::string canonical_qsgd(const CompressorSpec& s) { return fmt::format("levels={},bucket={},", s.levels, s.bucket); }
+std::string canonical_qsgd(const CompressorSpec& spec) {
+  const auto& s = spec.family<QsgdParams>();
+  return fmt::format("levels={},bucket={},", s.levels, s.bucket);
+}
 
-std::unique_ptr<DenseCodec> make_qsgd(const CompressorSpec& s) {
+std::unique_ptr<DenseCodec> make_qsgd(const CompressorSpec& spec) {
+  const auto& s = spec.family<QsgdParams>();
   check_bucket("qsgd", s.bucket);
   // Levels must be exact in fp32 and fit the 25-bit codes of bitpack.h.
   if (s.levels < 1 || s.levels >= (1 << 24)) {
@@ -77,22 +85,26 @@ std::unique_ptr<DenseCodec> make_qsgd(const CompressorSpec& s) {
   return make_qsgd_codec(s.levels, s.bucket);
 }
 
-void parse_quant(const SpecReader& r, CompressorSpec& s) {
-  s.bits = r.choice<int>("bits", {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}}, 8);
-  s.bucket = r.integer("bucket", 1, kMaxBucket, 512);
-  s.round = r.choice<Rounding>("round", {{"stochastic", Rounding::kStochastic}, {"nearest", Rounding::kNearest}},
-                               Rounding::kStochastic);
-  check_quant_feedback(r, s);
+std::shared_ptr<const FamilyParams> parse_quant(const SpecReader& r, CompressorSpec& common) {
+  auto s = std::make_shared<QuantParams>();
+  s->bits = r.choice<int>("bits", {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}}, 8);
+  s->bucket = r.integer("bucket", 1, kMaxBucket, 512);
+  s->round = r.choice<Rounding>("round", {{"stochastic", Rounding::kStochastic}, {"nearest", Rounding::kNearest}},
+                                Rounding::kStochastic);
+  check_quant_feedback(r, common.ef, *s);
+  return s;
 }
 
-std::string canonical_quant(const CompressorSpec& s) {
+std::string canonical_quant(const CompressorSpec& spec) {
+  const auto& s = spec.family<QuantParams>();
   return fmt::format("bits={},bucket={},round={},", s.bits, s.bucket,
                      s.round == Rounding::kStochastic ? "stochastic" : "nearest");
 }
 
-bool quant_keeps_state(const CompressorSpec& s) { return s.round == Rounding::kStochastic; }
+bool quant_keeps_state(const CompressorSpec& spec) { return spec.family<QuantParams>().round == Rounding::kStochastic; }
 
-std::unique_ptr<DenseCodec> make_quant(const CompressorSpec& s) {
+std::unique_ptr<DenseCodec> make_quant(const CompressorSpec& spec) {
+  const auto& s = spec.family<QuantParams>();
   check_bucket("quant", s.bucket);
   if (s.bits != 1 && s.bits != 2 && s.bits != 4 && s.bits != 8) {
     throw InvalidArgument(fmt::format("quant: bits={} (accepted: 1, 2, 4, 8)", s.bits));
@@ -138,6 +150,27 @@ constexpr Family kQuantFamily{.id = CompressorId::kQuant,
                               .gpu_dense = kQuantGpu};
 
 }  // namespace
+
+CompressorSpec quant_spec(int bits, int64_t bucket, Rounding round) {
+  auto p = std::make_shared<QuantParams>();
+  p->bits = bits;
+  p->bucket = bucket;
+  p->round = round;
+  CompressorSpec s;
+  s.id = CompressorId::kQuant;
+  s.params = std::move(p);
+  return s;
+}
+
+CompressorSpec qsgd_spec(int levels, int64_t bucket) {
+  auto p = std::make_shared<QsgdParams>();
+  p->levels = levels;
+  p->bucket = bucket;
+  CompressorSpec s;
+  s.id = CompressorId::kQsgd;
+  s.params = std::move(p);
+  return s;
+}
 
 const Family& qsgd_family() { return kQsgdFamily; }
 const Family& quant_family() { return kQuantFamily; }

@@ -1,5 +1,5 @@
 // qsgd:levels=s,bucket=B on the GPU: its payload layout and its policy for the
-// shared dense kernels (../gpu_dense_logic.h says what a policy provides), as
+// shared dense kernels (../dense/gpu_dense_logic.h says what a policy provides), as
 // GRADCOMM_HD code over the formulas of dense_math.h, so the CPU unit test
 // (tests/unit/test_gpu_dense_logic.cc) runs exactly what the kernels run. Host and
 // device code; needs no CUDA. The kernels: gpu_qsgd_codec.cu.
@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "compressors/gpu_dense_logic.h"
-#include "compressors/quantize/dense_math.h"
-#include "compressors/spec.h"
+#include "compressors/dense/gpu_dense_logic.h"
+#include "compressors/dense/dense_math.h"
+#include "compressors/compressor_id.h"
 
 namespace gradcomm::detail {
 

@@ -12,9 +12,10 @@
 #include <algorithm>
 
 #include "compressors/cpu_kernels.h"
-#include "compressors/quantize/bitpack.h"
-#include "compressors/quantize/dense_simd.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/bitpack.h"
+#include "compressors/dense/dense_simd.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/quantize/quantize.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

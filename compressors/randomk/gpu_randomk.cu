@@ -24,11 +24,11 @@
 #include <sstream>
 
 #include "compressors/randomk/randomk_logic.h"
-#include "compressors/topk/gpu_sparse.h"
+#include "compressors/randomk/gpu_randomk.h"
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"
-#include "compressors/topk/radix_select.cuh"  // SelectState: the workspace's count lives in it
+#include "compressors/sparse/radix_select.cuh"  // SelectState: the workspace's count lives in it
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

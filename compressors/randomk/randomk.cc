@@ -23,7 +23,7 @@
 
 #include <fmt/format.h>
 
-#include "compressors/codec.h"
+#include "compressors/randomk/randomk.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

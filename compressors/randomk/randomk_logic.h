@@ -29,7 +29,7 @@
 #include <cstdint>
 
 #include "compressors/philox.h"
-#include "compressors/topk/topk_logic.h"  // mulhi64
+#include "compressors/sparse/topk_logic.h"  // mulhi64
 
 namespace gradcomm::detail::randomk {
 

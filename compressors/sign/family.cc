@@ -4,7 +4,9 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/sign/sign.h"
+#include "compressors/spec.h"
 
 #if GRADCOMM_WITH_CUDA
 #include "compressors/sign/gpu_sign_logic.h"  // kSignGpuKernels
@@ -15,13 +17,18 @@ namespace {
 
 constexpr std::string_view kKeys[] = {"bucket", "ef", "min_numel", "warmup", "seed", "inside"};
 
-void parse(const SpecReader& r, CompressorSpec& s) { s.bucket = r.integer("bucket", 1, kMaxBucket, 512); }
+std::shared_ptr<const FamilyParams> parse(const SpecReader& r, CompressorSpec& /*common*/) {
+  auto s = std::make_shared<SignParams>();
+  s->bucket = r.integer("bucket", 1, kMaxBucket, 512);
+  return s;
+}
 
-std::string canonical(const CompressorSpec& s) { return fmt::format("bucket={},", s.bucket); }
+std::string canonical(const CompressorSpec& spec) { return fmt::format("bucket={},", spec.family<SignParams>().bucket); }
 
-std::unique_ptr<DenseCodec> make_codec(const CompressorSpec& s) {
-  check_bucket("sign", s.bucket);
-  return make_sign_codec(s.bucket);
+std::unique_ptr<DenseCodec> make_codec(const CompressorSpec& spec) {
+  const int64_t bucket = spec.family<SignParams>().bucket;
+  check_bucket("sign", bucket);
+  return make_sign_codec(bucket);
 }
 
 #if GRADCOMM_WITH_CUDA
@@ -42,6 +49,15 @@ constexpr Family kSignFamily{.id = CompressorId::kSign,
                              .gpu_dense = kGpu};
 
 }  // namespace
+
+CompressorSpec sign_spec(int64_t bucket) {
+  auto p = std::make_shared<SignParams>();
+  p->bucket = bucket;
+  CompressorSpec s;
+  s.id = CompressorId::kSign;
+  s.params = std::move(p);
+  return s;
+}
 
 const Family& sign_family() { return kSignFamily; }
 

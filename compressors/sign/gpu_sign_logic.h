@@ -1,15 +1,15 @@
 // sign:bucket=B on the GPU: its payload layout and its policy for the shared dense
-// kernels (../gpu_dense_logic.h says what a policy provides), as GRADCOMM_HD code over
-// the formulas of quantize/dense_math.h (which the CPU codec, sign_codec.cc, uses too),
+// kernels (../dense/gpu_dense_logic.h says what a policy provides), as GRADCOMM_HD code over
+// the formulas of dense/dense_math.h (which the CPU codec, sign_codec.cc, uses too),
 // so the CPU unit test (tests/unit/test_gpu_dense_logic.cc) runs exactly what the
 // kernels run. Host and device code; needs no CUDA. The kernels: gpu_sign_codec.cu.
 #pragma once
 
 #include <cstdint>
 
-#include "compressors/gpu_dense_logic.h"
-#include "compressors/quantize/dense_math.h"
-#include "compressors/spec.h"
+#include "compressors/dense/gpu_dense_logic.h"
+#include "compressors/dense/dense_math.h"
+#include "compressors/compressor_id.h"
 
 namespace gradcomm::detail {
 

@@ -11,9 +11,10 @@
 #include <algorithm>
 
 #include "compressors/cpu_kernels.h"
-#include "compressors/quantize/bitpack.h"
-#include "compressors/quantize/dense_simd.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/bitpack.h"
+#include "compressors/dense/dense_simd.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/sign/sign.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
@@ -75,7 +76,7 @@ class SignCodec final : public BucketCodec<SignCodec> {
         throw CorruptPayload(fmt::format("sign payload: bucket {} has scale {}", b, scale));
       }
     }
-    // Bucket by bucket, the elements through sign_decode_avx2 (quantize/dense_simd.h)
+    // Bucket by bucket, the elements through sign_decode_avx2 (dense/dense_simd.h)
     // or the scalar loop, on the path use_avx2_kernels() picks once per call.
     const bool avx2 = use_avx2_kernels();
     const CodeStream stream{s.codes, static_cast<uint64_t>(n), 1};

@@ -19,7 +19,7 @@
 
 #include <fmt/format.h>
 
-#include "compressors/codec.h"
+#include "compressors/sketch/sketch.h"
 #include "compressors/sketch/sketch_hash.h"  // hashes and the median, shared with gpu_sketch.cu
 #include "gradcomm/errors.h"
 #include "half.h"  // float_bits, bits_float

@@ -22,7 +22,7 @@
 #include <sstream>
 
 #include "compressors/sketch/sketch_hash.h"
-#include "compressors/topk/gpu_sparse.h"
+#include "compressors/sketch/gpu_sketch.h"
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"

@@ -9,6 +9,7 @@
 #include "collectives/ring_schedule.h"  // RingPhases
 #include "op.h"
 #include "compressors/codec.h"
+#include "compressors/sparse/sparse.h"
 #include "gradcomm/types.h"
 
 namespace gradcomm::detail {
@@ -94,9 +95,9 @@ void sparse_reduce_scatter_allreduce(Op& op, CompressorId id, float* data, int64
 // owner writes its segment as the N payloads' sum in rank order (divided for kAvg).
 void sparse_reduce_scatter(Op& op, CompressorId id, float* data, int64_t numel, ReduceOp reduce_op,
                            const SparseVector& selected, SparseFormat format, int64_t k);
-// spec.algo, or for algo=auto the one the α–β model (constants in sparse_allreduce.cc)
-// expects to be faster for this spec, world size and tensor size.
-SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel);
+// The shape's algo, or for algo=auto the one the α–β model (constants in
+// sparse_allreduce.cc) expects to be faster for this selection, world size and tensor size.
+SparseAlgo choose_sparse_algo(const SparseShape& shape, int ranks, int64_t numel);
 
 // Pipelined chain from `root` around the ring.
 void chain_broadcast(Op& op, void* data, int64_t bytes, int root);

@@ -16,7 +16,7 @@
 // bytes, except the sketch (the GPU table is summed with atomics), the small
 // dense allreduces of randomk/sketch for N > 2 (the CPU uses recursive doubling for
 // small tensors, NCCL the ring), and powersgd, within the tolerance stated in
-// compressors/powersgd/gpu_powersgd.h (cuBLAS and OpenBLAS sum in other orders).
+// compressors/lowrank/gpu_powersgd.h (cuBLAS and OpenBLAS sum in other orders).
 //
 // Payload faults found by the GPU decoders are reported by GpuContext's payload
 // checks (CorruptPayload at the next call or synchronize(), naming the call and peer).
@@ -29,15 +29,16 @@
 #include <vector>
 
 #include "op.h"
-#include "compressors/powersgd/gpu_powersgd.h"
-#include "compressors/gpu_dense_codec.h"
-#include "compressors/spec.h"
-#include "compressors/topk/gpu_sparse.h"
+#include "compressors/lowrank/gpu_powersgd.h"
+#include "compressors/dense/gpu_dense_codec.h"
+#include "compressors/sparse/gpu_sparse.h"
 #include "cuda/buffer.h"
 #include "gpu_context.h"
 #include "state.h"
 
 namespace gradcomm::detail {
+
+struct CompressorSpec;  // compressors/spec.h
 
 // One key's state on the GPU (KeyState::device): the residual, PowerSGD's Q and the
 // cached, grow-only workspaces, so a warm key allocates nothing.

@@ -164,22 +164,23 @@ class DevicePrimitives {
 
   // Only the sparse allgather exists here: algo=auto means it, reduce_scatter is refused.
   SparseAlgo sparse_algo(int64_t /*numel*/) const {
-    if (spec_.algo == SparseAlgo::kReduceScatter) {
+    if (sparse_ops(spec_).shape(spec_).algo == SparseAlgo::kReduceScatter) {
       throw InvalidArgument(
           "topk algo=reduce_scatter is not available for CUDA tensors (NCCL path); use algo=allgather or auto");
     }
     return SparseAlgo::kAllgather;
   }
 
-  void select_topk(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
-    gpu_topk_select(data, residual_, numel, k, spec_.select, rng, spec_.values, ks_.sparse, stream_);
+  void select(float* data, int64_t numel, int64_t k, const PhiloxStream& rng) {
+    gpu_ops().select(spec_, data, residual_, numel, k, rng, ks_.sparse, stream_);
   }
 
   // Encode in the spec's format, allgather the payloads, decode all in rank order.
   void sparse_allreduce(SparseAlgo /*allgather*/, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
     const int n = op_.size();
     const int r = op_.rank();
-    const SparseFormat format = sparse_format(spec_);
+    const SparseShape shape = sparse_ops(spec_).shape(spec_);
+    const SparseFormat format = shape.format;
     const int64_t capacity = ks_.sparse.capacity();
     // The payload size grows with the count, so the capacity's bounds every rank's.
     const size_t block = round_up(sparse_payload_bytes(numel, capacity, format));
@@ -190,7 +191,7 @@ class DevicePrimitives {
     // put up to 2k entries on the wire, and the decoder needs the exact length anyway
     // (its length check is part of validating an untrusted payload).
     std::vector<uint64_t> counts(static_cast<size_t>(n), static_cast<uint64_t>(std::min(k, numel)));
-    if (spec_.select == TopkSelect::kSample) {
+    if (!shape.exact_count) {
       counts[r] = static_cast<uint64_t>(ks_.sparse.read_count(stream_));
       if (n > 1) {
         ring_allgatherv(op_, reinterpret_cast<uint8_t*>(counts.data()), std::vector<int64_t>(n, 1), sizeof(uint64_t),
@@ -220,27 +221,24 @@ class DevicePrimitives {
     if (reduce_op == ReduceOp::kAvg) divide(data, numel, n);
   }
 
-  void select_random(int64_t numel, int64_t count, const PhiloxStream& rng) {
-    gpu_randomk_indices(numel, count, rng, ks_.sparse, stream_);
+  void draw(int64_t numel, int64_t count, const PhiloxStream& rng) {
+    gpu_ops().draw(spec_, numel, count, rng, ks_.sparse, stream_);
   }
 
-  GpuCountSketch make_sketch(int rows, int cols, const PhiloxStream& rng) const {
-    return GpuCountSketch(rows, cols, rng);
-  }
-  float* sketch_table(const GpuCountSketch& sketch) {
-    const size_t bytes = static_cast<size_t>(sketch.rows()) * sketch.cols() * sizeof(float);
+  float* table_cells(SparseTable table) {
+    const size_t bytes = static_cast<size_t>(table.rows) * table.cols * sizeof(float);
     ks_.table.reserve(bytes);
     GRADCOMM_CUDA_CHECK(cudaMemsetAsync(ks_.table.data(), 0, bytes, stream_));
     return ks_.table.as<float>();
   }
   // With EF, the residual becomes acc in the same pass.
-  const float* sketch_accumulate(const GpuCountSketch& sketch, const float* data, int64_t numel, float* table) {
-    sketch.accumulate(data, residual_, numel, table, stream_);
+  const float* table_accumulate(SparseTable table, const PhiloxStream& rng, const float* data, int64_t numel,
+                                float* cells) {
+    gpu_ops().accumulate(spec_, table, rng, data, residual_, numel, cells, stream_);
     return residual_ != nullptr ? residual_ : data;
   }
-  void sketch_recover(const GpuCountSketch& sketch, const float* table, int64_t numel, int64_t k,
-                      const PhiloxStream& /*the sketch's own*/) {
-    sketch.recover(table, numel, k, ks_.sparse, stream_);
+  void table_recover(SparseTable table, const PhiloxStream& rng, const float* cells, int64_t numel, int64_t k) {
+    gpu_ops().recover(spec_, table, rng, cells, numel, k, ks_.sparse, stream_);
   }
 
   void gather_sum_scatter(float* data, const float* acc, int64_t numel, ValueType type, uint32_t /*unit_base*/) {
@@ -273,6 +271,17 @@ class DevicePrimitives {
   }
 
  private:
+  // The family's device calls (Family::gpu_sparse); a family without them is refused by name.
+  const GpuSparseOps& gpu_ops() const {
+    const Family& family = family_of(spec_.id);
+    if (family.gpu_sparse == nullptr) {
+      throw InvalidArgument(fmt::format("compressor {} has no CUDA implementation (a build without CUDA, or a family "
+                                        "that provides none); use a host tensor",
+                                        family.name));
+    }
+    return *family.gpu_sparse;
+  }
+
   // The call's payload status words (one per peer), cleared at the first use.
   DeviceStatus* status() {
     if (status_ == nullptr) status_ = gpu_.payload_status(op_.size(), stream_);

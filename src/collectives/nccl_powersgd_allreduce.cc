@@ -31,7 +31,7 @@ class DevicePowerSgd {
                  const CompressorSpec& spec, const std::vector<powersgd::Part>& parts, KeyState* key, float* residual,
                  bool average, cudaStream_t stream)
       : op_(op), gpu_(gpu), ks_(ks), blas_(blas), data_(data), numel_(numel), parts_(parts), residual_(residual),
-        average_(average), keep_(spec.warm_start && key != nullptr), stream_(stream) {}
+        average_(average), keep_(low_rank_shape(spec).warm_start && key != nullptr), stream_(stream) {}
 
   float* data() { return data_; }
 
@@ -97,7 +97,8 @@ class DevicePowerSgd {
 void nccl_powersgd_allreduce(Op& op, GpuContext& gpu, GpuKeyState& ks, GpuBlas& blas, float* data, int64_t numel,
                              ReduceOp reduce_op, const CompressorSpec& spec, const std::vector<powersgd::Part>& parts,
                              KeyState* key, uint64_t key_hash, float* residual, cudaStream_t stream) {
-  const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, spec.rank, spec.min_compression_rate);
+  const LowRankShape shape = low_rank_shape(spec);
+  const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, shape.rank, shape.min_compression_rate);
   DevicePowerSgd x(op, gpu, ks, blas, data, numel, spec, parts, key, residual, reduce_op == ReduceOp::kAvg, stream);
   powersgd_steps(x, plan, numel, spec, key_hash, key != nullptr ? key->step : 0);
 }

@@ -9,7 +9,7 @@
 #include "collectives/collectives.h"
 #include "collectives/powersgd_steps.h"
 #include "compression.h"
-#include "compressors/powersgd/powersgd.h"
+#include "compressors/lowrank/powersgd.h"
 #include "gradcomm/errors.h"
 #include "op.h"
 #include "reduce.h"
@@ -44,7 +44,7 @@ class HostPowerSgd {
   HostPowerSgd(Op& op, float* data, int64_t numel, const CompressorSpec& spec, const std::vector<powersgd::Part>& parts,
                KeyState* key, float* residual, bool average)
       : op_(op), data_(data), numel_(numel), parts_(parts), key_(key), residual_(residual), average_(average),
-        keep_(spec.warm_start && key != nullptr) {}
+        keep_(low_rank_shape(spec).warm_start && key != nullptr) {}
 
   float* data() { return data_; }
 
@@ -144,7 +144,8 @@ class HostPowerSgd {
 
 void powersgd_allreduce(Op& op, float* data, int64_t numel, ReduceOp reduce_op, const CompressorSpec& spec,
                         const std::vector<powersgd::Part>& parts, KeyState* key, uint64_t key_hash, float* residual) {
-  const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, spec.rank, spec.min_compression_rate);
+  const LowRankShape shape = low_rank_shape(spec);
+  const powersgd::Plan plan = powersgd::make_call_plan(parts, numel, shape.rank, shape.min_compression_rate);
   HostPowerSgd x(op, data, numel, spec, parts, key, residual, reduce_op == ReduceOp::kAvg);
   powersgd_steps(x, plan, numel, spec, key_hash, key != nullptr ? key->step : 0);
 }

@@ -1,5 +1,5 @@
 // PowerSGD's call, once for both paths (Vogels et al., 2019; the arithmetic of each
-// step is compressors/powersgd/powersgd_logic.h): two dense allreduces per call, one of
+// step is compressors/lowrank/powersgd_logic.h): two dense allreduces per call, one of
 // every matrix's P with the call's dense parts behind them, one of every matrix's Q,
 // whatever the number of matrices. The host primitives are powersgd_allreduce.cc's, the
 // device ones (cuBLAS and kernels, enqueued on the caller's stream)
@@ -18,7 +18,7 @@
 //
 // Every rank ends bitwise identical: the allreduces hand every rank the same sums, and
 // what reads them is deterministic. The paths differ only in the summation order of
-// the products (cuBLAS and OpenBLAS; the tolerance is in compressors/powersgd/gpu_powersgd.h).
+// the products (cuBLAS and OpenBLAS; the tolerance is in compressors/lowrank/gpu_powersgd.h).
 //
 // Primitives (`x`):
 //   void check_key_q(const Plan&)             InvalidArgument when the key's Q has another size
@@ -40,11 +40,16 @@
 
 #include "collectives/collectives.h"  // kSecondPhaseUnits
 #include "compressors/philox.h"
-#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/family.h"
+#include "compressors/lowrank/lowrank.h"
+#include "compressors/lowrank/powersgd_logic.h"
 #include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
+
+// What a low-rank family's spec asks for (Family::low_rank).
+inline LowRankShape low_rank_shape(const CompressorSpec& spec) { return family_of(spec.id).low_rank(spec); }
 
 // A warm-start key's Q was sized by other shapes: what both paths' check_key_q throw.
 inline InvalidArgument key_q_mismatch(int64_t held_floats, const std::string& shapes, int64_t needed_floats) {
@@ -71,7 +76,7 @@ void powersgd_steps(Primitives& x, const powersgd::Plan& plan, int64_t numel, co
   }
   const QPlace at = x.place_q(plan);
   if (at.draw) {
-    x.draw_q(at.q, plan.q_floats, PhiloxStream{spec.seed, philox_stream_id(key_hash, spec.warm_start ? 0 : step, -1)});
+    x.draw_q(at.q, plan.q_floats, PhiloxStream{spec.seed, philox_stream_id(key_hash, low_rank_shape(spec).warm_start ? 0 : step, -1)});
     x.orthonormalize(plan, at.q, Factor::kQ);
   }
   x.project(plan, at.q, at.p_buf);

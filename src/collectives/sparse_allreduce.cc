@@ -33,8 +33,8 @@
 
 #include "collectives/collectives.h"
 #include "compressors/payload.h"
-#include "compressors/topk/sparse_code.h"
-#include "compressors/topk/topk_logic.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/sparse/topk_logic.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -155,11 +155,11 @@ std::vector<std::span<const uint8_t>> split_blocks(const std::vector<uint8_t>& a
 
 }  // namespace
 
-SparseAlgo choose_sparse_algo(const CompressorSpec& spec, int ranks, int64_t numel) {
-  if (spec.algo != SparseAlgo::kAuto) return spec.algo;
+SparseAlgo choose_sparse_algo(const SparseShape& shape, int ranks, int64_t numel) {
+  if (shape.algo != SparseAlgo::kAuto) return shape.algo;
   if (ranks <= 2) return SparseAlgo::kAllgather;  // the same bytes, fewer messages
-  const int64_t k = std::min(selection_count(spec.ratio, spec.k, numel), numel);
-  const SparseFormat format = sparse_format(spec);
+  const int64_t k = std::min(selection_count(shape.ratio, shape.k, numel), numel);
+  const SparseFormat format = shape.format;
   const double N = ranks;
   const double payload = static_cast<double>(sparse_payload_bytes(numel, k, format));
   const double kept = static_cast<double>(

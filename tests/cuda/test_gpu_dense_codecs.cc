@@ -16,9 +16,12 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/gpu_dense_codec.h"
-#include "compressors/gpu_dense_launch.h"
-#include "compressors/gpu_dense_logic.h"
+#include "compressors/dense/gpu_dense_codec.h"
+#include "compressors/dense/gpu_dense_launch.h"
+#include "compressors/dense/gpu_dense_logic.h"
+#include "compressors/dense_codec_spec.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/spec.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
@@ -33,9 +36,9 @@ namespace {
 
 std::string name_of(const CompressorSpec& s) {
   std::string n = compressor_name(s.id);
-  if (s.id == CompressorId::kQuant) n += std::to_string(s.bits) + (s.round == Rounding::kNearest ? "n" : "s");
-  if (s.id == CompressorId::kQsgd) n += std::to_string(s.levels);
-  if (s.bucket != 0) n += "/B" + std::to_string(s.bucket);
+  if (s.id == CompressorId::kQuant) n += std::to_string(dense_codec_fields(s).bits) + (dense_codec_fields(s).round == Rounding::kNearest ? "n" : "s");
+  if (s.id == CompressorId::kQsgd) n += std::to_string(dense_codec_fields(s).levels);
+  if (dense_codec_fields(s).bucket != 0) n += "/B" + std::to_string(dense_codec_fields(s).bucket);
   return n;
 }
 
@@ -55,7 +58,7 @@ std::vector<CompressorSpec> all_specs() {
 }
 
 std::vector<int64_t> sizes_for(const CompressorSpec& s) {
-  const int64_t b = s.bucket == 0 ? 64 : s.bucket;
+  const int64_t b = dense_codec_fields(s).bucket == 0 ? 64 : dense_codec_fields(s).bucket;
   return {0, 1, 7, std::max<int64_t>(1, b / 2), b - 1, b, b + 1, 1000003, (int64_t{1} << 22) + 5};
 }
 
@@ -174,7 +177,7 @@ TEST_F(GpuDenseCodecs, UnalignedPointersGiveTheSameBytes) {
   for (const auto& s : all_specs()) {
     const auto cpu = make_dense_codec(s);
     const GpuDenseCodec gpu(s);
-    const int64_t n = 4 * std::max<int64_t>(s.bucket, 8) + 3;
+    const int64_t n = 4 * std::max<int64_t>(dense_codec_fields(s).bucket, 8) + 3;
     SCOPED_TRACE(name_of(s));
     const auto x = random_input(n, 8);
     std::vector<uint8_t> want(cpu->encoded_bytes(n));
@@ -202,7 +205,7 @@ TEST_F(GpuDenseCodecs, FusedErrorFeedbackMatchesCpu) {
   for (const auto& s : all_specs()) {
     const auto cpu = make_dense_codec(s);
     const GpuDenseCodec gpu(s);
-    for (int64_t n : {int64_t{1}, 3 * std::max<int64_t>(s.bucket, 8) + 5, int64_t{1000003}}) {
+    for (int64_t n : {int64_t{1}, 3 * std::max<int64_t>(dense_codec_fields(s).bucket, 8) + 5, int64_t{1000003}}) {
       SCOPED_TRACE(name_of(s) + " n=" + std::to_string(n));
       const int64_t first = cpu->alignment();
       const auto x = random_input(n, 21);
@@ -255,7 +258,7 @@ TEST_F(GpuDenseCodecs, NonFiniteBucketsArePoisonedAsOnCpu) {
   for (const auto& s : all_specs()) {
     const auto cpu = make_dense_codec(s);
     const GpuDenseCodec gpu(s);
-    const int64_t b = std::max<int64_t>(s.bucket, 8), n = 5 * b;
+    const int64_t b = std::max<int64_t>(dense_codec_fields(s).bucket, 8), n = 5 * b;
     SCOPED_TRACE(name_of(s));
     auto x = random_input(n, 11);
     x[1] = nan;
@@ -278,7 +281,7 @@ TEST_F(GpuDenseCodecs, NonFiniteBucketsArePoisonedAsOnCpu) {
     status.check(stream.get(), "poisoned decode");
     const auto got = to_host<float>(out, x.size());
     ASSERT_TRUE(same_floats(got, ref));
-    if (s.bucket != 0) EXPECT_TRUE(std::isnan(got[0]));
+    if (dense_codec_fields(s).bucket != 0) EXPECT_TRUE(std::isnan(got[0]));
   }
 }
 
@@ -349,7 +352,7 @@ TEST_F(GpuDenseCodecs, CorruptPayloadsAreReportedAndWriteNothing) {
   for (const auto& s : specs) {
     const auto cpu = make_dense_codec(s);
     const GpuDenseCodec gpu(s);
-    const int64_t n = 2 * std::max<int64_t>(s.bucket, 8) + 3;
+    const int64_t n = 2 * std::max<int64_t>(dense_codec_fields(s).bucket, 8) + 3;
     const DenseLayout layout = family_of(s.id).gpu_dense->layout(s, static_cast<uint64_t>(n));
     const auto x = random_input(n, 3);
     std::vector<uint8_t> valid(cpu->encoded_bytes(n));

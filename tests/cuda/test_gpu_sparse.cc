@@ -1,4 +1,4 @@
-// The GPU sparse compressors (compressors/topk/gpu_sparse.h) against the CPU
+// The GPU sparse compressors (compressors/sparse/gpu_sparse.h) against the CPU
 // reference (compressors/codec.h): top-k exact and sample selections, fused error
 // feedback keeping the values' rounding, payload bytes and decode-add bit for bit in
 // every format (fp32/fp16/bf16 values x raw/coded indices); every kind of corrupt
@@ -20,8 +20,13 @@
 #include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "compressors/sketch/sketch_hash.h"
-#include "compressors/topk/gpu_sparse.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/sparse/gpu_sparse.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/randomk/gpu_randomk.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sketch/gpu_sketch.h"
+#include "compressors/sketch/sketch.h"
+#include "compressors/sparse/sparse.h"
 #include "cuda/buffer.h"
 #include "cuda/check.h"
 #include "cuda/device.h"

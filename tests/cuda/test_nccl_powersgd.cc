@@ -1,4 +1,4 @@
-// PowerSGD on CUDA tensors over NCCL (compressors/powersgd/gpu_powersgd.cu,
+// PowerSGD on CUDA tensors over NCCL (compressors/lowrank/gpu_powersgd.cu,
 // src/collectives/nccl_powersgd_allreduce.cc) against the CPU engine on the same inputs
 // and key history: the output, the residual and the kept Q within the tolerance
 // gpu_powersgd.h states (1e-4 relative Frobenius error on well-conditioned gradients),
@@ -30,7 +30,7 @@ namespace {
 using detail::cuda_device_count;
 using detail::cuda_unavailable_reason;
 
-constexpr double kTolerance = 1e-4;  // compressors/powersgd/gpu_powersgd.h
+constexpr double kTolerance = 1e-4;  // compressors/lowrank/gpu_powersgd.h
 
 // A DDP-bucket-like tensor: two weight matrices, a conv weight, a bias.
 const std::vector<std::vector<int64_t>> kShapes = {{256, 192}, {192}, {64, 32, 3, 3}, {1000, 40}};

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/spec.h"
 #include "fuzz_util.h"
 #include "gradcomm/errors.h"
 

@@ -1,4 +1,4 @@
-// decode_add_sparse and decode_sum_sparse (codec.h) on arbitrary payloads and sizes.
+// decode_add_sparse and decode_sum_sparse (compressors/sparse/sparse.h) on arbitrary payloads and sizes.
 //
 // Input: id u8 (any byte, so foreign ids are probed too) | mode u8 | numel | rest.
 //   mode bits 0-1 pick how numel is read: 0: u16, 1: u8, 2: u32, 3: 2^32 + u16
@@ -21,7 +21,8 @@
 #include <vector>
 
 #include "compressors/codec.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/sparse/sparse.h"
 #include "fuzz_util.h"
 #include "gradcomm/errors.h"
 #include "half.h"

@@ -17,6 +17,8 @@
 #include "comm_impl.h"
 #include "common/time_scale.h"
 #include "compressors/auto_spec.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/topk/topk.h"
 #include "introspect.h"
 #include "test_util.h"
 
@@ -50,10 +52,10 @@ TEST(AutoSpec, AmongTakesTheRestWithTheCandidatesOwnCommas) {
   ASSERT_EQ(s.candidates.size(), 3u);
   EXPECT_EQ(s.review, 7);
   EXPECT_EQ(s.small, 10);
-  EXPECT_EQ(s.candidates[1].bits, 4);
-  EXPECT_EQ(s.candidates[1].bucket, 256);
+  EXPECT_EQ(s.candidates[1].family<detail::QuantParams>().bits, 4);
+  EXPECT_EQ(s.candidates[1].family<detail::QuantParams>().bucket, 256);
   EXPECT_TRUE(s.candidates[1].ef);
-  EXPECT_DOUBLE_EQ(s.candidates[2].ratio, 0.05);
+  EXPECT_DOUBLE_EQ(s.candidates[2].family<detail::TopkParams>().ratio, 0.05);
 }
 
 void expect_refused(const std::string& spec, const std::string& says) {
@@ -150,7 +152,7 @@ TEST(AutoModel, ChoosesByTheLinkAsTheModelSays) {
   // The cap: top-k compresses ~130x; max_ratio=10 leaves it out, and quant 4 (8x) wins.
   const AutoSpec capped = parse_auto_spec("auto:max_ratio=10");
   auto c = detail::decide_auto(capped, costs, LinkModel{50e-6, 8.0 / 1e9}, n, 2, -1);
-  EXPECT_EQ(capped.candidates[c.choice].bits, 4);
+  EXPECT_EQ(capped.candidates[c.choice].family<detail::QuantParams>().bits, 4);
   EXPECT_LT(c.predicted_s[4], 0);
   EXPECT_NE(c.left_out[4].find("max_ratio=10"), std::string::npos) << c.left_out[4];
 }

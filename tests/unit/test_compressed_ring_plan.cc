@@ -16,6 +16,7 @@
 #include "collectives/ring_schedule.h"
 #include "compressors/codec.h"
 #include "compressors/philox.h"
+#include "compressors/spec.h"
 #include "state.h"
 #include "test_util.h"
 

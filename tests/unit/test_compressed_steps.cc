@@ -14,6 +14,8 @@
 
 #include "compressed_allreduce.h"
 #include "compressors/spec.h"
+#include "compressors/sketch/sketch.h"
+#include "compressors/sparse/sparse.h"
 
 namespace gradcomm::detail {
 namespace {
@@ -53,29 +55,21 @@ class Recorder {
     log("sparse_algo({})", n);
     return SparseAlgo::kAllgather;
   }
-  void select_topk(float*, int64_t n, int64_t k, const PhiloxStream& rng) {
-    log("select_topk({}, k {}, {})", n, k, who(rng));
-  }
+  void select(float*, int64_t n, int64_t k, const PhiloxStream& rng) { log("select({}, k {}, {})", n, k, who(rng)); }
   void sparse_allreduce(SparseAlgo, float*, int64_t n, int64_t k, ReduceOp op) {
     log("sparse_allreduce({}, k {}, {})", n, k, op == ReduceOp::kAvg ? "avg" : "sum");
   }
-  void select_random(int64_t n, int64_t count, const PhiloxStream& rng) {
-    log("select_random({}, count {}, {})", n, count, who(rng));
-  }
-  Sketch make_sketch(int rows, int cols, const PhiloxStream& rng) {
-    log("make_sketch({}x{}, {})", rows, cols, who(rng));
-    return Sketch{rows, cols};
-  }
-  float* sketch_table(const Sketch&) {
-    log("sketch_table");
+  void draw(int64_t n, int64_t count, const PhiloxStream& rng) { log("draw({}, count {}, {})", n, count, who(rng)); }
+  float* table_cells(SparseTable table) {
+    log("table_cells({}x{})", table.rows, table.cols);
     return table_;
   }
-  const float* sketch_accumulate(const Sketch&, const float* data, int64_t n, float* table) {
-    log("sketch_accumulate({}, {})", n, table == table_ ? "its table" : "another table");
+  const float* table_accumulate(SparseTable, const PhiloxStream& rng, const float* data, int64_t n, float* cells) {
+    log("table_accumulate({}, {}, {})", n, cells == table_ ? "its table" : "another table", who(rng));
     return data;
   }
-  void sketch_recover(const Sketch&, const float* table, int64_t n, int64_t k, const PhiloxStream& rng) {
-    log("sketch_recover({}, k {}, {}, {})", n, k, table == table_ ? "its table" : "another table", who(rng));
+  void table_recover(SparseTable, const PhiloxStream& rng, const float* cells, int64_t n, int64_t k) {
+    log("table_recover({}, k {}, {}, {})", n, k, cells == table_ ? "its table" : "another table", who(rng));
   }
   void gather_sum_scatter(float*, const float*, int64_t n, ValueType type, uint32_t unit_base) {
     log("gather_sum_scatter({}, {}, units {:#x})", n, type == ValueType::kFp32 ? "fp32" : "16-bit", unit_base);
@@ -149,24 +143,24 @@ TEST(CompressedSteps, OneRankStillKeepsOnlyWhatCompressionKeeps) {
 TEST(CompressedSteps, TopkSelectsWithItsOwnStreamAndTheExchangeAverages) {
   // k = 1% of 10000; the sparse exchange applies the average itself: no divide after.
   EXPECT_EQ(steps("topk:ratio=0.01", 10000, 3, 4, ReduceOp::kAvg),
-            (Calls{"sparse_algo(10000)", "select_topk(10000, k 100, mine)", "sparse_allreduce(10000, k 100, avg)",
+            (Calls{"sparse_algo(10000)", "select(10000, k 100, mine)", "sparse_allreduce(10000, k 100, avg)",
                    "keep_selection", "check_payloads(10000)"}));
 }
 
 TEST(CompressedSteps, RandomkDrawsSharedIndicesAndSumsTheirValues) {
   EXPECT_EQ(steps("randomk:ratio=0.1", 1000, 1, 2, ReduceOp::kAvg),
-            (Calls{"select_random(1000, count 100, shared)", "accumulate_in_residual(1000)",
+            (Calls{"draw(1000, count 100, shared)", "accumulate_in_residual(1000)",
                    "gather_sum_scatter(1000, fp32, units 0x0)", "keep_selection", "check_payloads(1000)",
                    "divide(1000, by 2)"}));
 }
 
 TEST(CompressedSteps, SketchSumsItsTableThenTheValuesInTheSecondPhaseUnits) {
   const CompressorSpec spec = parse_compressor_spec("sketch:k=50,rows=3,values=fp16");
-  const int cols = sketch_columns(spec, 50);
+  const int cols = sketch_columns(spec.family<SketchParams>(), 50);
   EXPECT_EQ(steps("sketch:k=50,rows=3,values=fp16", 10000, 0, 3, ReduceOp::kSum),
-            (Calls{fmt::format("make_sketch(3x{}, shared)", cols), "sketch_table",
-                   "sketch_accumulate(10000, its table)", fmt::format("dense_allreduce({}, sum, units 0x0)", 3 * cols),
-                   "sketch_recover(10000, k 50, its table, shared)",
+            (Calls{fmt::format("table_cells(3x{})", cols), "table_accumulate(10000, its table, shared)",
+                   fmt::format("dense_allreduce({}, sum, units 0x0)", 3 * cols),
+                   "table_recover(10000, k 50, its table, shared)",
                    fmt::format("gather_sum_scatter(10000, 16-bit, units {:#x})", kSecondPhaseUnits), "keep_selection",
                    "check_payloads(10000)"}));
 }
@@ -181,7 +175,7 @@ TEST(CompressedSteps, StreamsDependOnTheStepAndMineOnTheRank) {
   for (uint64_t step : {0, 1, 7}) {
     for (int rank : {0, 1, 2}) {
       const Calls calls = steps("topk:ratio=0.01,select=sample", 10000, rank, 3, ReduceOp::kSum, step);
-      EXPECT_EQ(calls.at(1), "select_topk(10000, k 100, mine)") << "step " << step << " rank " << rank;
+      EXPECT_EQ(calls.at(1), "select(10000, k 100, mine)") << "step " << step << " rank " << rank;
     }
   }
 }

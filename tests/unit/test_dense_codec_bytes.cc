@@ -1,5 +1,5 @@
 // The AVX2 paths of the CPU dense codecs (compressors/philox.cc,
-// compressors/quantize/dense_simd.cc, compressors/quantize/dense_simd_decode.cc) against
+// compressors/dense/dense_simd.cc, compressors/dense/dense_simd_decode.cc) against
 // the scalar definitions they replace: Philox blocks, each bulk loop, whole
 // quant/qsgd/sign payloads byte for byte and their decoded floats bit for bit, the
 // reference computed on the same machine under ScopedScalarKernels. On a CPU without AVX2 both sides are the scalar
@@ -24,9 +24,12 @@
 #include "compressors/codec.h"
 #include "compressors/cpu_kernels.h"
 #include "compressors/philox.h"
-#include "compressors/quantize/bitpack.h"
-#include "compressors/quantize/dense_simd.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/bitpack.h"
+#include "compressors/dense/dense_simd.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/dense_codec_spec.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/spec.h"
 #include "cpu_features.h"
 #include "gradcomm/errors.h"
 #include "half.h"
@@ -38,9 +41,9 @@ namespace {
 
 std::string describe(const CompressorSpec& s) {
   std::string name = compressor_name(s.id);
-  if (s.id == CompressorId::kQuant) name += std::to_string(s.bits) + (s.round == Rounding::kNearest ? "n" : "s");
-  if (s.id == CompressorId::kQsgd) name += std::to_string(s.levels);
-  return name + " bucket=" + std::to_string(s.bucket);
+  if (s.id == CompressorId::kQuant) name += std::to_string(dense_codec_fields(s).bits) + (dense_codec_fields(s).round == Rounding::kNearest ? "n" : "s");
+  if (s.id == CompressorId::kQsgd) name += std::to_string(dense_codec_fields(s).levels);
+  return name + " bucket=" + std::to_string(dense_codec_fields(s).bucket);
 }
 
 // N(0, 1) values with the cases every path must agree on planted in fixed places:
@@ -435,8 +438,8 @@ TEST(DenseCodecBytes, Avx2DecodeEqualsScalarOnArbitraryPayloads) {
   for (int64_t bucket : {int64_t{5}, int64_t{64}, int64_t{100}}) {
     for (const CompressorSpec& spec : decode_specs(bucket)) {
       const auto codec = make_dense_codec(spec);
-      const unsigned bits = spec.id == CompressorId::kQuant  ? static_cast<unsigned>(spec.bits)
-                            : spec.id == CompressorId::kQsgd ? qsgd_code_bits(static_cast<uint32_t>(spec.levels))
+      const unsigned bits = spec.id == CompressorId::kQuant  ? static_cast<unsigned>(dense_codec_fields(spec).bits)
+                            : spec.id == CompressorId::kQsgd ? qsgd_code_bits(static_cast<uint32_t>(dense_codec_fields(spec).levels))
                                                              : 1u;
       const size_t per_bucket = spec.id == CompressorId::kQuant ? 8 : 4;  // scale bytes
       for (int64_t n : {1, 9, 40, 257, 3000}) {

@@ -17,8 +17,11 @@
 #include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "compressors/philox.h"
-#include "compressors/quantize/bitpack.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/bitpack.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/dense_codec_spec.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/spec.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 
@@ -43,9 +46,9 @@ CompressorSpec make_spec(CompressorId id, int bits = 0, Rounding round = Roundin
 std::string spec_name(const CompressorSpec& s) {
   std::string name = compressor_name(s.id);
   if (s.id == CompressorId::kQuant) {
-    name += std::to_string(s.bits) + (s.round == Rounding::kNearest ? "nearest" : "stochastic");
+    name += std::to_string(dense_codec_fields(s).bits) + (dense_codec_fields(s).round == Rounding::kNearest ? "nearest" : "stochastic");
   }
-  if (s.id == CompressorId::kQsgd) name += std::to_string(s.levels);
+  if (s.id == CompressorId::kQsgd) name += std::to_string(dense_codec_fields(s).levels);
   return name;
 }
 
@@ -106,8 +109,8 @@ uint32_t code_at(const uint8_t* codes, uint64_t i, unsigned bits) {
 unsigned qsgd_bits_ref(int levels) { return 1 + static_cast<unsigned>(std::ceil(std::log2(levels + 1.0))); }
 unsigned code_bits(const CompressorSpec& s) {
   switch (s.id) {
-    case CompressorId::kQuant: return static_cast<unsigned>(s.bits);
-    case CompressorId::kQsgd: return qsgd_bits_ref(s.levels);
+    case CompressorId::kQuant: return static_cast<unsigned>(dense_codec_fields(s).bits);
+    case CompressorId::kQsgd: return qsgd_bits_ref(dense_codec_fields(s).levels);
     case CompressorId::kSign: return 1;
     default: return 16;
   }
@@ -115,7 +118,7 @@ unsigned code_bits(const CompressorSpec& s) {
 size_t scale_bytes_per_bucket(const CompressorSpec& s) { return s.id == CompressorId::kQuant ? 8 : 4; }
 size_t expected_bytes(const CompressorSpec& s, int64_t n) {
   if (is_cast(s)) return kHeader + 2 * static_cast<size_t>(n);
-  const size_t buckets = static_cast<size_t>((n + s.bucket - 1) / s.bucket);
+  const size_t buckets = static_cast<size_t>((n + dense_codec_fields(s).bucket - 1) / dense_codec_fields(s).bucket);
   return kHeader + buckets * scale_bytes_per_bucket(s) + (static_cast<size_t>(n) * code_bits(s) + 7) / 8;
 }
 
@@ -133,11 +136,11 @@ void check_against_reference(const CompressorSpec& s, const std::vector<float>& 
     }
     return;
   }
-  const int64_t buckets = (n + s.bucket - 1) / s.bucket;
+  const int64_t buckets = (n + dense_codec_fields(s).bucket - 1) / dense_codec_fields(s).bucket;
   const uint8_t* codes = p.data() + kHeader + buckets * scale_bytes_per_bucket(s);
   const unsigned bits = code_bits(s);
   for (int64_t b = 0; b < buckets; ++b) {
-    const int64_t begin = b * s.bucket, end = std::min(n, begin + s.bucket);
+    const int64_t begin = b * dense_codec_fields(s).bucket, end = std::min(n, begin + dense_codec_fields(s).bucket);
     double sum_abs = 0, sum_sq = 0;
     float lo = x[begin], hi = x[begin];
     for (int64_t i = begin; i < end; ++i) {
@@ -157,11 +160,11 @@ void check_against_reference(const CompressorSpec& s, const std::vector<float>& 
       const float plo = f32_at(p, kHeader + 8 * b), phi = f32_at(p, kHeader + 8 * b + 4);
       ASSERT_EQ(plo, lo) << b;
       ASSERT_EQ(phi, hi) << b;
-      const double levels = (1 << s.bits) - 1, step = (static_cast<double>(hi) - lo) / levels;
+      const double levels = (1 << dense_codec_fields(s).bits) - 1, step = (static_cast<double>(hi) - lo) / levels;
       for (int64_t i = begin; i < end; ++i) {
         const uint32_t code = code_at(codes, i, bits);
         const double t = step > 0 ? (x[i] - static_cast<double>(lo)) / step : 0.0;  // exact grid position
-        if (s.round == Rounding::kNearest) {
+        if (dense_codec_fields(s).round == Rounding::kNearest) {
           const bool near_midpoint = std::fabs(t - std::floor(t) - 0.5) < 1e-4;
           if (!near_midpoint) ASSERT_EQ(code, static_cast<uint32_t>(std::lround(t))) << i << " t=" << t;
           ASSERT_LE(std::fabs(y[i] - static_cast<double>(x[i])), step / 2 + 1e-5 * (std::fabs(lo) + std::fabs(hi)))
@@ -176,13 +179,13 @@ void check_against_reference(const CompressorSpec& s, const std::vector<float>& 
     } else {  // qsgd
       const float norm = f32_at(p, kHeader + 4 * b);
       ASSERT_NEAR(norm, std::sqrt(sum_sq), 1e-5 * std::sqrt(sum_sq)) << b;
-      const double unit = static_cast<double>(norm) / s.levels;
+      const double unit = static_cast<double>(norm) / dense_codec_fields(s).levels;
       for (int64_t i = begin; i < end; ++i) {
         const uint32_t code = code_at(codes, i, bits);
         const uint32_t level = code & ((1u << (bits - 1)) - 1u);
         ASSERT_EQ(code >> (bits - 1), std::signbit(x[i]) ? 1u : 0u) << i;
         const double l = norm > 0 ? std::fabs(x[i]) / unit : 0.0;
-        ASSERT_LE(level, static_cast<uint32_t>(s.levels));
+        ASSERT_LE(level, static_cast<uint32_t>(dense_codec_fields(s).levels));
         ASSERT_GE(level + 1e-3, std::floor(l)) << i;
         ASSERT_LE(level - 1e-3, std::ceil(l)) << i;
         const double want = (std::signbit(x[i]) ? -1 : 1) * unit * level;
@@ -287,17 +290,17 @@ TEST_P(StochasticCodecs, RoundingIsUnbiased) {
       for (int64_t i = 0; i < n; ++i) sum[i] += y[i];
     }
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t b = i / s.bucket;
+      const int64_t b = i / dense_codec_fields(s).bucket;
       double grid, position, scale_mag;  // grid spacing, x's position in grid units
       if (s.id == CompressorId::kQuant) {
         const double lo = f32_at(p, kHeader + 8 * b), hi = f32_at(p, kHeader + 8 * b + 4);
-        grid = (hi - lo) / ((1 << s.bits) - 1);
+        grid = (hi - lo) / ((1 << dense_codec_fields(s).bits) - 1);
         position = grid > 0 ? (x[i] - lo) / grid : 0.0;
         scale_mag = std::fabs(lo) + std::fabs(hi);
       } else {
-        grid = f32_at(p, kHeader + 4 * b) / static_cast<double>(s.levels);
+        grid = f32_at(p, kHeader + 4 * b) / static_cast<double>(dense_codec_fields(s).levels);
         position = grid > 0 ? std::fabs(x[i]) / grid : 0.0;
-        scale_mag = grid * s.levels;
+        scale_mag = grid * dense_codec_fields(s).levels;
       }
       const double frac = position - std::floor(position);
       const double sigma_draws = std::sqrt(kDraws * frac * (1 - frac));
@@ -310,7 +313,7 @@ TEST_P(StochasticCodecs, RoundingIsUnbiased) {
 std::vector<CompressorSpec> stochastic_specs() {
   std::vector<CompressorSpec> v;
   for (const auto& s : all_specs()) {
-    if (s.id == CompressorId::kQsgd || (s.id == CompressorId::kQuant && s.round == Rounding::kStochastic)) v.push_back(s);
+    if (s.id == CompressorId::kQsgd || (s.id == CompressorId::kQuant && dense_codec_fields(s).round == Rounding::kStochastic)) v.push_back(s);
   }
   return v;
 }

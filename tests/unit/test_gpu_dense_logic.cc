@@ -1,4 +1,4 @@
-// The logic of the CUDA dense codecs (compressors/gpu_dense_logic.h, and each family's
+// The logic of the CUDA dense codecs (compressors/dense/gpu_dense_logic.h, and each family's
 // layout and policy in its folder: compressors/cast/gpu_cast_logic.h,
 // compressors/quantize/gpu_quant_logic.h, compressors/quantize/gpu_qsgd_logic.h,
 // compressors/sign/gpu_sign_logic.h), run on the CPU the way the kernels run it: 8 lanes
@@ -22,11 +22,14 @@
 #include "compressors/payload.h"
 #include "compressors/philox.h"
 #include "compressors/cast/gpu_cast_logic.h"
-#include "compressors/gpu_dense_logic.h"
-#include "compressors/quantize/bitpack.h"
+#include "compressors/dense/gpu_dense_logic.h"
+#include "compressors/dense/bitpack.h"
 #include "compressors/quantize/gpu_qsgd_logic.h"
 #include "compressors/quantize/gpu_quant_logic.h"
 #include "compressors/sign/gpu_sign_logic.h"
+#include "compressors/dense_codec_spec.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
@@ -35,9 +38,9 @@ namespace {
 
 std::string name_of(const CompressorSpec& s) {
   std::string n = compressor_name(s.id);
-  if (s.id == CompressorId::kQuant) n += std::to_string(s.bits) + (s.round == Rounding::kNearest ? "n" : "s");
-  if (s.id == CompressorId::kQsgd) n += std::to_string(s.levels);
-  if (s.bucket != 0) n += "/B" + std::to_string(s.bucket);
+  if (s.id == CompressorId::kQuant) n += std::to_string(dense_codec_fields(s).bits) + (dense_codec_fields(s).round == Rounding::kNearest ? "n" : "s");
+  if (s.id == CompressorId::kQsgd) n += std::to_string(dense_codec_fields(s).levels);
+  if (dense_codec_fields(s).bucket != 0) n += "/B" + std::to_string(dense_codec_fields(s).bucket);
   return n;
 }
 
@@ -56,7 +59,7 @@ std::vector<CompressorSpec> all_specs() {
 }
 
 std::vector<int64_t> sizes_for(const CompressorSpec& s) {
-  const int64_t b = s.bucket == 0 ? 64 : s.bucket;
+  const int64_t b = dense_codec_fields(s).bucket == 0 ? 64 : dense_codec_fields(s).bucket;
   return {0, 1, 7, std::max<int64_t>(1, b / 2), b - 1, b, b + 1, 3 * b + 5, 20011};
 }
 
@@ -103,7 +106,7 @@ void visit_policy(const CompressorSpec& s, const DenseLayout& l, F&& f) {
   switch (s.id) {
     case CompressorId::kFp16: return f(CastPolicy<false>{});
     case CompressorId::kBf16: return f(CastPolicy<true>{});
-    case CompressorId::kQuant: return f(quant_policy(l, s.round == Rounding::kStochastic));
+    case CompressorId::kQuant: return f(quant_policy(l, dense_codec_fields(s).round == Rounding::kStochastic));
     case CompressorId::kQsgd: return f(qsgd_policy(l));
     case CompressorId::kSign: return f(SignPolicy{});
     default: FAIL() << "not dense";
@@ -114,9 +117,9 @@ void visit_policy(const CompressorSpec& s, const DenseLayout& l, F&& f) {
 DenseLayout layout_of(const CompressorSpec& s, int64_t n) {
   const auto u = static_cast<uint64_t>(n);
   switch (s.id) {
-    case CompressorId::kQuant: return quant_layout(s.bits, s.bucket, u);
-    case CompressorId::kQsgd: return qsgd_layout(s.levels, s.bucket, u);
-    case CompressorId::kSign: return sign_layout(s.bucket, u);
+    case CompressorId::kQuant: return quant_layout(dense_codec_fields(s).bits, dense_codec_fields(s).bucket, u);
+    case CompressorId::kQsgd: return qsgd_layout(dense_codec_fields(s).levels, dense_codec_fields(s).bucket, u);
+    case CompressorId::kSign: return sign_layout(dense_codec_fields(s).bucket, u);
     default: return cast_layout(s.id, u);
   }
 }
@@ -279,7 +282,7 @@ TEST(GpuDenseLogic, EncodeDecodeMatchCpuByteForByte) {
 TEST(GpuDenseLogic, ErrorFeedbackMatchesCpuReference) {
   for (const auto& s : all_specs()) {
     const auto cpu = make_dense_codec(s);
-    const int64_t n = 3 * std::max<int64_t>(s.bucket, 8) + 5;
+    const int64_t n = 3 * std::max<int64_t>(dense_codec_fields(s).bucket, 8) + 5;
     const int64_t first = cpu->alignment();
     const std::string what = name_of(s);
     const auto x = random_input(n, 5);
@@ -311,7 +314,7 @@ TEST(GpuDenseLogic, NonFiniteBucketsArePoisonedAsOnCpu) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (const auto& s : all_specs()) {
     const auto cpu = make_dense_codec(s);
-    const int64_t b = std::max<int64_t>(s.bucket, 8);
+    const int64_t b = std::max<int64_t>(dense_codec_fields(s).bucket, 8);
     const int64_t n = 5 * b;
     auto x = random_input(n, 11);
     x[1] = nan;                    // bucket 0
@@ -327,7 +330,7 @@ TEST(GpuDenseLogic, NonFiniteBucketsArePoisonedAsOnCpu) {
     cpu->decode(want, n, ref.data());
     ASSERT_EQ(emulate_decode(s, want, n, got, false).fault, DenseFault::kNone);
     expect_same_floats(got, ref, name_of(s) + " decode");
-    if (s.bucket != 0) EXPECT_TRUE(std::isnan(got[0])) << name_of(s) << ": a NaN bucket decodes to NaN";
+    if (dense_codec_fields(s).bucket != 0) EXPECT_TRUE(std::isnan(got[0])) << name_of(s) << ": a NaN bucket decodes to NaN";
   }
 }
 
@@ -409,7 +412,7 @@ std::vector<Corruption> corruptions() {
 TEST(GpuDenseLogic, CorruptPayloadsAreRejectedAsOnCpu) {
   for (const auto& s : all_specs()) {
     const auto cpu = make_dense_codec(s);
-    const int64_t n = 2 * std::max<int64_t>(s.bucket, 8) + 3;  // a partial last bucket and byte
+    const int64_t n = 2 * std::max<int64_t>(dense_codec_fields(s).bucket, 8) + 3;  // a partial last bucket and byte
     const auto x = random_input(n, 3);
     std::vector<uint8_t> valid(cpu->encoded_bytes(n));
     cpu->encode(x.data(), n, valid.data(), kRng, 0);

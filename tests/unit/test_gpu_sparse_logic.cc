@@ -4,7 +4,7 @@
 // scans, the sample plan, random-k's parallel Floyd, the sketch's per-element
 // median) built from the same GRADCOMM_HD functions the kernels call
 // (topk_logic.h, randomk_logic.h, sketch_hash.h), held bit for bit to the CPU
-// reference in codec.h. Runs everywhere; tests/cuda/test_gpu_sparse.cc runs the
+// reference in compressors/sparse/sparse.h. Runs everywhere; tests/cuda/test_gpu_sparse.cc runs the
 // kernels themselves where a GPU exists.
 #include <gtest/gtest.h>
 
@@ -20,7 +20,10 @@
 #include "compressors/codec.h"
 #include "compressors/randomk/randomk_logic.h"
 #include "compressors/sketch/sketch_hash.h"
-#include "compressors/topk/topk_logic.h"
+#include "compressors/sparse/topk_logic.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sketch/sketch.h"
+#include "compressors/sparse/sparse.h"
 #include "half.h"
 
 namespace gradcomm::detail {
@@ -29,7 +32,7 @@ namespace {
 using Hist = std::array<unsigned long long, topk::kRadixBuckets>;
 constexpr int64_t kTileThreads = 256, kTileItems = 16, kTile = kTileThreads * kTileItems;
 
-// ---- emulation of compressors/topk/radix_select.cuh ---------------------------------------------
+// ---- emulation of compressors/sparse/radix_select.cuh ---------------------------------------------
 struct Emulated {
   uint32_t threshold = 0;
   uint64_t take_equal = 0;

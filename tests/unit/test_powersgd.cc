@@ -12,8 +12,9 @@
 
 #include "common/normal.h"
 #include "compressors/philox.h"
-#include "compressors/powersgd/powersgd.h"
+#include "compressors/lowrank/powersgd.h"
 #include "compressors/spec.h"
+#include "compressors/powersgd/powersgd.h"
 #include "test_util.h"
 
 namespace gradcomm {
@@ -42,14 +43,14 @@ double rel_error(const std::vector<float>& got, const std::vector<double>& want)
 
 TEST(PowersgdSpec, DefaultsCanonicalFormAndErrors) {
   const CompressorSpec d = parse_compressor_spec("powersgd");
-  EXPECT_EQ(d.rank, 1);
-  EXPECT_TRUE(d.warm_start);
-  EXPECT_EQ(d.min_compression_rate, 2.0);
+  EXPECT_EQ(d.family<detail::PowersgdParams>().rank, 1);
+  EXPECT_TRUE(d.family<detail::PowersgdParams>().warm_start);
+  EXPECT_EQ(d.family<detail::PowersgdParams>().min_compression_rate, 2.0);
   EXPECT_TRUE(d.ef);
   EXPECT_EQ(d.canonical(), "powersgd:rank=1,warm_start=1,min_compression_rate=2,ef=1,min_numel=0,warmup=0,seed=0");
   const CompressorSpec s = parse_compressor_spec("powersgd:rank=4,warm_start=0,min_compression_rate=1.5,start_iter=10,seed=3");
-  EXPECT_EQ(s.rank, 4);
-  EXPECT_FALSE(s.warm_start);
+  EXPECT_EQ(s.family<detail::PowersgdParams>().rank, 4);
+  EXPECT_FALSE(s.family<detail::PowersgdParams>().warm_start);
   EXPECT_EQ(s.warmup, 10);  // start_iter is torch's name for warmup
   EXPECT_EQ(parse_compressor_spec(s.canonical()).canonical(), s.canonical());
   for (const char* bad : {"powersgd:rank=0", "powersgd:rank=1025", "powersgd:warm_start=2",

@@ -3,7 +3,7 @@
 // block, the per-element reconstruction, the batches, the column-major cuBLAS
 // arguments) built from gpu_powersgd_logic.h's functions, held to the CPU's powersgd.h;
 // and one whole emulated step per call against the CPU engine, within the tolerance
-// compressors/powersgd/gpu_powersgd.h states. Runs everywhere;
+// compressors/lowrank/gpu_powersgd.h states. Runs everywhere;
 // tests/cuda/test_nccl_powersgd.cc runs the kernels themselves where a GPU exists.
 #include <gtest/gtest.h>
 
@@ -19,8 +19,8 @@
 
 #include "compressors/philox.h"
 #include "common/spiked_matrix.h"
-#include "compressors/powersgd/gpu_powersgd_logic.h"
-#include "compressors/powersgd/powersgd.h"
+#include "compressors/lowrank/gpu_powersgd_logic.h"
+#include "compressors/lowrank/powersgd.h"
 #include "gradcomm/gradcomm.h"
 #include "state.h"
 #include "unit/test_util.h"
@@ -324,7 +324,7 @@ std::vector<float> gradient(const std::vector<Part>& parts, int step) {
 }
 
 TEST(PowersgdGpuLogic, EmulatedStepStaysWithinTheStatedToleranceOfTheCpuEngine) {
-  constexpr double kTolerance = 1e-4;  // compressors/powersgd/gpu_powersgd.h
+  constexpr double kTolerance = 1e-4;  // compressors/lowrank/gpu_powersgd.h
   const std::vector<Part> parts = {{64 * 48, 64}, {48, 0}, {32 * 36, 32}, {300 * 20, 300}};
   const std::vector<std::vector<int64_t>> shapes = {{64, 48}, {48}, {32, 4, 3, 3}, {300, 20}};
   CompressOptions options;

@@ -7,12 +7,19 @@
 #include <vector>
 
 #include "compressors/spec.h"
+#include "compressors/quantize/quantize.h"
+#include "compressors/sparse/sparse.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sign/sign.h"
+#include "compressors/sketch/sketch.h"
+#include "compressors/topk/topk.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
 namespace {
 
-// Field-by-field equality (CompressorSpec has no operator==).
+// Field-by-field equality of the common keys (CompressorSpec has no operator==), and
+// whether both hold a family block.
 void expect_same(const CompressorSpec& a, const CompressorSpec& b, const std::string& context) {
   EXPECT_EQ(a.id, b.id) << context;
   EXPECT_EQ(a.ef, b.ef) << context;
@@ -20,17 +27,8 @@ void expect_same(const CompressorSpec& a, const CompressorSpec& b, const std::st
   EXPECT_EQ(a.warmup, b.warmup) << context;
   EXPECT_EQ(a.seed, b.seed) << context;
   EXPECT_EQ(a.values, b.values) << context;
-  EXPECT_EQ(a.ratio, b.ratio) << context;
-  EXPECT_EQ(a.k, b.k) << context;
-  EXPECT_EQ(a.select, b.select) << context;
-  EXPECT_EQ(a.coded_indices, b.coded_indices) << context;
-  EXPECT_EQ(a.algo, b.algo) << context;
-  EXPECT_EQ(a.levels, b.levels) << context;
-  EXPECT_EQ(a.bits, b.bits) << context;
-  EXPECT_EQ(a.round, b.round) << context;
-  EXPECT_EQ(a.bucket, b.bucket) << context;
-  EXPECT_EQ(a.rows, b.rows) << context;
-  EXPECT_EQ(a.cols, b.cols) << context;
+  EXPECT_EQ(a.compress_inside, b.compress_inside) << context;
+  EXPECT_EQ(a.params == nullptr, b.params == nullptr) << context;
 }
 
 // The InvalidArgument message for `spec`; fails the test when it parses.
@@ -79,39 +77,39 @@ TEST(Registry, CastsTakeCommonKeysWithEfOff) {
 TEST(Registry, TopkRatioOrKWithDefaults) {
   const CompressorSpec r = parse_compressor_spec("topk:ratio=0.01");
   EXPECT_EQ(r.id, CompressorId::kTopk);
-  EXPECT_EQ(r.ratio, 0.01);
-  EXPECT_EQ(r.k, 0);
-  EXPECT_EQ(r.select, TopkSelect::kExact);
+  EXPECT_EQ(r.family<TopkParams>().ratio, 0.01);
+  EXPECT_EQ(r.family<TopkParams>().k, 0);
+  EXPECT_EQ(r.family<TopkParams>().select, TopkSelect::kExact);
   EXPECT_TRUE(r.ef);
   EXPECT_EQ(r.values, ValueType::kBf16);  // top-k's default; random-k and the sketch keep fp32
-  EXPECT_TRUE(r.coded_indices);
-  EXPECT_EQ(r.algo, SparseAlgo::kAuto);
+  EXPECT_TRUE(r.family<TopkParams>().coded_indices);
+  EXPECT_EQ(r.family<TopkParams>().algo, SparseAlgo::kAuto);
   EXPECT_EQ(r.canonical(),
             "topk:ratio=0.01,select=exact,indices=coded,algo=auto,ef=1,min_numel=0,warmup=0,seed=0,values=bf16");
 
   const CompressorSpec k =
       parse_compressor_spec("topk:k=10,select=sample,ef=0,values=fp16,min_numel=5,warmup=2,seed=9");
-  EXPECT_EQ(k.k, 10);
-  EXPECT_EQ(k.ratio, 0.0);
-  EXPECT_EQ(k.select, TopkSelect::kSample);
+  EXPECT_EQ(k.family<TopkParams>().k, 10);
+  EXPECT_EQ(k.family<TopkParams>().ratio, 0.0);
+  EXPECT_EQ(k.family<TopkParams>().select, TopkSelect::kSample);
   EXPECT_FALSE(k.ef);
   EXPECT_EQ(k.values, ValueType::kFp16);
   EXPECT_EQ(k.canonical(),
             "topk:k=10,select=sample,indices=coded,algo=auto,ef=0,min_numel=5,warmup=2,seed=9,values=fp16");
   const CompressorSpec raw = parse_compressor_spec("topk:ratio=0.1,indices=raw,algo=reduce_scatter,values=fp32");
-  EXPECT_FALSE(raw.coded_indices);
-  EXPECT_EQ(raw.algo, SparseAlgo::kReduceScatter);
+  EXPECT_FALSE(raw.family<TopkParams>().coded_indices);
+  EXPECT_EQ(raw.family<TopkParams>().algo, SparseAlgo::kReduceScatter);
   EXPECT_EQ(raw.values, ValueType::kFp32);
   EXPECT_EQ(raw.canonical(),
             "topk:ratio=0.1,select=exact,indices=raw,algo=reduce_scatter,ef=1,min_numel=0,warmup=0,seed=0,values=fp32");
-  EXPECT_EQ(parse_compressor_spec("topk:ratio=0.1,algo=allgather").algo, SparseAlgo::kAllgather);
+  EXPECT_EQ(parse_compressor_spec("topk:ratio=0.1,algo=allgather").family<TopkParams>().algo, SparseAlgo::kAllgather);
   EXPECT_EQ(parse_compressor_spec("randomk:ratio=0.1,values=bf16").values, ValueType::kBf16);
   expect_error("topk:ratio=0.1,algo=ring", {"algo='ring' unknown", "accepted: auto, allgather, reduce_scatter"});
   expect_error("topk:ratio=0.1,indices=delta", {"indices='delta' unknown", "accepted: coded, raw"});
   expect_error("topk:ratio=0.1,values=fp8", {"values='fp8' unknown", "accepted: fp32, fp16, bf16"});
   expect_error("randomk:ratio=0.1,algo=allgather", {"unknown key 'algo'"});
-  EXPECT_EQ(parse_compressor_spec("topk:ratio=1").ratio, 1.0);
-  EXPECT_EQ(parse_compressor_spec("topk:ratio=1e-3").ratio, 1e-3);
+  EXPECT_EQ(parse_compressor_spec("topk:ratio=1").family<TopkParams>().ratio, 1.0);
+  EXPECT_EQ(parse_compressor_spec("topk:ratio=1e-3").family<TopkParams>().ratio, 1e-3);
 }
 
 TEST(Registry, TopkNeedsExactlyOneOfRatioAndK) {
@@ -123,7 +121,7 @@ TEST(Registry, TopkNeedsExactlyOneOfRatioAndK) {
 TEST(Registry, RandomkRequiresRatio) {
   const CompressorSpec s = parse_compressor_spec("randomk:ratio=0.25");
   EXPECT_EQ(s.id, CompressorId::kRandomk);
-  EXPECT_EQ(s.ratio, 0.25);
+  EXPECT_EQ(s.family<RandomkParams>().ratio, 0.25);
   EXPECT_TRUE(s.ef);
   EXPECT_EQ(s.canonical(), "randomk:ratio=0.25,ef=1,min_numel=0,warmup=0,seed=0,values=fp32");
   expect_error("randomk", {"'ratio' is required"});
@@ -132,12 +130,12 @@ TEST(Registry, RandomkRequiresRatio) {
 
 TEST(Registry, QsgdLevelsAndBucket) {
   const CompressorSpec d = parse_compressor_spec("qsgd");
-  EXPECT_EQ(d.levels, 16);
-  EXPECT_EQ(d.bucket, 512);
+  EXPECT_EQ(d.family<QsgdParams>().levels, 16);
+  EXPECT_EQ(d.family<QsgdParams>().bucket, 512);
   EXPECT_FALSE(d.ef);
   EXPECT_EQ(d.canonical(), "qsgd:levels=16,bucket=512,ef=0,min_numel=0,warmup=0,seed=0");
-  EXPECT_EQ(parse_compressor_spec("qsgd:levels=1").levels, 1);
-  EXPECT_EQ(parse_compressor_spec("qsgd:levels=32768,bucket=1").levels, 32768);
+  EXPECT_EQ(parse_compressor_spec("qsgd:levels=1").family<QsgdParams>().levels, 1);
+  EXPECT_EQ(parse_compressor_spec("qsgd:levels=32768,bucket=1").family<QsgdParams>().levels, 32768);
   expect_error("qsgd:levels=0", {"levels='0' is out of range", "[1, 32768]"});
   expect_error("qsgd:levels=32769", {"out of range"});
   expect_error("qsgd:bucket=0", {"bucket='0' is out of range", "[1, 2147483647]"});
@@ -145,38 +143,38 @@ TEST(Registry, QsgdLevelsAndBucket) {
 
 TEST(Registry, QuantBitsBucketRound) {
   const CompressorSpec d = parse_compressor_spec("quant");
-  EXPECT_EQ(d.bits, 8);
-  EXPECT_EQ(d.bucket, 512);
-  EXPECT_EQ(d.round, Rounding::kStochastic);
+  EXPECT_EQ(d.family<QuantParams>().bits, 8);
+  EXPECT_EQ(d.family<QuantParams>().bucket, 512);
+  EXPECT_EQ(d.family<QuantParams>().round, Rounding::kStochastic);
   EXPECT_FALSE(d.ef);
   EXPECT_EQ(d.canonical(), "quant:bits=8,bucket=512,round=stochastic,ef=0,min_numel=0,warmup=0,seed=0");
-  for (int bits : {1, 2, 4, 8}) EXPECT_EQ(parse_compressor_spec("quant:bits=" + std::to_string(bits)).bits, bits);
-  EXPECT_EQ(parse_compressor_spec("quant:round=nearest,bucket=64").round, Rounding::kNearest);
+  for (int bits : {1, 2, 4, 8}) EXPECT_EQ(parse_compressor_spec("quant:bits=" + std::to_string(bits)).family<QuantParams>().bits, bits);
+  EXPECT_EQ(parse_compressor_spec("quant:round=nearest,bucket=64").family<QuantParams>().round, Rounding::kNearest);
   expect_error("quant:bits=3", {"bits='3' unknown", "accepted: 1, 2, 4, 8"});
   expect_error("quant:round=up", {"round='up' unknown", "accepted: stochastic, nearest"});
 }
 
 TEST(Registry, SignBucketWithEfOn) {
   const CompressorSpec d = parse_compressor_spec("sign");
-  EXPECT_EQ(d.bucket, 512);
+  EXPECT_EQ(d.family<SignParams>().bucket, 512);
   EXPECT_TRUE(d.ef);
   EXPECT_EQ(d.canonical(), "sign:bucket=512,ef=1,min_numel=0,warmup=0,seed=0");
-  EXPECT_EQ(parse_compressor_spec("sign:bucket=1024,ef=0").bucket, 1024);
+  EXPECT_EQ(parse_compressor_spec("sign:bucket=1024,ef=0").family<SignParams>().bucket, 1024);
 }
 
 TEST(Registry, SketchRowsColsAndHeavyHitters) {
   const CompressorSpec d = parse_compressor_spec("sketch:k=100");
-  EXPECT_EQ(d.rows, 5);
-  EXPECT_EQ(d.cols, 0);
-  EXPECT_EQ(d.k, 100);
+  EXPECT_EQ(d.family<SketchParams>().rows, 5);
+  EXPECT_EQ(d.family<SketchParams>().cols, 0);
+  EXPECT_EQ(d.family<SketchParams>().k, 100);
   EXPECT_TRUE(d.ef);
   EXPECT_EQ(d.canonical(), "sketch:rows=5,cols=0,k=100,ef=1,min_numel=0,warmup=0,seed=0,values=fp32");
   const CompressorSpec r = parse_compressor_spec("sketch:ratio=0.001,rows=64,cols=16,values=fp16");
-  EXPECT_EQ(r.ratio, 0.001);
-  EXPECT_EQ(r.rows, 64);
-  EXPECT_EQ(r.cols, 16);
+  EXPECT_EQ(r.family<SketchParams>().ratio, 0.001);
+  EXPECT_EQ(r.family<SketchParams>().rows, 64);
+  EXPECT_EQ(r.family<SketchParams>().cols, 16);
   EXPECT_EQ(r.canonical(), "sketch:rows=64,cols=16,ratio=0.001,ef=1,min_numel=0,warmup=0,seed=0,values=fp16");
-  EXPECT_EQ(parse_compressor_spec("sketch:k=1,cols=0").cols, 0);
+  EXPECT_EQ(parse_compressor_spec("sketch:k=1,cols=0").family<SketchParams>().cols, 0);
   expect_error("sketch", {"one of ratio=R", "required"});
   expect_error("sketch:k=1,ratio=0.5", {"not both"});
   expect_error("sketch:k=1,rows=0", {"rows='0' is out of range", "[1, 64]"});

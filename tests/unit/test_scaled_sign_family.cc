@@ -44,7 +44,7 @@ TEST(ScaledSignFamily, ParsesPrintsAndRoundTripsLikeABuiltIn) {
   register_once();
   const detail::CompressorSpec s = detail::parse_compressor_spec("scaled_sign:bucket=64");
   EXPECT_EQ(s.id, example::kScaledSignId);
-  EXPECT_EQ(s.bucket, 64);
+  EXPECT_EQ(s.family<example::ScaledSignParams>().bucket, 64);
   EXPECT_TRUE(s.ef);  // the family's default
   EXPECT_EQ(s.canonical(), "scaled_sign:bucket=64,ef=1,min_numel=0,warmup=0,seed=0");
   EXPECT_EQ(detail::parse_compressor_spec(s.canonical()).canonical(), s.canonical());

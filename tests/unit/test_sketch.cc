@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/sketch/sketch.h"
+#include "compressors/sparse/sparse.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

@@ -15,7 +15,9 @@
 #include "compressors/codec.h"
 #include "reduce.h"
 #include "compressors/payload.h"
-#include "compressors/topk/topk_logic.h"
+#include "compressors/sparse/topk_logic.h"
+#include "compressors/randomk/randomk.h"
+#include "compressors/sparse/sparse.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 

@@ -12,7 +12,9 @@
 #include <random>
 
 #include "collectives/collectives.h"
+#include "compressors/family.h"
 #include "compressors/spec.h"
+#include "compressors/sparse/sparse.h"
 #include "introspect.h"
 #include "test_util.h"
 
@@ -214,8 +216,14 @@ TEST(SparseReduceScatter, LongRunSumConverges) {
 // algo=auto: the allgather at two ranks, for small payloads and while the owner's work
 // (70 ns per entry) costs more than the bytes it saves; the reduce-scatter where N-1
 // payloads cost more than that and its extra messages (10 Gbit/s, 30 µs assumed).
+// The shape top-k's spec gives the exchange (SparseOps::shape).
+detail::SparseShape shape_of(const std::string& text) {
+  const CompressorSpec spec = parse_compressor_spec(text);
+  return detail::sparse_ops(spec).shape(spec);
+}
+
 TEST(SparseAlgoChoice, FollowsTheModel) {
-  const CompressorSpec one_percent = parse_compressor_spec("topk:ratio=0.01");
+  const detail::SparseShape one_percent = shape_of("topk:ratio=0.01");
   const int64_t mb100 = 25 << 20, mb4 = 1 << 20;
   EXPECT_EQ(detail::choose_sparse_algo(one_percent, 1, mb100), SparseAlgo::kAllgather);
   EXPECT_EQ(detail::choose_sparse_algo(one_percent, 2, mb100), SparseAlgo::kAllgather);
@@ -232,9 +240,9 @@ TEST(SparseAlgoChoice, FollowsTheModel) {
   EXPECT_LT(first_rs, 64);
   for (int n = first_rs; n <= 1024; n *= 2) EXPECT_EQ(detail::choose_sparse_algo(one_percent, n, mb100), SparseAlgo::kReduceScatter) << n;
   // The spec's key overrides the model.
-  EXPECT_EQ(detail::choose_sparse_algo(parse_compressor_spec("topk:ratio=0.01,algo=allgather"), 8, 25 << 20),
+  EXPECT_EQ(detail::choose_sparse_algo(shape_of("topk:ratio=0.01,algo=allgather"), 8, 25 << 20),
             SparseAlgo::kAllgather);
-  EXPECT_EQ(detail::choose_sparse_algo(parse_compressor_spec("topk:ratio=0.01,algo=reduce_scatter"), 2, 1000),
+  EXPECT_EQ(detail::choose_sparse_algo(shape_of("topk:ratio=0.01,algo=reduce_scatter"), 2, 1000),
             SparseAlgo::kReduceScatter);
 }
 

@@ -1,9 +1,9 @@
-// The CUDA sparse codec's per-thread logic (compressors/topk/sparse_code_kernels.h),
+// The CUDA sparse codec's per-thread logic (compressors/sparse/sparse_code_kernels.h),
 // run on the CPU in the kernels' decomposition (gpu_sparse_payload.cu): encode as a
 // loop over "threads" (header, one entry each, one 32-bit word of each coded section
 // each) into a buffer of garbage; decode as the header check, per-word popcounts, their
 // exclusive scan, per-word emit with the total check, per-index checks. Held byte for
-// byte to encode_sparse and decode_sparse (compressors/codec.h) for every format,
+// byte to encode_sparse and decode_sparse (compressors/sparse/sparse.h) for every format,
 // counts from 1 to n, L = 0 to 62, n >= 2^32; every single-bit corruption of small
 // coded payloads is accepted or refused exactly as the CPU decoder does. Runs
 // everywhere; tests/cuda/test_gpu_sparse.cc runs the kernels where a GPU exists.
@@ -17,8 +17,9 @@
 #include <vector>
 
 #include "compressors/codec.h"
-#include "compressors/topk/sparse_code.h"
-#include "compressors/topk/sparse_code_kernels.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/sparse/sparse_code_kernels.h"
+#include "compressors/sparse/sparse.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 

@@ -1,4 +1,4 @@
-// Coded sparse payloads (compressors/topk/sparse_code.h, FORMAT.md "Sparse payload"):
+// Coded sparse payloads (compressors/sparse/sparse_code.h, FORMAT.md "Sparse payload"):
 // Elias–Fano indices and 16-bit values round-trip for every n and count, the sizes are
 // the formula's, and every malformed payload is refused without writing the output.
 #include <gtest/gtest.h>
@@ -13,7 +13,8 @@
 
 #include "compressors/codec.h"
 #include "compressors/payload.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/sparse/sparse.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

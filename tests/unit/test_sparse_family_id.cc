@@ -17,6 +17,7 @@
 #include "compressors/codec.h"
 #include "compressors/family.h"
 #include "compressors/payload.h"
+#include "compressors/sparse/sparse.h"
 #include "compressors/spec.h"
 #include "test_util.h"
 #include "transport/transport.h"
@@ -77,16 +78,41 @@ TEST(SparseFamilyId, PayloadOfAnotherFamilyIsRefusedByName) {
 constexpr auto kPickId = static_cast<CompressorId>(202);
 constexpr std::string_view kPickKeys[] = {"ratio", "k", "algo", "ef", "min_numel", "warmup", "seed", "values"};
 
-void parse_pick(const detail::SpecReader& r, CompressorSpec& s) {
-  r.ratio_or_k(s);
-  s.algo = r.choice<detail::SparseAlgo>(
+struct PickParams final : detail::FamilyParams {
+  static constexpr const char* kName = "pick's keys";
+  double ratio = 0;
+  int64_t k = 0;
+  detail::SparseAlgo algo = detail::SparseAlgo::kAllgather;
+};
+std::shared_ptr<const detail::FamilyParams> parse_pick(const detail::SpecReader& r, CompressorSpec& /*common*/) {
+  auto p = std::make_shared<PickParams>();
+  r.ratio_or_k(p->ratio, p->k);
+  p->algo = r.choice<detail::SparseAlgo>(
       "algo", {{"allgather", detail::SparseAlgo::kAllgather}, {"reduce_scatter", detail::SparseAlgo::kReduceScatter}},
       detail::SparseAlgo::kAllgather);
+  return p;
 }
 std::string canonical_pick(const CompressorSpec& s) {
-  return fmt::format("{},algo={},", detail::ratio_or_k_text(s),
-                     s.algo == detail::SparseAlgo::kAllgather ? "allgather" : "reduce_scatter");
+  const auto& p = s.family<PickParams>();
+  return fmt::format("{},algo={},", detail::ratio_or_k_text(p.ratio, p.k),
+                     p.algo == detail::SparseAlgo::kAllgather ? "allgather" : "reduce_scatter");
 }
+detail::SparseShape pick_shape(const CompressorSpec& s) {
+  const auto& p = s.family<PickParams>();
+  detail::SparseShape shape;
+  shape.ratio = p.ratio;
+  shape.k = p.k;
+  shape.format = detail::SparseFormat{s.values, false};
+  shape.algo = p.algo;
+  return shape;
+}
+// The exact magnitude selection, as top-k's (sparse.h), with the contract's fold and zeroing.
+detail::SparseVector pick_select(const CompressorSpec& /*spec*/, float* data, float* residual, int64_t n,
+                                 int64_t count, const detail::PhiloxStream& rng) {
+  if (residual != nullptr) return detail::topk_select_fold(data, residual, n, count, detail::TopkSelect::kExact, rng);
+  return detail::topk_select_accumulate(data, nullptr, n, count, detail::TopkSelect::kExact, rng);
+}
+constexpr detail::SparseOps kPickOps{.shape = pick_shape, .select = pick_select};
 constexpr detail::Family kPickFamily{.id = kPickId,
                                      .name = "pick",
                                      .keys = kPickKeys,
@@ -94,7 +120,8 @@ constexpr detail::Family kPickFamily{.id = kPickId,
                                      .values_default = detail::ValueType::kFp32,
                                      .collective = detail::Collective::kSparseSelection,
                                      .parse = parse_pick,
-                                     .canonical = canonical_pick};
+                                     .canonical = canonical_pick,
+                                     .sparse = &kPickOps};
 
 void register_once() {
   static const bool done = (detail::register_family(kPickFamily), true);

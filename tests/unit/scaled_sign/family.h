@@ -22,6 +22,7 @@
 #include "compressors/codec.h"
 #include "compressors/family.h"
 #include "compressors/payload.h"
+#include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::example {
@@ -104,14 +105,26 @@ class ScaledSignCodec final : public detail::DenseCodec {
 // prints them, and its codec.
 constexpr std::string_view kScaledSignKeys[] = {"bucket", "ef", "min_numel", "warmup", "seed"};
 
-inline void parse_scaled_sign(const detail::SpecReader& reader, CompressorSpec& spec) {
-  spec.bucket = reader.integer("bucket", 1, kMaxBucket, 256);
+// The family's own keys: its block of the spec (CompressorSpec::params), which only the
+// family reads.
+struct ScaledSignParams final : detail::FamilyParams {
+  static constexpr const char* kName = "scaled_sign's keys";
+  int64_t bucket = 256;
+};
+
+inline std::shared_ptr<const detail::FamilyParams> parse_scaled_sign(const detail::SpecReader& reader,
+                                                                     CompressorSpec& /*common*/) {
+  auto p = std::make_shared<ScaledSignParams>();
+  p->bucket = reader.integer("bucket", 1, kMaxBucket, 256);
+  return p;
 }
 
-inline std::string canonical_scaled_sign(const CompressorSpec& spec) { return fmt::format("bucket={},", spec.bucket); }
+inline std::string canonical_scaled_sign(const CompressorSpec& spec) {
+  return fmt::format("bucket={},", spec.family<ScaledSignParams>().bucket);
+}
 
 inline std::unique_ptr<detail::DenseCodec> make_scaled_sign(const CompressorSpec& spec) {
-  return std::make_unique<ScaledSignCodec>(spec.bucket);
+  return std::make_unique<ScaledSignCodec>(spec.family<ScaledSignParams>().bucket);
 }
 
 constexpr detail::Family kScaledSignFamily{.id = kScaledSignId,

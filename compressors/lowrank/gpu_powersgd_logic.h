@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/lowrank/powersgd_logic.h"
 
 namespace gradcomm::detail::powersgd {
 

@@ -14,7 +14,7 @@
 #include "compressors/codec.h"
 #include "compressors/payload.h"
 #include "compressors/philox.h"
-#include "compressors/quantize/dense_math.h"
+#include "compressors/dense/dense_math.h"
 #include "reduce.h"  // exact_reciprocal_f32
 
 namespace gradcomm::detail {
@@ -146,12 +146,5 @@ DenseSections read_dense_sections(std::span<const uint8_t> payload, CompressorId
 constexpr int64_t kMaxBucket = INT32_MAX;
 // InvalidArgument naming the family unless bucket is in [1, 2^32 - 1].
 void check_bucket(const char* family, int64_t bucket);
-
-// A codec's constructor for each family (each family's make_codec, <folder>/family.cc,
-// validates the spec first).
-std::unique_ptr<DenseCodec> make_cast_codec(CompressorId id);
-std::unique_ptr<DenseCodec> make_quant_codec(int bits, int64_t bucket, Rounding round);
-std::unique_ptr<DenseCodec> make_qsgd_codec(int levels, int64_t bucket);
-std::unique_ptr<DenseCodec> make_sign_codec(int64_t bucket);
 
 }  // namespace gradcomm::detail

@@ -2,7 +2,7 @@
 // is compiled for AVX2 alone (target attribute, not a file-wide -mavx2), so the rest
 // of the library still runs on any x86-64; the tails shorter than a register go
 // through the scalar formulas of dense_math.h, inlined here.
-#include "compressors/quantize/dense_simd.h"
+#include "compressors/dense/dense_simd.h"
 
 #include <climits>
 #include <cstring>

@@ -1,6 +1,6 @@
 // GpuDenseCodec: argument checks, then the family's own GPU codec (its
 // GpuDenseKernels table, gpu_dense_launch.h). Host code only; the kernels live in the .cu files.
-#include "compressors/gpu_dense_codec.h"
+#include "compressors/dense/gpu_dense_codec.h"
 
 #include <fmt/format.h>
 
@@ -8,10 +8,11 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/gpu_dense_launch.h"
-#include "compressors/gpu_dense_logic.h"
+#include "compressors/dense/gpu_dense_launch.h"
+#include "compressors/dense/gpu_dense_logic.h"
 #include "compressors/payload.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/spec.h"
+#include "compressors/dense/dense_util.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {
@@ -41,7 +42,8 @@ void check_disjoint(const void* a, uint64_t a_bytes, const char* a_name, const v
 }  // namespace
 
 GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec)
-    : spec_(spec),
+    : spec_(std::make_shared<const CompressorSpec>(spec)),
+      id_(spec.id),
       kernels_(family_of(spec.id).gpu_dense),
       alignment_(make_dense_codec(spec)->alignment()) {  // the CPU codec's checks: bits, levels, bucket
   if (kernels_ == nullptr) {
@@ -52,8 +54,8 @@ GpuDenseCodec::GpuDenseCodec(const CompressorSpec& spec)
 }
 
 size_t GpuDenseCodec::encoded_bytes(int64_t n) const {
-  check_dense_numel(compressor_name(spec_.id), n);
-  return static_cast<size_t>(kernels_->layout(spec_, static_cast<uint64_t>(n)).total_bytes());
+  check_dense_numel(compressor_name(id_), n);
+  return static_cast<size_t>(kernels_->layout(*spec_, static_cast<uint64_t>(n)).total_bytes());
 }
 
 int64_t GpuDenseCodec::alignment() const { return alignment_; }
@@ -65,9 +67,9 @@ void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const P
 
 void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const PhiloxStream& rng, int64_t first,
                            const EncodeFeedback& feedback, cudaStream_t stream) const {
-  const std::string what = fmt::format("{} GPU encode", compressor_name(spec_.id));
+  const std::string what = fmt::format("{} GPU encode", compressor_name(id_));
   check_dense_encode(what.c_str(), n, first, alignment());
-  const DenseLayout layout = kernels_->layout(spec_, static_cast<uint64_t>(n));
+  const DenseLayout layout = kernels_->layout(*spec_, static_cast<uint64_t>(n));
   const uint64_t floats = static_cast<uint64_t>(n) * sizeof(float);
   check_floats(in, n, "in", what.c_str());
   if (payload == nullptr) throw InvalidArgument(fmt::format("{}: payload is null", what));
@@ -90,12 +92,12 @@ void GpuDenseCodec::encode(const float* in, int64_t n, uint8_t* payload, const P
     // a partial overlap would make the result depend on scheduling.
     if (feedback.decoded != in) check_disjoint(feedback.decoded, floats, "decoded", in, floats, "in", what.c_str());
   }
-  kernels_->encode(GpuEncodeArgs{layout, in, payload, rng, static_cast<uint64_t>(first), feedback, stream}, spec_);
+  kernels_->encode(GpuEncodeArgs{layout, in, payload, rng, static_cast<uint64_t>(first), feedback, stream}, *spec_);
 }
 
 void GpuDenseCodec::decode(const uint8_t* payload, size_t payload_bytes, int64_t n, float* out, bool add,
                            DeviceStatus* status, cudaStream_t stream) const {
-  const std::string what = fmt::format("{} GPU decode", compressor_name(spec_.id));
+  const std::string what = fmt::format("{} GPU decode", compressor_name(id_));
   check_dense_numel(what.c_str(), n);
   check_floats(out, n, "out", what.c_str());
   if (status == nullptr) throw InvalidArgument(fmt::format("{}: status is null", what));
@@ -105,7 +107,7 @@ void GpuDenseCodec::decode(const uint8_t* payload, size_t payload_bytes, int64_t
   check_disjoint(out, static_cast<uint64_t>(n) * sizeof(float), "out", payload, payload_bytes, "payload",
                  what.c_str());
   kernels_->decode(
-      GpuDecodeArgs{kernels_->layout(spec_, static_cast<uint64_t>(n)), payload, payload_bytes, out, add, status, stream});
+      GpuDecodeArgs{kernels_->layout(*spec_, static_cast<uint64_t>(n)), payload, payload_bytes, out, add, status, stream});
 }
 
 }  // namespace gradcomm::detail

@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "compressors/gpu_dense_codec.h"
-#include "compressors/gpu_dense_logic.h"
+#include "compressors/dense/gpu_dense_codec.h"
+#include "compressors/dense/gpu_dense_logic.h"
 #include "compressors/philox.h"
 #include "cuda/device_status.h"
 

@@ -36,8 +36,8 @@
 #include <bit>
 #endif
 
-#include "compressors/spec.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/compressor_id.h"
+#include "compressors/sparse/sparse_code.h"
 #include "half.h"
 
 namespace gradcomm::detail::sparse_kernels {

@@ -35,8 +35,8 @@
 #include <cstdint>
 
 #include "compressors/philox.h"
-#include "compressors/powersgd/gpu_powersgd_logic.h"
-#include "compressors/powersgd/powersgd_logic.h"
+#include "compressors/lowrank/gpu_powersgd_logic.h"
+#include "compressors/lowrank/powersgd_logic.h"
 #include "cuda/buffer.h"
 
 struct cublasContext;  // cublas_api.h's handle type; only gpu_powersgd.cu includes cuBLAS

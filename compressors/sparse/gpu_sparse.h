@@ -1,6 +1,7 @@
-// The CUDA side of the sparse compressors (topk, randomk, sketch's heavy hitters):
-// host-callable, stream-ordered functions on device pointers, producing the same
-// selections and payload bytes as the CPU reference in codec.h. Host-only header
+// The CUDA side of the sparse shape (sparse.h): the per-key workspace, selection by
+// magnitude, the payload's encode and decode-add, gather and scatter, and the calls a
+// family provides (GpuSparseOps): host-callable, stream-ordered functions on device
+// pointers, producing the same selections and payload bytes as the CPU reference. Host-only header
 // (cuda_runtime_api.h, no device code), so .cc files can call it.
 //
 // Every function enqueues work on `stream` and returns without synchronizing; the
@@ -27,9 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "compressors/codec.h"  // SparseFormat, sparse_payload_bytes
 #include "compressors/philox.h"
-#include "compressors/spec.h"
+#include "compressors/sparse/sparse.h"  // SparseFormat, sparse_payload_bytes, SparseTable
 #include "cuda/buffer.h"
 #include "cuda/device_status.h"
 
@@ -85,7 +85,7 @@ void gpu_topk_select(const float* grad, float* residual, int64_t n, int64_t k, T
                      const PhiloxStream& rng, ValueType values, GpuSparseWorkspace& ws, cudaStream_t stream);
 
 // ---- sparse payload (FORMAT.md, "Sparse payload") -------------------------------------
-// Sizes: sparse_payload_bytes(n, count, format) (codec.h), shared with the CPU codec; it
+// Sizes: sparse_payload_bytes(n, count, format) (sparse.h), shared with the CPU codec; it
 // grows with count, so the size at the capacity bounds every selection's payload.
 
 // encode_sparse() on the GPU. Writes the payload of the selection (indices, values,
@@ -133,37 +133,25 @@ void gpu_sent_mask(float* mask, int64_t n, const uint64_t* indices, const uint64
 // not read the data (random-k).
 void gpu_fold_residual(const float* grad, float* residual, int64_t n, cudaStream_t stream);
 
-// ---- random-k ---------------------------------------------------------------------------
-// randomk_indices() on the GPU: the same k distinct increasing indices of [0, n) for
-// the same stream, into ws.indices() (count = min(k, n)). Floyd's sequential loop is
-// replaced by the equivalent parallel form of randomk_logic.h (draws in parallel,
-// duplicates by a radix sort, collisions by chain walking, a final sort).
-void gpu_randomk_indices(int64_t n, int64_t k, const PhiloxStream& rng, GpuSparseWorkspace& ws,
-                         cudaStream_t stream);
-
-// ---- count sketch -------------------------------------------------------------------------
-// CountSketch on the GPU, same hashes (sketch_hash.h). Bitwise equality with the CPU:
-// estimate() for the same table bits; recover() (indices) for the same table bits.
-// accumulate() adds with float atomics in a nondeterministic order: each table cell
-// is a sum of the same terms as on the CPU, rounded in another order (see gpu_sketch.cu
-// for the bound).
-class GpuCountSketch {
- public:
-  GpuCountSketch(int rows, int cols, const PhiloxStream& rng);  // InvalidArgument as CountSketch
-  int rows() const { return rows_; }
-  int cols() const { return cols_; }
-  // table[r * cols + h_r(i)] += s_r(i) * acc[i], acc = x (+ residual: residual = acc
-  // afterwards, the fold fused into this pass). Table (device, rows x cols) not cleared.
-  void accumulate(const float* x, float* residual, int64_t n, float* table, cudaStream_t stream) const;
-  // estimate[i] = median over rows of s_r(i) * table[r * cols + h_r(i)].
-  void estimate(const float* table, int64_t n, float* estimate, cudaStream_t stream) const;
-  // Heavy hitters: the exact top-k of the estimates (as src/compression.cc selects them)
-  // into ws.indices(); the estimates themselves land in ws.values().
-  void recover(const float* table, int64_t n, int64_t k, GpuSparseWorkspace& ws, cudaStream_t stream) const;
-
- private:
-  int rows_, cols_;
-  PhiloxStream rng_;
+// ---- a family's calls ------------------------------------------------------------------
+// SparseOps (sparse.h) on a GPU, stream-ordered, with the selection in `ws` (indices(),
+// count(); values() for own selections). Each family fills the calls of its Collective.
+struct GpuSparseOps {
+  // kSparseSelection: SparseOps::select's selection of acc = data (+ residual), into ws;
+  // with a residual, residual = acc afterwards but at the selection, where it keeps the
+  // rounding that sending the value as spec.values drops. `data` is only read.
+  void (*select)(const CompressorSpec& spec, const float* data, float* residual, int64_t n, int64_t count,
+                 const PhiloxStream& rng, GpuSparseWorkspace& ws, cudaStream_t stream) = nullptr;
+  // kSharedIndices: SparseOps::draw's indices, into ws.indices() (count = min(count, n)).
+  void (*draw)(const CompressorSpec& spec, int64_t n, int64_t count, const PhiloxStream& rng, GpuSparseWorkspace& ws,
+               cudaStream_t stream) = nullptr;
+  // kTableThenValues: cells += the table of acc = data (+ residual: residual = acc
+  // afterwards, fused into the pass); then the `count` indices the summed cells recover,
+  // into ws.indices().
+  void (*accumulate)(const CompressorSpec& spec, SparseTable table, const PhiloxStream& rng, const float* data,
+                     float* residual, int64_t n, float* cells, cudaStream_t stream) = nullptr;
+  void (*recover)(const CompressorSpec& spec, SparseTable table, const PhiloxStream& rng, const float* cells,
+                  int64_t n, int64_t count, GpuSparseWorkspace& ws, cudaStream_t stream) = nullptr;
 };
 
 }  // namespace gradcomm::detail

@@ -1,4 +1,4 @@
-// Sparse payloads: index/value pairs of an n-element vector (codec.h: encode_sparse,
+// Sparse payloads: index/value pairs of an n-element vector (sparse.h: encode_sparse,
 // decode_add_sparse, decode_sum_sparse), used by top-k and the sparse collectives.
 //
 //   header (24 bytes, payload.h): id = the caller's compressor, numel = n,
@@ -18,9 +18,9 @@
 
 #include <fmt/format.h>
 
-#include "compressors/codec.h"
+#include "compressors/sparse/sparse.h"
 #include "compressors/payload.h"
-#include "compressors/topk/sparse_code.h"
+#include "compressors/sparse/sparse_code.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

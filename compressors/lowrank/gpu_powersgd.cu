@@ -27,7 +27,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "compressors/powersgd/gpu_powersgd.h"
+#include "compressors/lowrank/gpu_powersgd.h"
 #include "cublas_loader.h"
 #include "cuda/check.h"
 #include "cuda/device.h"

@@ -7,7 +7,8 @@
 
 #include "compressors/codec.h"
 #include "compressors/family.h"
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/dense_util.h"
+#include "compressors/spec.h"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

@@ -1,7 +1,7 @@
 // Radix select and stable threshold compaction on the GPU: the building blocks of
-// exact top-k (compressors/topk/gpu_topk.cu) and of anything else that needs "the k
+// exact top-k (compressors/sparse/gpu_topk.cu) and of anything else that needs "the k
 // largest 32-bit keys, ties to the lower index, in index order" without a sort.
-// Device header (.cu files only). The arithmetic is compressors/topk/topk_logic.h.
+// Device header (.cu files only). The arithmetic is compressors/sparse/topk_logic.h.
 //
 // Pipeline (every kernel stream-ordered, state in device memory, no host sync):
 //   init            SelectState = {prefix 0, need k}
@@ -29,7 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "compressors/topk/topk_logic.h"
+#include "compressors/sparse/topk_logic.h"
 
 namespace gradcomm::detail {
 

@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "compressors/spec.h"
+#include "compressors/compressor_id.h"
 #include "half.h"  // GRADCOMM_HD, the 16-bit casts
 
 namespace gradcomm::detail {

@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <array>
 
-#include "compressors/quantize/bitpack.h"
-#include "compressors/quantize/dense_simd.h"
+#include "compressors/dense/bitpack.h"
+#include "compressors/dense/dense_simd.h"
 #include "cpu_features.h"
 
 #if GRADCOMM_X86_DISPATCH

@@ -22,13 +22,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "compressors/philox.h"
-#include "compressors/spec.h"
+#include "compressors/compressor_id.h"
 #include "cuda/device_status.h"
 
 namespace gradcomm::detail {
 
+struct CompressorSpec;  // compressors/spec.h
 struct GpuDenseKernels;
 
 // What error feedback does around an encode.
@@ -56,7 +58,7 @@ class GpuDenseCodec {
   // CUDA call.
   explicit GpuDenseCodec(const CompressorSpec& spec);
 
-  CompressorId id() const { return spec_.id; }
+  CompressorId id() const { return id_; }
   // Exact payload bytes for n values, header included (== the CPU codec's).
   size_t encoded_bytes(int64_t n) const;
   // Runs must start at multiples of this (the bucket; 1 for the casts).
@@ -80,7 +82,8 @@ class GpuDenseCodec {
               cudaStream_t stream) const;
 
  private:
-  CompressorSpec spec_;
+  std::shared_ptr<const CompressorSpec> spec_;  // a copy of the caller's
+  CompressorId id_;
   const GpuDenseKernels* kernels_;  // the family's (never null once constructed)
   int64_t alignment_;              // the CPU codec's: the bucket, 1 for the casts
 };

@@ -1,6 +1,6 @@
 // Top-k selection on the GPU (gpu_sparse.h: gpu_topk_select), the CUDA twin of
 // topk_select.cc. Launchers only: the kernels are radix_select.cuh's, the
-// arithmetic compressors/topk/topk_logic.h's, both shared with the CPU tests.
+// arithmetic compressors/sparse/topk_logic.h's, both shared with the CPU tests.
 //
 // exact, n elements, k < n:           reads of the input
 //   histogram pass 0 (+ EF fold)      1 (+ residual read and write)
@@ -21,13 +21,13 @@
 #include <cstddef>
 #include <sstream>
 
-#include "compressors/topk/gpu_sparse.h"
-#include "compressors/topk/sparse_code.h"
-#include "compressors/topk/topk_logic.h"
+#include "compressors/sparse/gpu_sparse.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/sparse/topk_logic.h"
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"
-#include "compressors/topk/radix_select.cuh"
+#include "compressors/sparse/radix_select.cuh"
 #include "gradcomm/errors.h"
 
 namespace gradcomm::detail {

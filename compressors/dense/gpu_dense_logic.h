@@ -18,8 +18,8 @@
 #include <cstdint>
 
 #include "compressors/philox.h"
-#include "compressors/quantize/dense_math.h"
-#include "compressors/spec.h"
+#include "compressors/dense/dense_math.h"
+#include "compressors/compressor_id.h"
 #include "half.h"  // GRADCOMM_HD, float_bits, bits_float
 
 // Full unrolling of the fixed 8-element loops on the GPU (keeps the group arrays in

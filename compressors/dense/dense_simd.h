@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "compressors/quantize/dense_util.h"
+#include "compressors/dense/dense_util.h"
 
 namespace gradcomm::detail {
 

@@ -30,11 +30,11 @@
 #include <cstring>
 #include <sstream>
 
-#include "compressors/codec.h"
+#include "compressors/sparse/sparse.h"
 #include "compressors/payload.h"
-#include "compressors/topk/gpu_sparse.h"
-#include "compressors/topk/sparse_code.h"
-#include "compressors/topk/sparse_code_kernels.h"
+#include "compressors/sparse/gpu_sparse.h"
+#include "compressors/sparse/sparse_code.h"
+#include "compressors/sparse/sparse_code_kernels.h"
 #include "cuda/check.h"
 #include "cuda/grid.cuh"
 #include "cuda/device.h"

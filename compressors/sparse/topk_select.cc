@@ -42,8 +42,8 @@
 #include <emmintrin.h>
 #endif
 
-#include "compressors/codec.h"
-#include "compressors/topk/topk_logic.h"
+#include "compressors/sparse/sparse.h"
+#include "compressors/sparse/topk_logic.h"
 #include "gradcomm/errors.h"
 #include "half.h"
 #include "reduce.h"

@@ -27,8 +27,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "compressors/gpu_dense_launch.h"
-#include "compressors/gpu_dense_logic.h"
+#include "compressors/dense/gpu_dense_launch.h"
+#include "compressors/dense/gpu_dense_logic.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/device_status.h"

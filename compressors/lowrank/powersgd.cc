@@ -1,4 +1,4 @@
-#include "compressors/powersgd/powersgd.h"
+#include "compressors/lowrank/powersgd.h"
 
 #include <cblas.h>
 
