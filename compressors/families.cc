@@ -34,11 +34,7 @@ CompressorSpec dense_codec_spec(CompressorId id, int bits, Rounding round, int l
     case CompressorId::kQuant: return quant_spec(bits, bucket, round);
     case CompressorId::kQsgd: return qsgd_spec(levels, bucket);
     case CompressorId::kSign: return sign_spec(bucket);
-    default: {  // the casts have no keys; any other id makes a spec make_dense_codec refuses
-      CompressorSpec s;
-      s.id = id;
-      return s;
-    }
+    default: return spec_of(id, nullptr);  // the casts have no keys; another id's, make_dense_codec refuses
   }
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "compressors/compressor_id.h"
 #include "compressors/family_params.h"
@@ -52,6 +53,16 @@ struct CompressorSpec {
   // "topk:ratio=0.01,select=exact,indices=coded,algo=auto,ef=1,min_numel=0,warmup=0,seed=0,values=bf16".
   std::string canonical() const;
 };
+
+// A spec of family `id` with the common keys at their zero values and the family's block
+// `params`, for code that builds one from fields rather than parsing it (the families'
+// quant_spec, sign_spec, ...; tests, benchmarks).
+inline CompressorSpec spec_of(CompressorId id, std::shared_ptr<const FamilyParams> params) {
+  CompressorSpec s;
+  s.id = id;
+  s.params = std::move(params);
+  return s;
+}
 
 // User text as error messages quote it: at most 100 characters, control and non-ASCII
 // bytes escaped (\xNN), so a message stays one short line whatever the input.

@@ -156,20 +156,14 @@ CompressorSpec quant_spec(int bits, int64_t bucket, Rounding round) {
   p->bits = bits;
   p->bucket = bucket;
   p->round = round;
-  CompressorSpec s;
-  s.id = CompressorId::kQuant;
-  s.params = std::move(p);
-  return s;
+  return spec_of(CompressorId::kQuant, std::move(p));
 }
 
 CompressorSpec qsgd_spec(int levels, int64_t bucket) {
   auto p = std::make_shared<QsgdParams>();
   p->levels = levels;
   p->bucket = bucket;
-  CompressorSpec s;
-  s.id = CompressorId::kQsgd;
-  s.params = std::move(p);
-  return s;
+  return spec_of(CompressorId::kQsgd, std::move(p));
 }
 
 const Family& qsgd_family() { return kQsgdFamily; }

@@ -53,10 +53,7 @@ constexpr Family kSignFamily{.id = CompressorId::kSign,
 CompressorSpec sign_spec(int64_t bucket) {
   auto p = std::make_shared<SignParams>();
   p->bucket = bucket;
-  CompressorSpec s;
-  s.id = CompressorId::kSign;
-  s.params = std::move(p);
-  return s;
+  return spec_of(CompressorId::kSign, std::move(p));
 }
 
 const Family& sign_family() { return kSignFamily; }
