@@ -20,14 +20,16 @@
 //   codec_ring(data, n, rng, divisor)     the compressed ring's sum, divided by divisor (the
 //                                         average; 1: none) as each piece becomes final;
 //                                         every encode's loss accumulates into the residual
-//   sparse_algo(n)                        own selections' exchange (the device refuses
+//   sparse_algo(shape, n)                 own selections' exchange (the device refuses
 //                                         reduce-scatter)
 //   select(data, n, count, rng)           the family's own selection (SparseOps::select), from
 //                                         acc = data + residual; the residual becomes acc with
 //                                         the sent entries replaced by the rounding their value
 //                                         type drops
-//   sparse_allreduce(algo, data, n, k, op) the selections' sum (or average: applies op) into data
-//   sparse_reduce_scatter(data, n, k, op) the selections' sum (or average) into this rank's
+//   sparse_allreduce(algo, shape, data, n, k, op)
+//                                         the selections' sum (or average: applies op) into data
+//   sparse_reduce_scatter(shape, data, n, k, op)
+//                                         the selections' sum (or average) into this rank's
 //                                         segment of data only (reduce-scatter; host only)
 //   draw(n, count, rng)                   count indices drawn alike on every rank (SparseOps::draw)
 //   table_cells(table)                    a zeroed table of the family's (SparseOps::table)
@@ -120,10 +122,11 @@ void compressed_allreduce(P& p, const CompressedCall& call, float* data, int64_t
       }
       break;
     case Collective::kSparseSelection: {
-      const int64_t k = call.selection(sparse_ops(spec).shape(spec), numel);
-      const SparseAlgo algo = p.sparse_algo(numel);
+      const SparseShape shape = sparse_ops(spec).shape(spec);  // once a call: the primitives take it
+      const int64_t k = call.selection(shape, numel);
+      const SparseAlgo algo = p.sparse_algo(shape, numel);
       p.select(data, numel, k, mine);
-      p.sparse_allreduce(algo, data, numel, k, reduce_op);
+      p.sparse_allreduce(algo, shape, data, numel, k, reduce_op);
       p.keep_selection();
       p.check_payloads(numel);
       return;
@@ -179,9 +182,10 @@ void compressed_reduce_scatter(P& p, const CompressedCall& call, float* data, in
   }
   const PhiloxStream mine{spec.seed, philox_stream_id(call.key_hash, step, call.rank)};
   if (family_of(spec.id).collective == Collective::kSparseSelection) {
-    const int64_t k = call.selection(sparse_ops(spec).shape(spec), numel);
+    const SparseShape shape = sparse_ops(spec).shape(spec);
+    const int64_t k = call.selection(shape, numel);
     p.select(data, numel, k, mine);
-    p.sparse_reduce_scatter(data, numel, k, reduce_op);
+    p.sparse_reduce_scatter(shape, data, numel, k, reduce_op);
     p.keep_selection();
     p.check_payloads(numel);
     return;

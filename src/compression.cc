@@ -89,8 +89,8 @@ class HostPrimitives {
     if (op_.size() > 1 && numel > 0) ring_reduce_scatter(op_, data, numel, DType::kFloat32, reduce_op);
   }
 
-  SparseAlgo sparse_algo(int64_t numel) const {
-    return choose_sparse_algo(sparse_ops(spec_).shape(spec_), op_.size(), numel);
+  SparseAlgo sparse_algo(const SparseShape& shape, int64_t numel) const {
+    return choose_sparse_algo(shape, op_.size(), numel);
   }
 
   // With error feedback, acc lives in the residual and nothing reads data again: the
@@ -103,8 +103,8 @@ class HostPrimitives {
     keep_rounding(selected_.values.data());
   }
 
-  void sparse_allreduce(SparseAlgo algo, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
-    const SparseShape shape = sparse_ops(spec_).shape(spec_);
+  void sparse_allreduce(SparseAlgo algo, const SparseShape& shape, float* data, int64_t numel, int64_t k,
+                        ReduceOp reduce_op) {
     if (algo == SparseAlgo::kReduceScatter) {
       sparse_reduce_scatter_allreduce(op_, spec_.id, data, numel, reduce_op, selected_, shape.format, k, residual_,
                                       output_);
@@ -114,9 +114,8 @@ class HostPrimitives {
     }
   }
 
-  void sparse_reduce_scatter(float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
-    detail::sparse_reduce_scatter(op_, spec_.id, data, numel, reduce_op, selected_,
-                                  sparse_ops(spec_).shape(spec_).format, k);
+  void sparse_reduce_scatter(const SparseShape& shape, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
+    detail::sparse_reduce_scatter(op_, spec_.id, data, numel, reduce_op, selected_, shape.format, k);
   }
 
   void draw(int64_t numel, int64_t count, const PhiloxStream& rng) {

@@ -163,8 +163,8 @@ class DevicePrimitives {
   }
 
   // Only the sparse allgather exists here: algo=auto means it, reduce_scatter is refused.
-  SparseAlgo sparse_algo(int64_t /*numel*/) const {
-    if (sparse_ops(spec_).shape(spec_).algo == SparseAlgo::kReduceScatter) {
+  SparseAlgo sparse_algo(const SparseShape& shape, int64_t /*numel*/) const {
+    if (shape.algo == SparseAlgo::kReduceScatter) {
       throw InvalidArgument(
           "topk algo=reduce_scatter is not available for CUDA tensors (NCCL path); use algo=allgather or auto");
     }
@@ -176,10 +176,10 @@ class DevicePrimitives {
   }
 
   // Encode in the spec's format, allgather the payloads, decode all in rank order.
-  void sparse_allreduce(SparseAlgo /*allgather*/, float* data, int64_t numel, int64_t k, ReduceOp reduce_op) {
+  void sparse_allreduce(SparseAlgo /*allgather*/, const SparseShape& shape, float* data, int64_t numel, int64_t k,
+                        ReduceOp reduce_op) {
     const int n = op_.size();
     const int r = op_.rank();
-    const SparseShape shape = sparse_ops(spec_).shape(spec_);
     const SparseFormat format = shape.format;
     const int64_t capacity = ks_.sparse.capacity();
     // The payload size grows with the count, so the capacity's bounds every rank's.

@@ -51,12 +51,12 @@ class Recorder {
   void codec_ring(float*, int64_t n, const PhiloxStream& rng, int divisor) {
     log("codec_ring({}, {}, by {})", n, who(rng), divisor);
   }
-  SparseAlgo sparse_algo(int64_t n) {
+  SparseAlgo sparse_algo(const SparseShape&, int64_t n) {
     log("sparse_algo({})", n);
     return SparseAlgo::kAllgather;
   }
   void select(float*, int64_t n, int64_t k, const PhiloxStream& rng) { log("select({}, k {}, {})", n, k, who(rng)); }
-  void sparse_allreduce(SparseAlgo, float*, int64_t n, int64_t k, ReduceOp op) {
+  void sparse_allreduce(SparseAlgo, const SparseShape&, float*, int64_t n, int64_t k, ReduceOp op) {
     log("sparse_allreduce({}, k {}, {})", n, k, op == ReduceOp::kAvg ? "avg" : "sum");
   }
   void draw(int64_t n, int64_t count, const PhiloxStream& rng) { log("draw({}, count {}, {})", n, count, who(rng)); }
