@@ -46,6 +46,9 @@ class CallContext {
   // This rank's node's shared segment (node_shm.h), or null: the transport carries the
   // node's traffic. Collectives reach it through Op::node_shm.
   virtual NodeShm* node_shm() = 0;
+  // Every rank of this communicator shares this rank's node segment: its collectives
+  // never need the transport, and headers are checked on the segment (Op).
+  virtual bool one_segment() const = 0;
   virtual Transport& transport() = 0;
   virtual Stats& mutable_stats() = 0;
 

@@ -104,6 +104,7 @@ void CommunicatorImpl::mark_failed(ErrorCode code, const std::string& message) {
   {
     std::lock_guard lock(failure_mutex_);
     if (!failure_) failure_.emplace(code, message);
+    failed_.store(true, std::memory_order_release);
   }
   // NCCL kernels of this or earlier calls may wait on a peer that will never
   // come: aborting the NCCL communicator releases them.
@@ -169,11 +170,13 @@ void CommunicatorImpl::watch_for_aborts() {
 }
 
 bool CommunicatorImpl::usable() const {
+  if (!failed_.load(std::memory_order_acquire)) return true;
   std::lock_guard lock(failure_mutex_);
   return !failure_;
 }
 
 void CommunicatorImpl::check_usable() const {
+  if (!failed_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(failure_mutex_);
   if (failure_) {
     throw_error(failure_->first, fmt::format("rank {}: communicator unusable after an earlier failure: {}", rank(),

@@ -12,6 +12,7 @@
 // keys' numel/dtype (under issue_mutex_), and the first failure (failure_mutex_).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -61,6 +62,9 @@ class CommunicatorImpl final : public CallContext {
   bool two_levels() const override { return two_levels_; }
   ScheduleMode schedule_mode() const override { return schedule_mode_; }
   NodeShm* node_shm() override { return shm_.get(); }
+  bool one_segment() const override {
+    return shm_ != nullptr && static_cast<int>(shm_->members().size()) == size_;
+  }
   const Topology& topology() const { return topology_; }
   // Counters of the calls completed so far (a snapshot the engine publishes).
   Stats stats() const;
@@ -172,6 +176,7 @@ class CommunicatorImpl final : public CallContext {
   // Shared.
   mutable std::mutex failure_mutex_;
   std::optional<std::pair<ErrorCode, std::string>> failure_;
+  std::atomic<bool> failed_{false};  // failure_ is set: the calls' checks read this first, lock-free
   mutable std::mutex stats_mutex_;
   Stats published_stats_;
   bool told_peers_destroyed_ = false;  // under failure_mutex_

@@ -133,6 +133,14 @@ class Waiting {
 
 void Work::wait(Waiter waiter) {
   if (waiter == Waiter::kApplication) state_->note_wait();
+  {
+    // Done already (a call that ran on the issuing thread, engine.h): nothing to ring or wait for.
+    std::lock_guard lock(state_->mutex);
+    if (state_->done) {
+      if (state_->error) std::rethrow_exception(state_->error);
+      return;
+    }
+  }
   state_->ask_to_start();  // a fused group holding this call stops waiting for more
   const Waiting waiting(state_->doorbell);
   // Poll before sleeping on the condition variable (src/spin.h).

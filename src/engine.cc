@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "call_context.h"
+#include "compressors/spec.h"
 #include "logging.h"
 #include "spin.h"
 
@@ -20,10 +21,23 @@ namespace {
 constexpr auto kIdleSleep = std::chrono::milliseconds(100);
 // The queue the engine looks at for a group: one more than a group may hold.
 constexpr size_t kViewCalls = 1025;
+// On a one-segment communicator the engine sleeps on its condition variable and looks at
+// the transport (aborts, liveness probes) this often while idle; a running call polls it
+// itself.
+constexpr auto kSegmentIdlePoll = std::chrono::milliseconds(2);
 }  // namespace
 
+int64_t Engine::inline_bytes() {
+  static const int64_t bytes = env_bytes("GRADCOMM_SHM_INLINE_BYTES", int64_t{64} << 10, 0, int64_t{1} << 30);
+  return bytes;
+}
+
 Engine::Engine(CallRunner& runner, FusionConfig fusion)
-    : runner_(runner), comm_(runner.context()), fusion_(fusion), doorbell_(std::make_shared<Doorbell>()) {
+    : runner_(runner),
+      comm_(runner.context()),
+      fusion_(fusion),
+      doorbell_(std::make_shared<Doorbell>()),
+      one_segment_(comm_.one_segment()) {
   doorbell_->attach(this);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gradcomm-engine");  // what top, perf and gdb show
@@ -68,7 +82,54 @@ void Engine::refuse(const std::string& why) {
     }
     ++generation_;
   }
+  wake();
+}
+
+void Engine::wake() {
   comm_.transport().interrupt();
+  cv_.notify_all();
+}
+
+bool Engine::may_run_inline(const Call& call) const {
+  if (!one_segment_ || comm_.size() < 2) return false;
+  const int64_t limit = inline_bytes();
+  switch (call.kind) {
+    case Call::Kind::kBarrier:
+      return limit > 0;
+    case Call::Kind::kBroadcast:
+      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= limit;
+    case Call::Kind::kAllreduce:
+      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= limit && call.key == nullptr &&
+             call.auto_spec == nullptr && (call.spec == nullptr || call.spec->id == CompressorId::kNone);
+    default:
+      return false;
+  }
+}
+
+void Engine::run_inline(Call& call) {
+  CallRunner::Ran ran;
+  {
+    std::lock_guard drive(drive_);
+    ran = runner_.run_one(call);
+    runner_.publish_stats();  // before the work completes, as finish() does
+  }
+  {
+    // The engine sleeps on cv_ (one segment), never on the transport. Notified under the
+    // lock: stop() may destroy the engine as soon as it sees inline_ cleared.
+    std::lock_guard lock(mutex_);
+    inline_ = false;
+    if (issuer_outstanding_ > 0) --issuer_outstanding_;
+    // Its caller's wait rings the doorbell with this ticket: nothing to start, no wake-up.
+    flush_ticket_ = std::max(flush_ticket_, call.work->ticket);
+    // Only when there is something to do: calls queued meanwhile (other threads' local
+    // calls) may start, or stop() waits. Waking the engine after every call would take
+    // the core from the callers (the very hand-over this path saves).
+    if (!queue_.empty() || stop_) {
+      ++generation_;
+      cv_.notify_all();
+    }
+  }
+  call.work->complete(ran.error);
 }
 
 std::shared_ptr<WorkState> Engine::submit(Call call) {
@@ -78,6 +139,7 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
   call.issued = Clock::now();
   call.issuer = issuer_override() != 0 ? issuer_override() : this_thread_issuer();
   std::optional<std::string> refused;
+  bool run_here = false;
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
@@ -96,11 +158,21 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
         issuer_ = call.issuer;
         ++issuer_outstanding_;
       }
-      queue_.push_back(std::move(call));
-      ++generation_;
+      // Nothing queued or running inline, no refusal: a small call runs here and now.
+      run_here = queue_.empty() && !inline_ && !refused_.load(std::memory_order_relaxed) && may_run_inline(call);
+      if (run_here) {
+        inline_ = true;
+      } else {
+        queue_.push_back(std::move(call));
+        ++generation_;
+      }
     }
   }
-  comm_.transport().interrupt();
+  if (run_here) {
+    run_inline(call);
+    return work;
+  }
+  wake();
   if (refused) throw InvalidArgument(fmt::format("rank {}: {}", comm_.rank(), *refused));
   return work;
 }
@@ -140,7 +212,7 @@ void Engine::ring(uint64_t ticket) {
     flush_ticket_ = ticket;
     ++generation_;
   }
-  comm_.transport().interrupt();
+  wake();
 }
 
 void Engine::stop() {
@@ -152,8 +224,12 @@ void Engine::stop() {
     ++generation_;
   }
   stopping_.store(true, std::memory_order_relaxed);
-  comm_.transport().interrupt();
+  wake();
   if (thread_.joinable()) thread_.join();
+  // A call another thread runs inline sees stopping() at its next check and fails: wait
+  // for it, since it uses what the communicator is about to destroy.
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return !inline_; });
 }
 
 std::vector<Call*> Engine::head(size_t max) {
@@ -170,10 +246,16 @@ size_t Engine::queued() {
 
 void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
   Transport& transport = comm_.transport();
-  transport.progress();
-  auto& abort = comm_.pending_abort();
-  while (auto incoming = transport.poll_abort()) {
-    if (!abort) abort = std::move(*incoming);  // raised by the call it names, when it runs
+  {
+    // A caller's inline call holds it: that call polls the transport itself.
+    std::unique_lock drive(drive_, std::try_to_lock);
+    if (drive.owns_lock()) {
+      transport.progress();
+      auto& abort = comm_.pending_abort();
+      while (auto incoming = transport.poll_abort()) {
+        if (!abort) abort = std::move(*incoming);  // raised by the call it names, when it runs
+      }
+    }
   }
   {
     std::lock_guard lock(mutex_);
@@ -185,6 +267,14 @@ void Engine::idle(Clock::time_point until, uint64_t seen_generation) {
     // A call a caller waited on just ended: the next is often close behind
     // (src/spin.h). The loop comes back here after looking at the queue.
     sched_yield();
+    return;
+  }
+  if (one_segment_) {
+    // Not on the transport: a caller running a call inline may use it meanwhile, and
+    // must never wait for this thread to wake (engine.h).
+    std::unique_lock lock(mutex_);
+    cv_.wait_until(lock, std::min<Clock::time_point>(until, now + kSegmentIdlePoll),
+                   [&] { return generation_ != seen_generation; });
     return;
   }
   const auto wait = std::min<Clock::duration>(until - now, kIdleSleep);
@@ -215,6 +305,7 @@ uint32_t Engine::can_take(uint32_t planned, const FusionClass& cls, uint64_t fir
 }
 
 void Engine::fail_queued() {
+  std::lock_guard drive(drive_);  // after a caller's inline call (it fails too: stopping)
   std::deque<Call> left;
   {
     std::lock_guard lock(mutex_);
@@ -253,6 +344,19 @@ void Engine::loop() {
 }
 
 void Engine::step(uint64_t generation, uint64_t flush) {
+  bool inline_running = false;
+  {
+    std::lock_guard lock(mutex_);
+    inline_running = inline_;
+  }
+  if (inline_running) {  // a caller's call runs inline: nothing starts until it ends
+    idle(Clock::now() + kIdleSleep, generation);
+    return;
+  }
+  // Held while this turn uses the runner or the transport, released before idle() (which
+  // takes it itself). No caller's call can start inline meanwhile either way: a queued
+  // call keeps the queue from being empty.
+  std::unique_lock drive(drive_);
   if (auto refused = refusal(); refused && runner_.usable()) {
     // A call was refused (submit): nothing this rank issued from here on can be
     // paired safely. Every rank learns it, and every call queued here fails with it.
@@ -261,6 +365,7 @@ void Engine::step(uint64_t generation, uint64_t flush) {
   }
   const std::vector<Call*> view = head(kViewCalls);
   if (view.empty()) {
+    drive.unlock();
     idle(Clock::now() + kIdleSleep, generation);
     return;
   }
@@ -268,6 +373,9 @@ void Engine::step(uint64_t generation, uint64_t flush) {
   std::optional<FusionClass> cls;
   if (call.kind != Call::Kind::kLocal && comm_.size() > 1 && fusion_.bytes > 0 && runner_.usable()) {
     cls = fusion_class(call, fusion_.bytes);
+    // On one segment a dense call costs a round of flags, not messages: fusing saves
+    // nothing, and unfused the same call may run inline on one rank and here on another.
+    if (cls && !cls->compressed && one_segment_) cls.reset();
   }
   if (!cls) {
     const CallRunner::Ran ran = runner_.run_one(call);
@@ -282,6 +390,7 @@ void Engine::step(uint64_t generation, uint64_t flush) {
     const bool closed =
         n < view.size() || n + 1 >= kViewCalls || flush >= call.work->ticket || Clock::now() >= deadline;
     if (!closed) {
+      drive.unlock();
       idle(deadline, generation);
       return;
     }

@@ -31,12 +31,25 @@
 // follow the op whose callback issued them) names one issuer for all of them
 // (IssueAs, introspect.h) and refuses truly concurrent issuers on its own (refuse()).
 //
+// Calls on the caller's thread. On a communicator whose ranks all share one node's
+// segment (CallContext::one_segment), a small dense call (an allreduce without a
+// compressor, a broadcast, a barrier; at most GRADCOMM_SHM_INLINE_BYTES, default 64 KiB)
+// issued while nothing is queued runs to its end inside submit(), on the issuing thread,
+// and its Work is complete when submit returns, as a blocking MPI call would be. The
+// hand-over to the engine and back (two thread wake-ups, most of a small call's time on
+// shared cores; bench/results/shm-2026-11-29.md) is then gone. Order holds: the queue is
+// empty, and the engine starts nothing while such a call runs (inline_). Both sides use
+// the runner and the transport only while holding drive_; on such a communicator the
+// engine sleeps on a condition variable, not on the transport, so a caller never waits
+// for it to wake. Every rank decides alone: the call runs the same steps either way.
+//
 // Shutdown. stop() interrupts a running call (its Op sees stopping(), fails with
 // InvalidArgument here and tells the peers), fails every queued call the same
 // way, and joins. It never waits on a peer.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -82,6 +95,9 @@ class Engine final : private GroupQueue {
   // as a refused concurrent issue does (a caller that checks its issuers itself).
   void refuse(const std::string& why);
   bool stopping() const { return stopping_.load(std::memory_order_relaxed); }
+  // GRADCOMM_SHM_INLINE_BYTES: the largest call that may run on its caller's thread
+  // ("Calls on the caller's thread" above; 0: none). Read once per process.
+  static int64_t inline_bytes();
   // A caller is blocked waiting on a call (Doorbell::waited_on): waits poll first.
   bool waited_on() const { return doorbell_->waited_on(); }
   const FusionConfig& fusion() const { return fusion_; }
@@ -109,6 +125,12 @@ class Engine final : private GroupQueue {
   // outstanding (see "Issuing threads" above).
   std::optional<std::string> concurrent_issue_locked(const Call& call) const;
   void fail_queued();
+  // Whether `call` may run on its caller's thread ("Calls on the caller's thread").
+  bool may_run_inline(const Call& call) const;
+  // Runs `call`, which submit() kept out of the queue, here; completes its work.
+  void run_inline(Call& call);
+  // Wakes the engine: new work, a doorbell, a refusal or stop (after generation_ moved).
+  void wake();
 
   CallRunner& runner_;
   CallContext& comm_;
@@ -116,7 +138,14 @@ class Engine final : private GroupQueue {
   std::shared_ptr<Doorbell> doorbell_;
   Clock::time_point last_finish_{};     // engine thread only: when the last call a caller waited on ended
 
+  const bool one_segment_;  // CallContext::one_segment: calls may run inline; the engine sleeps on cv_
+  // Held by whoever uses the runner or the transport: the engine while it runs calls and
+  // progresses, a caller while its call runs inline. Never held while sleeping.
+  std::mutex drive_;
+
   mutable std::mutex mutex_;
+  std::condition_variable cv_;  // generation_ moved, or inline_ cleared
+  bool inline_ = false;         // a caller runs a call inline: the engine starts nothing
   std::deque<Call> queue_;
   int issuer_ = 0;               // the thread (tid) whose collectives are outstanding
   size_t issuer_outstanding_ = 0;  // how many of them are queued or running

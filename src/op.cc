@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "call_context.h"
+#include "collectives/collectives.h"
 #include "fusion.h"
 #include "node_shm.h"
 #include "spin.h"
@@ -53,6 +54,12 @@ Op::Op(CallContext& comm, const WireHeader& header, HeaderMode mode)
     header_checked_ = true;
     return;
   }
+  if (comm.one_segment()) {
+    // Every rank shares the segment: the call's rounds there carry its header, and a
+    // call that has none checks it with a round of its own (check_header). No messages.
+    segment_header_ = true;
+    return;
+  }
   header_recv_ = comm_.transport().irecv(left_of(rank_, size_), kHeaderTag, header_in_.data(), header_in_.size());
   if (mode == HeaderMode::kPostNow) post_header(header_);
 }
@@ -66,6 +73,10 @@ ScheduleMode Op::schedule_mode() const { return comm_.schedule_mode(); }
 void Op::post_header(const WireHeader& header) {
   header_ = header;
   if (size_ == 1) return;
+  if (segment_header_) {
+    header_checked_ = false;  // rounds run with the provisional header do not count
+    return;
+  }
   header_out_ = header_.serialize();
   header_send_ = comm_.transport().isend(right_of(rank_, size_), kHeaderTag, header_out_.data(), header_out_.size());
   auto& stats = comm_.mutable_stats();
@@ -218,6 +229,10 @@ void Op::fail_destroyed() {
 void Op::check_header() {
   if (header_checked_) return;
   header_checked_ = true;  // set first: failures below must not re-enter
+  if (segment_header_) {
+    shm_check_header(*this, *comm_.node_shm());
+    return;
+  }
   spin_until_done(*header_recv_, "call header");
   comm_.mutable_stats().bytes_received += header_in_.size();
   const int left = left_of(rank_, size_);
@@ -277,7 +292,7 @@ void Op::send_counts(const FusionPlan& plan, uint64_t tag, std::vector<uint8_t>&
 // rank that got its plan first) has started. It must open the group that starts
 // at our call; anything else means the ranks called different things.
 void Op::check_early_header() {
-  if (early_header_seen_ || header_recv_->pending()) return;
+  if (early_header_seen_ || header_recv_ == nullptr || header_recv_->pending()) return;
   early_header_seen_ = true;
   if (header_recv_->state() != RequestState::kDone) return;  // spin_until_done reports it in check_header
   auto theirs = WireHeader::parse(header_in_.data(), header_in_.size());

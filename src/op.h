@@ -47,6 +47,12 @@ class Op {
   // The node's shared segment when this call's group (the communicator, or the current
   // View) is exactly the ranks of this rank's node, in the node's order; else null.
   NodeShm* node_shm() const;
+  // A round on the node's segment carried this call's header beside its digest, and every
+  // rank's agreed (shm_collectives.cc): on a one-segment communicator that is the call's
+  // header check (check_header then has nothing left to do). Elsewhere it changes nothing.
+  void header_checked_on_segment() {
+    if (segment_header_) header_checked_ = true;
+  }
 
   // This rank and the ranks of the call, or, inside a View, of the view's group.
   int rank() const { return view_ != nullptr ? view_rank_ : rank_; }
@@ -178,6 +184,9 @@ class Op {
   std::array<uint8_t, WireHeader::kBytes> header_in_{};
   RequestPtr header_send_, header_recv_;
   bool header_checked_ = false;
+  // CallContext::one_segment: the header is checked on the segment (a round of the call's
+  // own, or one of its own rounds), never sent over the transport.
+  bool segment_header_ = false;
   bool early_header_seen_ = false;
   std::vector<uint8_t> plan_out_;
   std::vector<uint8_t> agreed_out_;

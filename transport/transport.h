@@ -11,8 +11,9 @@
 //    completes it, and Request::bytes() says how many arrived.
 //  - progress() drives every outstanding request and never blocks; a request's
 //    state changes only inside progress() (or wait_for_event()).
-//  - One thread drives a transport (the communicator's engine); interrupt() is the
-//    one call any thread may make.
+//  - One thread at a time drives a transport (the communicator's engine, or a caller
+//    running a call inline under the engine's lock: src/engine.h); interrupt() is the
+//    one call any thread may make at any time.
 //  - Destroying a pending Request cancels it where the transport can; the
 //    transport guarantees it never touches the buffer after the Request object is
 //    gone or after the transport itself is destroyed.

@@ -115,6 +115,9 @@ void shm_reduce_scatter(Op& op, NodeShm& shm, const void* in, void* out, std::sp
 void shm_allgatherv(Op& op, NodeShm& shm, uint8_t* out, const std::vector<int64_t>& counts, size_t elem_bytes);
 void shm_broadcast(Op& op, NodeShm& shm, void* data, int64_t bytes, int root);
 void shm_barrier(Op& op, NodeShm& shm);
+// A round with no data whose digest is the call's header: Op::check_header on a
+// one-segment communicator, for a call none of whose rounds carried it.
+void shm_check_header(Op& op, NodeShm& shm);
 
 // Pipeline tunables shared by the ring algorithms (GRADCOMM_CHUNK_BYTES).
 int64_t chunk_bytes(int64_t fallback = int64_t{256} << 10);

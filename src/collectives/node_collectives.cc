@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "gradcomm/errors.h"
+#include "env.h"
 #include "reduce.h"
 
 namespace gradcomm::detail {
@@ -19,6 +20,16 @@ constexpr int kFlags = 3;                           // ready (+ the round's dige
 constexpr int kRecordLines = 2;                     // a call record per slot
 constexpr int kLinesPerRank = kFlags + 2 * kRecordLines;
 constexpr uint32_t kSpinsPerPoll = 64;
+// How long a wait spins before it starts yielding the core (NodeCollectives::await).
+const std::chrono::microseconds kSpinAlone{env_int("GRADCOMM_SHM_SPIN_US", 20, 0, 1'000'000)};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 struct Header {
   uint64_t magic;
@@ -82,18 +93,26 @@ void NodeCollectives::publish(int which, uint64_t value) const {
   std::atomic_ref<uint64_t>(*flag(rank_, which)).store(value, std::memory_order_release);
 }
 
+void NodeCollectives::await(int q, int which, uint64_t at_least, const NodeWait& wait) const {
+  std::atomic_ref<uint64_t> f(*flag(q, which));
+  if (f.load(std::memory_order_acquire) >= at_least) return;
+  // Spin (the peers are on this node and usually a microsecond or two behind), checking in
+  // with the caller (deadline, aborts, the peers' lives) every kSpinsPerPoll; after
+  // kSpinAlone, yield the core at each check: the peer may need it (more ranks than cores).
+  const auto alone_until = std::chrono::steady_clock::now() + kSpinAlone;
+  bool alone = true;
+  for (uint32_t spins = 1; f.load(std::memory_order_acquire) < at_least; ++spins) {
+    cpu_relax();
+    if (spins % kSpinsPerPoll != 0) continue;
+    wait.poll(q);
+    if (alone) alone = std::chrono::steady_clock::now() < alone_until;
+    if (!alone) std::this_thread::yield();
+  }
+}
+
 void NodeCollectives::wait_all(int which, uint64_t at_least, const NodeWait& wait) const {
   for (int q = 0; q < ranks_; ++q) {
-    if (q == rank_) continue;
-    std::atomic_ref<uint64_t> f(*flag(q, which));
-    for (uint32_t spins = 1; f.load(std::memory_order_acquire) < at_least; ++spins) {
-      // Spin briefly (the peers are on this node and usually microseconds behind), then
-      // yield the core between the caller's checks (deadline, aborts, the peers' lives).
-      if (spins % kSpinsPerPoll == 0) {
-        wait.poll(q);
-        std::this_thread::yield();
-      }
-    }
+    if (q != rank_) await(q, which, at_least, wait);
   }
 }
 
@@ -114,14 +133,7 @@ void NodeCollectives::publish_ready(uint64_t round, uint64_t digest, const NodeW
 
 void NodeCollectives::wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only) const {
   if (only >= 0 && only != rank_) {
-    // One rank's data (a broadcast's root): wait for it alone.
-    std::atomic_ref<uint64_t> f(*flag(only, kReady));
-    for (uint32_t spins = 1; f.load(std::memory_order_acquire) < round; ++spins) {
-      if (spins % kSpinsPerPoll == 0) {
-        wait.poll(only);
-        std::this_thread::yield();
-      }
-    }
+    await(only, kReady, round, wait);  // one rank's data (a broadcast's root): it alone
   } else if (only < 0) {
     wait_all(kReady, round, wait);
   }

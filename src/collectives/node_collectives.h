@@ -96,6 +96,8 @@ class NodeCollectives {
   uint64_t begin_round(const NodeWait& wait);
   void publish_ready(uint64_t round, uint64_t digest, const NodeWait& wait) const;
   void wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only = -1) const;
+  // Until rank q's flag `which` reaches `at_least` (spin, then yield; NodeWait::poll between).
+  void await(int q, int which, uint64_t at_least, const NodeWait& wait) const;
   void wait_all(int which, uint64_t at_least, const NodeWait& wait) const;
   void publish(int which, uint64_t value) const;
   void put(uint8_t* slot_bytes, const void* from, size_t bytes);  // a copy into this rank's slot

@@ -31,7 +31,8 @@ for r in recs:
     assert r["wrong"] == 0, r          # --check: every element within the compressor's bound
     assert r["time_us"] > 0, r
     if r["impl"] == "gradcomm":
-        assert r["wire_bytes"] > 0 and r["encode_us"] >= 0 and r["comm_us"] >= 0, r
+        # on one host's segment a call sends nothing over the wire, its header neither
+        assert (r["wire_bytes"] > 0 or r["path"] == "shm") and r["encode_us"] >= 0 and r["comm_us"] >= 0, r
 print(path, "ok:", len(recs), "records")
 PY
 }

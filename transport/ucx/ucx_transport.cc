@@ -219,7 +219,9 @@ void UcxTransport::make_lanes(Store& store, const UcxOptions& options, const Dea
 
     ucp_worker_params_t worker_params{};
     worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;  // one thread drives the transport
+    // One thread at a time drives the transport, not always the same one: the engine, or
+    // a caller running a small call inline (src/engine.h), under the engine's drive lock.
+    worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     // (Still under the lock: opening the worker's interfaces reads their UCX_<TL>_* variables.)
     GRADCOMM_UCX_CHECK(ucp_worker_create(lane.context, &worker_params, &lane.worker), "creating the UCX worker");
     environment_lock.unlock();
