@@ -116,7 +116,9 @@ struct WorkState;
 }  // namespace detail
 
 // A collective started by one of the *_async calls. Calls run in the order they
-// were issued, on a thread the communicator owns; the tensors they name must stay
+// were issued, on a thread the communicator owns (or, for a small dense call of a
+// one-host job issued with nothing queued, on the issuing thread, before the call
+// returns: docs/shared-memory.md, "Small calls"); the tensors they name must stay
 // alive and untouched (inputs unmodified, outputs unread) until wait() returns or
 // is_completed() is true. For CUDA tensors a call completes once it is enqueued on
 // its stream, exactly as the blocking call returns (stream semantics unchanged).

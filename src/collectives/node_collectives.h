@@ -70,6 +70,8 @@ class NodeCollectives {
   int size() const { return ranks_; }
   // Bytes this rank has copied into its slots so far: what it gave its node's peers.
   uint64_t bytes_written() const { return written_; }
+  // Rounds this rank has started so far (a collective with no data may run none).
+  uint64_t rounds() const { return round_; }
 
   // `digest` names the call (every rank of the node passes the same for the same call).
   // data[0, numel) in place.

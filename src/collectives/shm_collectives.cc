@@ -86,8 +86,11 @@ void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body, bool counte
                                               them, c->what));
   };
   const uint64_t written = shm.collectives().bytes_written();
+  const uint64_t rounds = shm.collectives().rounds();
   body(shm.collectives(), wait);
-  op.header_checked_on_segment();  // every round's digest held the header, and agreed
+  // Every round's digest held the header, and agreed; a collective with nothing to move
+  // ran none, and leaves the check to Op::check_header.
+  if (shm.collectives().rounds() != rounds) op.header_checked_on_segment();
   if (counted) op.count_shm(shm.collectives().bytes_written() - written);
 }
 

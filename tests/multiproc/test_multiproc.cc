@@ -320,6 +320,36 @@ TEST(MultiprocStore, AttacksAreDroppedWhileRealRanksRendezvous) {
   }
 }
 
+// One host, two and three ranks: a small dense call with nothing queued runs on the
+// issuing thread and is complete when allreduce_async / broadcast_async / barrier_async
+// return, with exact results; with GRADCOMM_SHM_INLINE_BYTES=0 (every call through the
+// engine) and with the segment off the results are the same. Local calls from a second
+// thread interleave with them.
+class MultiprocShmInline : public ::testing::TestWithParam<int> {};
+
+TEST_P(MultiprocShmInline, SmallCallsCompleteOnTheCallersThreadExactly) {
+  const int n = GetParam();
+  for (const std::string env : {"", "GRADCOMM_SHM_INLINE_BYTES=0", "GRADCOMM_SHM=off"}) {
+    const Job job = run_job(n, "inline", 5, env);
+    ASSERT_EQ(job.exit_code, 0) << env << "\n" << job.output;
+    ASSERT_EQ(job.results.size(), static_cast<size_t>(n)) << job.output;
+    for (const auto& r : job.results) {
+      EXPECT_EQ(r.at("wrong"), "0") << job.output;
+      EXPECT_EQ(r.at("small"), "600") << job.output;  // 300 allreduces, 300 broadcasts
+      if (env.empty()) {
+        EXPECT_EQ(r.at("inline"), r.at("small")) << job.output;
+      }
+      if (env == "GRADCOMM_SHM=off") {
+        EXPECT_EQ(r.at("shm_ops"), "0") << job.output;
+      } else {
+        EXPECT_GE(std::stoll(r.at("shm_ops")), 2 * 630 + 12) << job.output;  // both phases, barriers, 1 MiB calls
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocShmInline, ::testing::Values(2, 3));
+
 class MultiprocMismatch : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MultiprocMismatch, EveryRankRaisesMismatchError) {
@@ -332,7 +362,7 @@ TEST_P(MultiprocMismatch, EveryRankRaisesMismatchError) {
   EXPECT_EQ(job.exit_code, 10) << job.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocMismatch, ::testing::Values("numel", "dtype", "op", "kind"));
+INSTANTIATE_TEST_SUITE_P(Ucx, MultiprocMismatch, ::testing::Values("numel", "dtype", "op", "kind", "empty"));
 
 // A rank out of step: skipping a call, a barrier against an allreduce, another
 // compressor under the same key. Every rank raises MismatchError naming both sides'

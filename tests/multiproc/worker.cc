@@ -8,8 +8,10 @@
 //                            VICTIM fails (KIND: sigkill sigterm sigstop exit0 exit1 throw)
 //                            a random moment into a loop of allreduces under SPEC, of 4M
 //                            floats or GRADCOMM_FAULT_NUMEL
-//   mismatch numel|dtype|op|kind   rank 1 calls something different
+//   mismatch numel|dtype|op|kind|empty   rank 1 calls something different (empty: no
+//                            element, so no data to carry its header on the node's segment)
 //   sequence skip|skip_last|barrier|compressor   rank 1 skips or changes one call
+//   inline                   small calls on the caller's thread: complete on return, exact
 //   compressed               every compressor spec, 3 steps each: finite, bitwise identical
 //                            across ranks, topk = sum of each rank's own top-k, fp16 within rounding
 //   abuse                    ranks >= 1 first attack the job's store (garbage, HTTP,
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
@@ -207,7 +210,7 @@ int run_mismatch(Communicator& comm, const std::string& kind) {
   const bool odd = comm.rank() == 1;
   std::vector<float> x(1000, 1.0f), out(1000 * comm.size());
   try {
-    TensorView t = TensorView::of(x.data(), kind == "numel" && odd ? 999 : 1000);
+    TensorView t = TensorView::of(x.data(), kind == "numel" && odd ? 999 : kind == "empty" && odd ? 0 : 1000);
     if (kind == "dtype" && odd) t.dtype = DType::kInt32;
     if (kind == "kind" && odd) {
       comm.allgather(t, TensorView::of(out.data(), static_cast<int64_t>(out.size())));
@@ -220,6 +223,62 @@ int run_mismatch(Communicator& comm, const std::string& kind) {
   }
   fmt::print("RESULT rank={} error=none\n", comm.rank());
   return 1;
+}
+
+// Small calls on one host's segment run on the issuing thread (src/engine.h, "Calls on
+// the caller's thread"): 300 rounds of a small allreduce (1 to 1024 floats, exact sum
+// checked), a 64-byte broadcast from a rotating root and, every 10th, a barrier; each
+// allreduce's and broadcast's Work is checked complete as the call returns ("inline"). Every 50th round
+// adds a 1 MiB allreduce (the engine's). Then the same again while a second thread
+// keeps issuing local calls (synchronize), which queue on the engine: results only.
+int run_inline(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  Checker check(r);
+  int small = 0, inline_done = 0;
+  const auto phase = [&](bool count) {
+    for (int i = 0; i < 300; ++i) {
+      const int64_t numel = 1 + (i * 37) % 1024;
+      std::vector<float> x(numel);
+      for (int64_t j = 0; j < numel; ++j) x[j] = static_cast<float>(contribution(r, j + i));
+      auto work = comm.allreduce_async(TensorView::of(x.data(), numel));
+      if (count) inline_done += work->is_completed();
+      work->wait();
+      bool ok = true;
+      for (int64_t j = 0; j < numel; ++j) {
+        double sum = 0;
+        for (int s = 0; s < n; ++s) sum += static_cast<float>(contribution(s, j + i));
+        ok &= x[j] == static_cast<float>(sum);
+      }
+      check(ok, fmt::format("small allreduce {} of {} floats", i, numel));
+      const int root = i % n;
+      std::vector<int32_t> b(16, r == root ? 1000 * i + root : -1);
+      auto bwork = comm.broadcast_async(TensorView::of(b.data(), 16), root);
+      if (count) inline_done += bwork->is_completed();
+      bwork->wait();
+      check(std::all_of(b.begin(), b.end(), [&](int32_t v) { return v == 1000 * i + root; }),
+            fmt::format("broadcast {} from {}", i, root));
+      small += count ? 2 : 0;
+      if (i % 10 == 0) comm.barrier();
+      if (i % 50 == 0) {
+        std::vector<int32_t> big(int64_t{1} << 18, r + 1);
+        comm.allreduce(TensorView::of(big.data(), static_cast<int64_t>(big.size())));
+        check(std::all_of(big.begin(), big.end(), [&](int32_t v) { return v == n * (n + 1) / 2; }),
+              fmt::format("1 MiB allreduce at {}", i));
+      }
+    }
+  };
+  phase(true);
+  std::atomic<bool> stop{false};
+  std::thread local([&] {
+    while (!stop.load()) comm.synchronize();
+  });
+  phase(false);
+  stop = true;
+  local.join();
+  const Stats stats = comm.stats();
+  fmt::print("RESULT rank={} small={} inline={} checks={} wrong={} shm_ops={}\n", r, small, inline_done, check.checks,
+             check.wrong, stats.node_shm_ops);
+  return check.wrong == 0 ? 0 : 1;
 }
 
 // A rank out of step in a sequence of four allreduces that alternate between two
@@ -375,6 +434,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "sequence" && argc > 2) return run_sequence_mismatch(*comm, argv[2]);
     if (mode == "mismatch" && argc > 2) return run_mismatch(*comm, argv[2]);
+    if (mode == "inline") return run_inline(*comm);
   } catch (const Error& e) {
     fmt::print(stderr, "worker: {}: {}\n", error_code_name(e.code()), e.what());
     return 1;

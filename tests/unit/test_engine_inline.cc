@@ -1,0 +1,120 @@
+// Calls on the caller's thread (src/engine.h): ranks as threads over the in-process
+// transport, sharing one node segment as a one-host job's ranks do. A small dense call
+// issued with nothing queued runs inside the issuing call and its Work is complete on
+// return; the engine and a second thread's local calls interleave with such calls
+// without a race (this file runs under TSan: scripts/test-sanitizers.sh).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/node_collectives.h"
+#include "collectives/shm_segment.h"
+#include "comm_impl.h"
+#include "engine.h"
+#include "node_shm.h"
+#include "test_util.h"
+#include "transport/inproc/inproc_transport.h"
+
+namespace gradcomm::detail {
+namespace {
+
+using gradcomm::testing::ScopedEnv;
+
+constexpr size_t kSlotBytes = size_t{64} << 10;
+
+// Runs fn(rank, comm) on n threads, every rank's communicator on one segment (a NodeShm
+// over a mapping of its own, as connect_node_shm gives each process); rethrows the first
+// rank's failure.
+void run_on_segment(int n, const std::function<void(int, Communicator&)>& fn) {
+  static std::atomic<int> counter{0};
+  const std::string name =
+      "/gradcomm-test-inline-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  const size_t bytes = node_segment_bytes(n, kSlotBytes);
+  ShmSegment creator = ShmSegment::create(name, bytes);
+  init_node_segment(creator.data(), n, kSlotBytes);
+  std::vector<ShmSegment> mapped;
+  for (int r = 0; r < n; ++r) mapped.push_back(ShmSegment::open(name, bytes));
+  creator.unlink();
+  std::vector<int> members(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+  auto transports = create_inproc_transports(n);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto shm = std::make_unique<NodeShm>(std::move(mapped[static_cast<size_t>(r)]), r, members, kSlotBytes,
+                                             std::vector<std::optional<ProcessIdentity>>(static_cast<size_t>(n)));
+        Communicator comm(std::make_unique<CommunicatorImpl>(std::move(transports[static_cast<size_t>(r)]),
+                                                             std::chrono::seconds(60), nullptr, NodeMap::single(n),
+                                                             std::move(shm)));
+        fn(r, comm);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// 100 rounds: a small allreduce (complete on return, exact), a broadcast from a rotating
+// root, and every 25th round a 256 KiB allreduce (past the inline limit: the engine's).
+void small_calls(int r, int n, Communicator& comm, bool expect_inline) {
+  for (int i = 0; i < 100; ++i) {
+    std::vector<float> x(static_cast<size_t>(1 + i % 64), static_cast<float>(r + i));
+    auto work = comm.allreduce_async(TensorView::of(x.data(), static_cast<int64_t>(x.size())));
+    if (expect_inline) EXPECT_TRUE(work->is_completed()) << "call " << i;
+    work->wait();
+    const float want = static_cast<float>(n * i + n * (n - 1) / 2);
+    for (float v : x) ASSERT_EQ(v, want) << "round " << i;
+    std::vector<int32_t> b(8, r == i % n ? i : -1);
+    comm.broadcast(TensorView::of(b.data(), 8), i % n);
+    for (int32_t v : b) ASSERT_EQ(v, i);
+    if (i % 25 == 0) {
+      std::vector<int32_t> big(int64_t{1} << 16, 1);
+      comm.allreduce(TensorView::of(big.data(), static_cast<int64_t>(big.size())));
+      for (int32_t v : big) ASSERT_EQ(v, n);
+    }
+  }
+}
+
+TEST(EngineInline, SmallCallsCompleteOnReturnWithExactResults) {
+  for (int n : {2, 3}) {
+    run_on_segment(n, [&](int r, Communicator& comm) {
+      small_calls(r, n, comm, true);
+      EXPECT_GE(comm.stats().node_shm_ops, 204u);
+    });
+  }
+}
+
+// A second thread of each rank keeps issuing local calls (synchronize: queued on the
+// engine, run there in issue order) while the first issues small collectives, which then
+// sometimes queue behind them and sometimes run inline: results stay exact.
+TEST(EngineInline, LocalCallsOfAnotherThreadInterleave) {
+  run_on_segment(2, [&](int r, Communicator& comm) {
+    std::atomic<bool> stop{false};
+    std::thread local([&] {
+      while (!stop.load()) comm.synchronize();
+    });
+    small_calls(r, 2, comm, false);
+    stop = true;
+    local.join();
+  });
+}
+
+// GRADCOMM_SHM_INLINE_BYTES=0: every call goes through the engine; the same results.
+TEST(EngineInline, DisabledByTheLimitSameResults) {
+  ScopedEnv limit("GRADCOMM_SHM_INLINE_BYTES", "0");
+  if (Engine::inline_bytes() != 0) GTEST_SKIP() << "the limit was read before this test (once per process)";
+  run_on_segment(2, [&](int r, Communicator& comm) { small_calls(r, 2, comm, false); });
+}
+
+}  // namespace
+}  // namespace gradcomm::detail
