@@ -26,8 +26,14 @@ namespace {
 // compressor and, compressed, the key's step.
 void set_reduction(WireHeader& header, const Call& call) {
   header.reduce_op = call.reduce_op;
-  header.compressor = call.spec->id == CompressorId::kNone ? "none" : call.spec->canonical();
-  header.compressor_hash = fnv1a32(header.compressor);
+  if (call.spec->id == CompressorId::kNone) {
+    static const uint32_t kNoneHash = fnv1a32("none");
+    header.compressor = "none";
+    header.compressor_hash = kNoneHash;
+  } else {
+    header.compressor = call.spec->canonical();
+    header.compressor_hash = fnv1a32(header.compressor);
+  }
   // (auto: whatever it chose, the key's step decides its reviews, so ranks agree on it.)
   if ((call.spec->id != CompressorId::kNone || call.auto_spec != nullptr) && call.key != nullptr) {
     header.step = call.key->step;

@@ -93,7 +93,8 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
     return;
   }
   try {
-    call.spec = &compression_.spec(text);
+    call.spec = options.compressor.empty() && !options.compress_inside_nodes ? &compression_.none_spec()
+                                                                             : &compression_.spec(text);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("rank {}: {}: {}", rank(), what, e.what()));
   }

@@ -33,7 +33,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <span>
+#include <vector>
 
 #include "gradcomm/types.h"
 
@@ -97,10 +99,11 @@ class NodeCollectives {
   // Steps of a round (see above).
   uint64_t begin_round(const NodeWait& wait);
   void publish_ready(uint64_t round, uint64_t digest, const NodeWait& wait) const;
-  void wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only = -1) const;
+  void wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only = -1);
   // Until rank q's flag `which` reaches `at_least` (spin, then yield; NodeWait::poll between).
-  void await(int q, int which, uint64_t at_least, const NodeWait& wait) const;
-  void wait_all(int which, uint64_t at_least, const NodeWait& wait) const;
+  void await(int q, int which, uint64_t at_least, const NodeWait& wait);
+  void await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least, const NodeWait& wait, int q) const;
+  void wait_all(int which, uint64_t at_least, const NodeWait& wait);
   void publish(int which, uint64_t value) const;
   void put(uint8_t* slot_bytes, const void* from, size_t bytes);  // a copy into this rank's slot
   // Piece q of a chunk of n elements: [begin, end), 64-byte aligned boundaries.
@@ -113,6 +116,7 @@ class NodeCollectives {
   int ranks_;
   size_t slot_bytes_;
   uint64_t round_ = 0;  // the last round this rank started
+  std::vector<uint64_t> seen_ready_;  // by rank: the highest ready flag this rank has read
   uint64_t written_ = 0;
 };
 
