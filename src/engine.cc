@@ -37,7 +37,8 @@ Engine::Engine(CallRunner& runner, FusionConfig fusion)
       comm_(runner.context()),
       fusion_(fusion),
       doorbell_(std::make_shared<Doorbell>()),
-      one_segment_(comm_.one_segment()) {
+      one_segment_(comm_.one_segment()),
+      inline_limit_(one_segment_ ? inline_bytes() : 0) {  // a bad value fails creation
   doorbell_->attach(this);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gradcomm-engine");  // what top, perf and gdb show
@@ -91,11 +92,11 @@ void Engine::wake() {
 }
 
 bool Engine::may_run_inline(const Call& call) const {
-  if (!one_segment_ || comm_.size() < 2) return false;
-  const int64_t limit = inline_bytes();
+  if (inline_limit_ == 0 || comm_.size() < 2) return false;
+  const int64_t limit = inline_limit_;
   switch (call.kind) {
     case Call::Kind::kBarrier:
-      return limit > 0;
+      return true;
     case Call::Kind::kBroadcast:
       return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= limit;
     case Call::Kind::kAllreduce:

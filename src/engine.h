@@ -139,6 +139,7 @@ class Engine final : private GroupQueue {
   Clock::time_point last_finish_{};     // engine thread only: when the last call a caller waited on ended
 
   const bool one_segment_;  // CallContext::one_segment: calls may run inline; the engine sleeps on cv_
+  const int64_t inline_limit_;  // inline_bytes() on such a communicator (read at creation), else 0
   // Held by whoever uses the runner or the transport: the engine while it runs calls and
   // progresses, a caller while its call runs inline. Never held while sleeping.
   std::mutex drive_;

@@ -104,6 +104,7 @@ std::unique_ptr<NodeShm> connect_node_shm(Store& store, const NodeMap& nodes, in
                                                       deadline - std::chrono::steady_clock::now()));
   };
   const bool enabled = shm_enabled_from_env();
+  (void)node_spin_alone(ranks);  // a bad GRADCOMM_SHM_SPIN_US fails here, on the rank that has it
   const std::optional<ProcessIdentity> me = this_process();
   const std::string off = fmt::format("GRADCOMM_SHM=off on rank {}", rank);
 

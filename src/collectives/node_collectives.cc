@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cstring>
 #include <thread>
+
+#include <unistd.h>
 
 #include "gradcomm/errors.h"
 #include "env.h"
@@ -20,8 +23,16 @@ constexpr int kFlags = 3;                           // ready (+ the round's dige
 constexpr int kRecordLines = 2;                     // a call record per slot
 constexpr int kLinesPerRank = kFlags + 2 * kRecordLines;
 constexpr uint32_t kSpinsPerPoll = 64;
-// How long a wait spins before it starts yielding the core (NodeCollectives::await).
-const std::chrono::microseconds kSpinAlone{env_int("GRADCOMM_SHM_SPIN_US", 20, 0, 1'000'000)};
+}  // namespace
+
+std::chrono::microseconds node_spin_alone(int ranks) {
+  static const std::optional<int64_t> set = env_int_if_set("GRADCOMM_SHM_SPIN_US", 0, 1'000'000);
+  if (set) return std::chrono::microseconds(*set);
+  static const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return std::chrono::microseconds(cores > 0 && ranks <= cores ? 20 : 0);
+}
+
+namespace {
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,7 +63,12 @@ void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes) {
 }
 
 NodeCollectives::NodeCollectives(uint8_t* segment, int rank, int ranks, size_t slot_bytes)
-    : segment_(segment), rank_(rank), ranks_(ranks), slot_bytes_(slot_bytes), seen_ready_(static_cast<size_t>(std::max(ranks, 0)), 0) {
+    : segment_(segment),
+      rank_(rank),
+      ranks_(ranks),
+      slot_bytes_(slot_bytes),
+      spin_alone_(node_spin_alone(ranks)),
+      seen_ready_(static_cast<size_t>(std::max(ranks, 0)), 0) {
   Header h{};
   std::memcpy(&h, segment, sizeof h);
   if (h.magic != kMagic || h.ranks != static_cast<uint64_t>(ranks) || h.slot_bytes != slot_bytes) {
@@ -110,7 +126,7 @@ void NodeCollectives::await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least,
   // Spin (the peers are on this node and usually a microsecond or two behind), checking in
   // with the caller (deadline, aborts, the peers' lives) every kSpinsPerPoll; after
   // kSpinAlone, yield the core at each check: the peer may need it (more ranks than cores).
-  const auto alone_until = std::chrono::steady_clock::now() + kSpinAlone;
+  const auto alone_until = std::chrono::steady_clock::now() + spin_alone_;
   bool alone = true;
   for (uint32_t spins = 1; f.load(std::memory_order_acquire) < at_least; ++spins) {
     cpu_relax();

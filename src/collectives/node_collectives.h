@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <atomic>
+#include <chrono>
 #include <span>
 #include <vector>
 
@@ -48,6 +49,12 @@ inline constexpr size_t kNodeSmallBytes = size_t{16} << 10;
 size_t node_segment_bytes(int ranks, size_t slot_bytes);
 // Writes the header of a fresh (zeroed) segment: its creator, before any rank attaches.
 void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes);
+
+// How long a wait spins before it starts yielding the core (NodeCollectives::await):
+// GRADCOMM_SHM_SPIN_US, else 20 us while the node's `ranks` have a core each, and none when
+// they do not (a spinning rank then holds the core the rank it waits for needs).
+// InvalidArgument for a value out of range.
+std::chrono::microseconds node_spin_alone(int ranks);
 
 // A call record of at most this many bytes goes beside each round's digest.
 inline constexpr size_t kNodeRecordBytes = 127;
@@ -115,6 +122,7 @@ class NodeCollectives {
   int rank_;
   int ranks_;
   size_t slot_bytes_;
+  std::chrono::microseconds spin_alone_;  // a wait spins this long before it yields (await)
   uint64_t round_ = 0;  // the last round this rank started
   std::vector<uint64_t> seen_ready_;  // by rank: the highest ready flag this rank has read
   uint64_t written_ = 0;
