@@ -2,7 +2,8 @@
 // what its Work handle and the engine share.
 //
 // Ownership. The issuing thread validates the arguments and fills a Call; from
-// then on only the engine thread reads it. `key` points into the communicator's
+// then on only the thread that runs it reads it: the engine, or the issuing thread
+// itself for a call it runs inline (engine.h), with the engine held off. `key` points into the communicator's
 // CompressionState (map nodes never move); the engine alone touches the key's
 // step, residual and device state, the issuing side only its numel and dtype.
 #pragma once

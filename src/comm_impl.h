@@ -7,8 +7,10 @@
 // thread. The algorithms live in src/collectives/, one per file; they see only an Op,
 // which sees only the CallContext of call_context.h; the engine sees only the runner.
 //
-// Threads. Everything below "engine thread" is touched by the engine alone; the
-// issuing side shares with it only the engine's queue, the spec cache and the
+// Threads. Everything below "engine thread" is touched by the thread running calls: the
+// engine, or a caller running a small call inline while the engine is held off (engine.h,
+// "Calls on the caller's thread"; both under Engine's drive lock). The issuing side shares
+// with it only the engine's queue, the spec cache and the
 // keys' numel/dtype (under issue_mutex_), and the first failure (failure_mutex_).
 #pragma once
 
@@ -70,12 +72,16 @@ class CommunicatorImpl final : public CallContext {
   Stats stats() const;
 
   // ---- issuing side: any thread -------------------------------------------------
-  std::shared_ptr<WorkState> allreduce_async(TensorView t, ReduceOp op, const CompressOptions& options);
+  // `blocking` (the blocking calls of communicator.h): a call that ran to its end on this
+  // thread returns null instead of a completed WorkState (its error thrown), which saves
+  // a small call the WorkState; otherwise the caller waits on what it gets.
+  std::shared_ptr<WorkState> allreduce_async(TensorView t, ReduceOp op, const CompressOptions& options,
+                                             bool blocking = false);
   std::shared_ptr<WorkState> allgather_async(TensorView in, TensorView out);
   std::shared_ptr<WorkState> reduce_scatter_async(TensorView in, TensorView out, ReduceOp op,
                                                   const CompressOptions& options);
-  std::shared_ptr<WorkState> broadcast_async(TensorView t, int root);
-  std::shared_ptr<WorkState> barrier_async();
+  std::shared_ptr<WorkState> broadcast_async(TensorView t, int root, bool blocking = false);
+  std::shared_ptr<WorkState> barrier_async(bool blocking = false);
   // Variable-size allgather: rank r contributes `in` (counts[r] elements, agreed
   // by a first exchange inside); returns the per-rank counts; `out` is resized to
   // the total, rank blocks in rank order. Internal, blocking.
@@ -150,7 +156,7 @@ class CommunicatorImpl final : public CallContext {
   const AutoSpec& auto_spec(const std::string& text);
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
-  std::shared_ptr<WorkState> submit(Call call, const char* op);
+  std::shared_ptr<WorkState> submit(Call call, const char* op, bool blocking = false);
   // CUDA tensors (device_path.h): the issuing side's device check. The runner opens
   // the path at the first CUDA call (a numbered setup call that chooses it).
   void check_cuda_device(int device, const char* op);

@@ -52,12 +52,12 @@ void CommunicatorImpl::check_one_device(const TensorView& in, const TensorView& 
 
 // ---- issuing side --------------------------------------------------------------------
 
-std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call, const char* op) {
+std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call, const char* op, bool blocking) {
   if (call.tensor.device.type == DeviceType::kCuda) {
     std::lock_guard lock(issue_mutex_);
     check_cuda_device(call.tensor.device.index, op);
   }
-  return engine_->submit(std::move(call));
+  return engine_->submit(std::move(call), blocking);
 }
 
 void CommunicatorImpl::run_local(std::function<void()> fn) {
@@ -209,7 +209,7 @@ const AutoSpec& CommunicatorImpl::auto_spec(const std::string& text) {
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, ReduceOp reduce_op,
-                                                             const CompressOptions& options) {
+                                                             const CompressOptions& options, bool blocking) {
   check_usable();
   check_tensor(t, "allreduce", "tensor");
   if (static_cast<uint8_t>(reduce_op) > static_cast<uint8_t>(ReduceOp::kMax)) {
@@ -230,7 +230,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
     std::lock_guard lock(issue_mutex_);
     resolve_compression(call, options, "allreduce");
   }
-  return submit(std::move(call), "allreduce");
+  return submit(std::move(call), "allreduce", blocking);
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::allgather_async(TensorView in, TensorView out) {
@@ -319,7 +319,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::reduce_scatter_async(TensorView in,
   return submit(std::move(call), "reduce_scatter");
 }
 
-std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int root) {
+std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int root, bool blocking) {
   check_usable();
   check_tensor(t, "broadcast", "tensor");
   if (root < 0 || root >= size()) {
@@ -329,14 +329,14 @@ std::shared_ptr<WorkState> CommunicatorImpl::broadcast_async(TensorView t, int r
   call.kind = Call::Kind::kBroadcast;
   call.tensor = t;
   call.root = root;
-  return submit(std::move(call), "broadcast");
+  return submit(std::move(call), "broadcast", blocking);
 }
 
-std::shared_ptr<WorkState> CommunicatorImpl::barrier_async() {
+std::shared_ptr<WorkState> CommunicatorImpl::barrier_async(bool blocking) {
   check_usable();
   Call call;
   call.kind = Call::Kind::kBarrier;
-  return submit(std::move(call), "barrier");
+  return submit(std::move(call), "barrier", blocking);
 }
 
 std::vector<int64_t> CommunicatorImpl::allgatherv(const void* in, int64_t count, DType dtype,

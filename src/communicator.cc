@@ -195,14 +195,19 @@ std::shared_ptr<Work> Communicator::broadcast_async(TensorView t, int root) {
 }
 
 void Communicator::allreduce(TensorView t, ReduceOp op, const CompressOptions& options) {
-  Work(impl_->allreduce_async(t, op, options)).wait();
+  // Null: it ran to its end here (engine.h, "Calls on the caller's thread").
+  if (auto state = impl_->allreduce_async(t, op, options, /*blocking=*/true)) Work(std::move(state)).wait();
 }
 void Communicator::allgather(TensorView in, TensorView out) { Work(impl_->allgather_async(in, out)).wait(); }
 void Communicator::reduce_scatter(TensorView in, TensorView out, ReduceOp op, const CompressOptions& options) {
   Work(impl_->reduce_scatter_async(in, out, op, options)).wait();
 }
-void Communicator::broadcast(TensorView t, int root) { Work(impl_->broadcast_async(t, root)).wait(); }
-void Communicator::barrier() { Work(impl_->barrier_async()).wait(); }
+void Communicator::broadcast(TensorView t, int root) {
+  if (auto state = impl_->broadcast_async(t, root, /*blocking=*/true)) Work(std::move(state)).wait();
+}
+void Communicator::barrier() {
+  if (auto state = impl_->barrier_async(/*blocking=*/true)) Work(std::move(state)).wait();
+}
 void Communicator::synchronize() { impl_->synchronize(); }
 
 AllreducePlan Communicator::plan_allreduce(int64_t numel, const CompressOptions& options) {

@@ -112,7 +112,8 @@ void Engine::run_inline(Call& call) {
   {
     std::lock_guard drive(drive_);
     ran = runner_.run_one(call);
-    runner_.publish_stats();  // before the work completes, as finish() does
+    comm_.mutable_stats().inline_ops += 1;
+    runner_.publish_stats();  // before the caller returns, as finish() before a work completes
   }
   {
     // The engine sleeps on cv_ (one segment), never on the transport. Notified under the
@@ -120,8 +121,6 @@ void Engine::run_inline(Call& call) {
     std::lock_guard lock(mutex_);
     inline_ = false;
     if (issuer_outstanding_ > 0) --issuer_outstanding_;
-    // Its caller's wait rings the doorbell with this ticket: nothing to start, no wake-up.
-    flush_ticket_ = std::max(flush_ticket_, call.work->ticket);
     // Only when there is something to do: calls queued meanwhile (other threads' local
     // calls) may start, or stop() waits. Waking the engine after every call would take
     // the core from the callers (the very hand-over this path saves).
@@ -130,17 +129,36 @@ void Engine::run_inline(Call& call) {
       cv_.notify_all();
     }
   }
-  call.work->complete(ran.error);
+  if (ran.error) std::rethrow_exception(ran.error);
 }
 
-std::shared_ptr<WorkState> Engine::submit(Call call) {
+bool Engine::try_run_blocking(Call& call) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_ || refused_.load(std::memory_order_relaxed) || !queue_.empty() || inline_ ||
+        concurrent_issue_locked(call)) {
+      return false;  // the full path says why, or queues it
+    }
+    next_ticket_++;
+    issuer_ = call.issuer;
+    ++issuer_outstanding_;
+    inline_ = true;
+  }
+  run_inline(call);
+  return true;
+}
+
+std::shared_ptr<WorkState> Engine::submit(Call call, bool blocking) {
+  if (blocking && may_run_inline(call)) {
+    call.issuer = issuer_override() != 0 ? issuer_override() : this_thread_issuer();
+    if (try_run_blocking(call)) return nullptr;
+  }
   auto work = std::make_shared<WorkState>();
   work->doorbell = doorbell_;
   call.work = work;
   call.issued = Clock::now();
   call.issuer = issuer_override() != 0 ? issuer_override() : this_thread_issuer();
   std::optional<std::string> refused;
-  bool run_here = false;
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
@@ -159,19 +177,9 @@ std::shared_ptr<WorkState> Engine::submit(Call call) {
         issuer_ = call.issuer;
         ++issuer_outstanding_;
       }
-      // Nothing queued or running inline, no refusal: a small call runs here and now.
-      run_here = queue_.empty() && !inline_ && !refused_.load(std::memory_order_relaxed) && may_run_inline(call);
-      if (run_here) {
-        inline_ = true;
-      } else {
-        queue_.push_back(std::move(call));
-        ++generation_;
-      }
+      queue_.push_back(std::move(call));
+      ++generation_;
     }
-  }
-  if (run_here) {
-    run_inline(call);
-    return work;
   }
   wake();
   if (refused) throw InvalidArgument(fmt::format("rank {}: {}", comm_.rank(), *refused));

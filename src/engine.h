@@ -32,10 +32,12 @@
 // (IssueAs, introspect.h) and refuses truly concurrent issuers on its own (refuse()).
 //
 // Calls on the caller's thread. On a communicator whose ranks all share one node's
-// segment (CallContext::one_segment), a small dense call (an allreduce without a
+// segment (CallContext::one_segment), a small dense blocking call (an allreduce without a
 // compressor, a broadcast, a barrier; at most GRADCOMM_SHM_INLINE_BYTES, default 64 KiB)
 // issued while nothing is queued runs to its end inside submit(), on the issuing thread,
-// and its Work is complete when submit returns, as a blocking MPI call would be. The
+// which would only wait for it otherwise. (An async call always queues: it returns at
+// once and overlaps with what its caller does next, and threads that issue concurrently
+// see each other's calls outstanding, as "Issuing threads" below needs.) The
 // hand-over to the engine and back (two thread wake-ups, most of a small call's time on
 // shared cores; bench/results/shm-2026-11-29.md) is then gone. Order holds: the queue is
 // empty, and the engine starts nothing while such a call runs (inline_). Both sides use
@@ -82,8 +84,10 @@ class Engine final : private GroupQueue {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Thread-safe. Numbers the call (its ticket), queues it, wakes the engine.
-  std::shared_ptr<WorkState> submit(Call call);
+  // Thread-safe. Numbers the call (its ticket), queues it, wakes the engine. `blocking`:
+  // the caller waits for it right away, so it may run here instead ("Calls on the
+  // caller's thread"): then null is returned, or its error thrown.
+  std::shared_ptr<WorkState> submit(Call call, bool blocking = false);
   // The Doorbell: a caller waits on the call with `ticket`; a group that holds it
   // stops waiting for more members.
   void ring(uint64_t ticket);
@@ -127,8 +131,11 @@ class Engine final : private GroupQueue {
   void fail_queued();
   // Whether `call` may run on its caller's thread ("Calls on the caller's thread").
   bool may_run_inline(const Call& call) const;
-  // Runs `call`, which submit() kept out of the queue, here; completes its work.
+  // Runs `call`, which submit() kept out of the queue, here; throws its error.
   void run_inline(Call& call);
+  // A blocking call that may run inline and finds nothing queued: takes its ticket and
+  // runs it (true). False, touching nothing, when anything needs submit()'s full path.
+  bool try_run_blocking(Call& call);
   // Wakes the engine: new work, a doorbell, a refusal or stop (after generation_ moved).
   void wake();
 

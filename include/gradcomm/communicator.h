@@ -93,6 +93,9 @@ struct Stats {
   // Collectives (or the level inside the node of a two-level call) that ran on the node's
   // shared segment instead of the transport (GRADCOMM_SHM, docs/shared-memory.md).
   uint64_t node_shm_ops = 0;
+  // Of those, the blocking calls that ran on the calling thread instead of the engine's
+  // (docs/shared-memory.md, "Small calls").
+  uint64_t inline_ops = 0;
   // Bytes this rank wrote into the node's shared segment for them: what it gave its node's
   // peers there (bytes_sent counts the transport only).
   uint64_t node_shm_bytes = 0;
@@ -116,9 +119,7 @@ struct WorkState;
 }  // namespace detail
 
 // A collective started by one of the *_async calls. Calls run in the order they
-// were issued, on a thread the communicator owns (or, for a small dense call of a
-// one-host job issued with nothing queued, on the issuing thread, before the call
-// returns: docs/shared-memory.md, "Small calls"); the tensors they name must stay
+// were issued, on a thread the communicator owns; the tensors they name must stay
 // alive and untouched (inputs unmodified, outputs unread) until wait() returns or
 // is_completed() is true. For CUDA tensors a call completes once it is enqueued on
 // its stream, exactly as the blocking call returns (stream semantics unchanged).

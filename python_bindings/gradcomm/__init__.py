@@ -474,7 +474,8 @@ def stats():
     wire, messages_sent, ops (fused_calls of them travelled fused), and seconds:
     total_s = reduce_s + encode_s + decode_s + comm_s (wall time inside collectives);
     engine_cpu_s, the CPU time of the engine thread that runs them; node_shm_ops, the
-    collectives that ran on the node's shared segment (no wire bytes: docs/shared-memory.md).
+    collectives that ran on the node's shared segment (no wire bytes: docs/shared-memory.md),
+    inline_ops, those of them that ran on the calling thread (small blocking calls).
     A "gradcomm" torch.distributed process group has its own communicator and counters:
     gradcomm.torch.stats(group)."""
     if not is_initialized():

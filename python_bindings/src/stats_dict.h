@@ -16,6 +16,7 @@ inline void put_counters(pybind11::dict& d, const Stats& s) {
   d["ops"] = s.ops;
   d["fused_calls"] = s.fused_calls;
   d["node_shm_ops"] = s.node_shm_ops;
+  d["inline_ops"] = s.inline_ops;
   d["node_shm_bytes"] = s.node_shm_bytes;
   d["total_s"] = s.total_s;
   d["reduce_s"] = s.reduce_s;

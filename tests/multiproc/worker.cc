@@ -225,24 +225,25 @@ int run_mismatch(Communicator& comm, const std::string& kind) {
   return 1;
 }
 
-// Small calls on one host's segment run on the issuing thread (src/engine.h, "Calls on
-// the caller's thread"): 300 rounds of a small allreduce (1 to 1024 floats, exact sum
-// checked), a 64-byte broadcast from a rotating root and, every 10th, a barrier; each
-// allreduce's and broadcast's Work is checked complete as the call returns ("inline"). Every 50th round
-// adds a 1 MiB allreduce (the engine's). Then the same again while a second thread
-// keeps issuing local calls (synchronize), which queue on the engine: results only.
+// Small blocking calls on one host's segment run on the issuing thread (src/engine.h,
+// "Calls on the caller's thread"): 300 rounds of a small allreduce (1 to 1024 floats,
+// exact sum checked), a 64-byte broadcast from a rotating root and, every 10th, a barrier,
+// each counted in Stats::inline_ops ("inline": how many did), and one small async
+// allreduce, which queues (it returns at once: not counted). Every 50th round adds a
+// 1 MiB allreduce (the engine's). Then the same again while a second thread keeps issuing
+// local calls (synchronize), which queue on the engine: results only.
 int run_inline(Communicator& comm) {
   const int n = comm.size(), r = comm.rank();
   Checker check(r);
-  int small = 0, inline_done = 0;
+  int small = 0;
+  const uint64_t inline_before = comm.stats().inline_ops;
+  uint64_t inline_done = 0;
   const auto phase = [&](bool count) {
     for (int i = 0; i < 300; ++i) {
       const int64_t numel = 1 + (i * 37) % 1024;
       std::vector<float> x(numel);
       for (int64_t j = 0; j < numel; ++j) x[j] = static_cast<float>(contribution(r, j + i));
-      auto work = comm.allreduce_async(TensorView::of(x.data(), numel));
-      if (count) inline_done += work->is_completed();
-      work->wait();
+      comm.allreduce(TensorView::of(x.data(), numel));
       bool ok = true;
       for (int64_t j = 0; j < numel; ++j) {
         double sum = 0;
@@ -252,13 +253,18 @@ int run_inline(Communicator& comm) {
       check(ok, fmt::format("small allreduce {} of {} floats", i, numel));
       const int root = i % n;
       std::vector<int32_t> b(16, r == root ? 1000 * i + root : -1);
-      auto bwork = comm.broadcast_async(TensorView::of(b.data(), 16), root);
-      if (count) inline_done += bwork->is_completed();
-      bwork->wait();
+      comm.broadcast(TensorView::of(b.data(), 16), root);
       check(std::all_of(b.begin(), b.end(), [&](int32_t v) { return v == 1000 * i + root; }),
             fmt::format("broadcast {} from {}", i, root));
       small += count ? 2 : 0;
-      if (i % 10 == 0) comm.barrier();
+      if (i % 10 == 0) {
+        comm.barrier();
+        small += count ? 1 : 0;
+      }
+      std::vector<float> y(4, 1.0f);
+      comm.allreduce_async(TensorView::of(y.data(), 4))->wait();
+      check(std::all_of(y.begin(), y.end(), [&](float v) { return v == static_cast<float>(n); }),
+            fmt::format("async allreduce {}", i));
       if (i % 50 == 0) {
         std::vector<int32_t> big(int64_t{1} << 18, r + 1);
         comm.allreduce(TensorView::of(big.data(), static_cast<int64_t>(big.size())));
@@ -268,6 +274,7 @@ int run_inline(Communicator& comm) {
     }
   };
   phase(true);
+  inline_done = comm.stats().inline_ops - inline_before;
   std::atomic<bool> stop{false};
   std::thread local([&] {
     while (!stop.load()) comm.synchronize();

@@ -1,8 +1,9 @@
 // Calls on the caller's thread (src/engine.h): ranks as threads over the in-process
-// transport, sharing one node segment as a one-host job's ranks do. A small dense call
-// issued with nothing queued runs inside the issuing call and its Work is complete on
-// return; the engine and a second thread's local calls interleave with such calls
-// without a race (this file runs under TSan: scripts/test-sanitizers.sh).
+// transport, sharing one node segment as a one-host job's ranks do. A small dense
+// blocking call issued with nothing queued runs on the issuing thread (Stats::inline_ops),
+// an async one queues and returns at once; the engine and a second thread's local calls
+// interleave with such calls without a race (this file runs under TSan:
+// scripts/test-sanitizers.sh).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -64,14 +65,18 @@ void run_on_segment(int n, const std::function<void(int, Communicator&)>& fn) {
   }
 }
 
-// 100 rounds: a small allreduce (complete on return, exact), a broadcast from a rotating
-// root, and every 25th round a 256 KiB allreduce (past the inline limit: the engine's).
+// 100 rounds: a small allreduce (inline where `expect_inline`: counted), a broadcast from a
+// rotating root (likewise), a small async allreduce (queued: not counted), and every 25th
+// round a 256 KiB allreduce (past the inline limit: the engine's). Results exact.
 void small_calls(int r, int n, Communicator& comm, bool expect_inline) {
   for (int i = 0; i < 100; ++i) {
     std::vector<float> x(static_cast<size_t>(1 + i % 64), static_cast<float>(r + i));
-    auto work = comm.allreduce_async(TensorView::of(x.data(), static_cast<int64_t>(x.size())));
-    if (expect_inline) EXPECT_TRUE(work->is_completed()) << "call " << i;
-    work->wait();
+    const uint64_t before = comm.stats().inline_ops;
+    comm.allreduce(TensorView::of(x.data(), static_cast<int64_t>(x.size())));
+    if (expect_inline) EXPECT_EQ(comm.stats().inline_ops, before + 1) << "call " << i;
+    std::vector<float> y(static_cast<size_t>(1 + i % 8), 1.0f);
+    comm.allreduce_async(TensorView::of(y.data(), static_cast<int64_t>(y.size())))->wait();
+    for (float v : y) ASSERT_EQ(v, static_cast<float>(n)) << "async round " << i;
     const float want = static_cast<float>(n * i + n * (n - 1) / 2);
     for (float v : x) ASSERT_EQ(v, want) << "round " << i;
     std::vector<int32_t> b(8, r == i % n ? i : -1);
@@ -85,11 +90,13 @@ void small_calls(int r, int n, Communicator& comm, bool expect_inline) {
   }
 }
 
-TEST(EngineInline, SmallCallsCompleteOnReturnWithExactResults) {
+TEST(EngineInline, SmallBlockingCallsRunOnTheCallersThreadExactly) {
   for (int n : {2, 3}) {
     run_on_segment(n, [&](int r, Communicator& comm) {
       small_calls(r, n, comm, true);
-      EXPECT_GE(comm.stats().node_shm_ops, 204u);
+      const Stats stats = comm.stats();
+      EXPECT_EQ(stats.inline_ops, 200u);  // the allreduces and broadcasts; not the async or 256 KiB calls
+      EXPECT_GE(stats.node_shm_ops, 304u);
     });
   }
 }
@@ -113,7 +120,10 @@ TEST(EngineInline, LocalCallsOfAnotherThreadInterleave) {
 TEST(EngineInline, DisabledByTheLimitSameResults) {
   ScopedEnv limit("GRADCOMM_SHM_INLINE_BYTES", "0");
   if (Engine::inline_bytes() != 0) GTEST_SKIP() << "the limit was read before this test (once per process)";
-  run_on_segment(2, [&](int r, Communicator& comm) { small_calls(r, 2, comm, false); });
+  run_on_segment(2, [&](int r, Communicator& comm) {
+    small_calls(r, 2, comm, false);
+    EXPECT_EQ(comm.stats().inline_ops, 0u);
+  });
 }
 
 }  // namespace
