@@ -307,7 +307,9 @@ void NodeCollectives::broadcast(void* data, size_t bytes, int root, uint64_t dig
     const uint64_t s = begin_round(wait);
     if (rank_ == root) put(slot(rank_, s), p + at, n);
     publish_ready(s, digest, wait);
-    wait_ready(s, digest, wait, root);
+    // The root waits for every rank (it needs no one's data, but must not call a round
+    // done that another rank is in with another call); the others for the root alone.
+    wait_ready(s, digest, wait, rank_ == root ? -1 : root);
     if (rank_ != root) std::memcpy(p + at, slot(root, s), n);
     publish(kDone, s);
     publish(kConsumed, s);

@@ -14,6 +14,8 @@
 //                 done[r] = s
 //   3. copy out   once every done[q] >= s: the other pieces from their owners' slots;
 //                 consumed[r] = s
+// Every rank waits in step 2 for every other's `ready` (but a broadcast's non-roots, for the
+// root's alone), so no rank finishes a round another rank is in with another call.
 // Allreduce runs all three, its pieces the N slices of a chunk (a chunk of at most
 // kNodeSmallBytes skips step 3: every rank reduces all of it, in the same order, so the
 // bytes are the same). Reduce-scatter has no step 3: piece p of a round is the next part

@@ -87,7 +87,12 @@ void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body, bool counte
   };
   const uint64_t written = shm.collectives().bytes_written();
   const uint64_t rounds = shm.collectives().rounds();
+  // A peer that timed out (or failed) in this call had published its part before it gave
+  // up: without this, a late rank would find everything ready and finish the call the
+  // others abandoned. Its abort is here by now (the engine collects them between calls).
+  op.check_aborts_now();
   body(shm.collectives(), wait);
+  op.check_aborts_now();  // one that came while the rounds ran
   // Every round's digest held the header, and agreed; a collective with nothing to move
   // ran none, and leaves the check to Op::check_header.
   if (shm.collectives().rounds() != rounds) op.header_checked_on_segment();
