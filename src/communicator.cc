@@ -134,7 +134,8 @@ class Waiting {
 void Work::wait(Waiter waiter) {
   if (waiter == Waiter::kApplication) state_->note_wait();
   {
-    // Done already (a call that ran on the issuing thread, engine.h): nothing to ring or wait for.
+    // Done already (the engine finished it before the caller came to wait): nothing to ring
+    // or wait for.
     std::lock_guard lock(state_->mutex);
     if (state_->done) {
       if (state_->error) std::rethrow_exception(state_->error);

@@ -93,14 +93,13 @@ void Engine::wake() {
 
 bool Engine::may_run_inline(const Call& call) const {
   if (inline_limit_ == 0 || comm_.size() < 2) return false;
-  const int64_t limit = inline_limit_;
   switch (call.kind) {
     case Call::Kind::kBarrier:
       return true;
     case Call::Kind::kBroadcast:
-      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= limit;
+      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= inline_limit_;
     case Call::Kind::kAllreduce:
-      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= limit && call.key == nullptr &&
+      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= inline_limit_ && call.key == nullptr &&
              call.auto_spec == nullptr && (call.spec == nullptr || call.spec->id == CompressorId::kNone);
     default:
       return false;

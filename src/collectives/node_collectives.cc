@@ -111,15 +111,9 @@ void NodeCollectives::publish(int which, uint64_t value) const {
 
 void NodeCollectives::await(int q, int which, uint64_t at_least, const NodeWait& wait) {
   std::atomic_ref<uint64_t> f(*flag(q, which));
-  if (which == kReady) {
-    // Remembered for begin_round: what q has started, it has finished the round before.
-    const auto seen = [&](uint64_t v) { seen_ready_[static_cast<size_t>(q)] = v; };
-    if (const uint64_t v = f.load(std::memory_order_acquire); v >= at_least) return seen(v);
-    await_slow(f, at_least, wait, q);
-    return seen(f.load(std::memory_order_acquire));
-  }
-  if (f.load(std::memory_order_acquire) >= at_least) return;
-  await_slow(f, at_least, wait, q);
+  if (f.load(std::memory_order_acquire) < at_least) await_slow(f, at_least, wait, q);
+  // Remembered for begin_round: what q has started, it has finished the round before.
+  if (which == kReady) seen_ready_[static_cast<size_t>(q)] = f.load(std::memory_order_acquire);
 }
 
 void NodeCollectives::await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least, const NodeWait& wait, int q) const {
