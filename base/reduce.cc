@@ -63,42 +63,43 @@ bool exact_reciprocal(int64_t divisor, T& inverse) {
   return false;
 }
 
-// Plain types: the loops are simple enough for the compiler to vectorize.
+// Plain types: the loops are simple enough for the compiler to vectorize. dst may be a
+// (the in-place form), never b.
 template <class T>
-void reduce_plain(T* __restrict dst, const T* __restrict src, int64_t n, ReduceOp op, int64_t divisor) {
+void reduce_plain(T* dst, const T* a, const T* __restrict b, int64_t n, ReduceOp op, int64_t divisor) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
       if (T inverse; exact_reciprocal(divisor, inverse)) {
-        for (int64_t i = 0; i < n; ++i) dst[i] = add(dst[i], src[i]) * inverse;
+        for (int64_t i = 0; i < n; ++i) dst[i] = add(a[i], b[i]) * inverse;
       } else if (divisor > 1) {
-        for (int64_t i = 0; i < n; ++i) dst[i] = divide(add(dst[i], src[i]), divisor);
+        for (int64_t i = 0; i < n; ++i) dst[i] = divide(add(a[i], b[i]), divisor);
       } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = add(dst[i], src[i]);
+        for (int64_t i = 0; i < n; ++i) dst[i] = add(a[i], b[i]);
       }
       return;
     case ReduceOp::kMin:
-      for (int64_t i = 0; i < n; ++i) dst[i] = combine_min(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = combine_min(a[i], b[i]);
       return;
     case ReduceOp::kMax:
-      for (int64_t i = 0; i < n; ++i) dst[i] = combine_max(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = combine_max(a[i], b[i]);
       return;
   }
 }
 
 // 16-bit floats: widen to fp32, combine, round once.
 template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
-void reduce_half(uint16_t* __restrict dst, const uint16_t* __restrict src, int64_t n, ReduceOp op,
+void reduce_half(uint16_t* dst, const uint16_t* a, const uint16_t* __restrict b, int64_t n, ReduceOp op,
                  int64_t divisor) {
   const float d = static_cast<float>(divisor);
   for (int64_t i = 0; i < n; ++i) {
-    const float a = Widen(dst[i]);
-    const float b = Widen(src[i]);
+    const float x = Widen(a[i]);
+    const float y = Widen(b[i]);
     float r;
     switch (op) {
-      case ReduceOp::kMin: r = combine_min(a, b); break;
-      case ReduceOp::kMax: r = combine_max(a, b); break;
-      default: r = divisor > 1 ? (a + b) / d : a + b; break;
+      case ReduceOp::kMin: r = combine_min(x, y); break;
+      case ReduceOp::kMax: r = combine_max(x, y); break;
+      default: r = divisor > 1 ? (x + y) / d : x + y; break;
     }
     dst[i] = Narrow(r);
   }
@@ -123,26 +124,36 @@ void divide_half(uint16_t* data, int64_t n, int64_t divisor) {
 
 bool exact_reciprocal_f32(int64_t divisor, float& inverse) { return exact_reciprocal(divisor, inverse); }
 
-void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op, int64_t final_divisor) {
+void reduce_into(void* dst, const void* a, const void* b, int64_t n, DType dtype, ReduceOp op,
+                 int64_t final_divisor) {
   switch (dtype) {
     case DType::kFloat32:
-      return reduce_plain(static_cast<float*>(dst), static_cast<const float*>(src), n, op, final_divisor);
+      return reduce_plain(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n, op,
+                          final_divisor);
     case DType::kFloat64:
-      return reduce_plain(static_cast<double*>(dst), static_cast<const double*>(src), n, op, final_divisor);
+      return reduce_plain(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n,
+                          op, final_divisor);
     case DType::kInt32:
-      return reduce_plain(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op, final_divisor);
+      return reduce_plain(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                          static_cast<const int32_t*>(b), n, op, final_divisor);
     case DType::kInt64:
-      return reduce_plain(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op, final_divisor);
+      return reduce_plain(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                          static_cast<const int64_t*>(b), n, op, final_divisor);
     case DType::kUInt8:
-      return reduce_plain(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op, final_divisor);
+      return reduce_plain(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                          static_cast<const uint8_t*>(b), n, op, final_divisor);
     case DType::kFloat16:
-      return reduce_half<half_to_float, float_to_half>(static_cast<uint16_t*>(dst),
-                                                       static_cast<const uint16_t*>(src), n, op, final_divisor);
+      return reduce_half<half_to_float, float_to_half>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                                                       static_cast<const uint16_t*>(b), n, op, final_divisor);
     case DType::kBFloat16:
-      return reduce_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t*>(dst),
-                                                       static_cast<const uint16_t*>(src), n, op, final_divisor);
+      return reduce_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                                                       static_cast<const uint16_t*>(b), n, op, final_divisor);
   }
   throw InvalidArgument("reduce: unknown dtype");
+}
+
+void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op, int64_t final_divisor) {
+  reduce_into(dst, dst, src, n, dtype, op, final_divisor);
 }
 
 void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor) {

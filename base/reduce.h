@@ -15,6 +15,10 @@ namespace gradcomm::detail {
 // divided by it before it is stored: in fp32 for fp16/bf16 (one rounding), in the
 // type's own arithmetic otherwise (integers truncate toward zero).
 void reduce_inplace(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op, int64_t final_divisor = 1);
+// dst[i] = a[i] (+|min|max) b[i], the same arithmetic: one pass where a copy and an
+// in-place reduction would take two. dst may be a, never b.
+void reduce_into(void* dst, const void* a, const void* b, int64_t n, DType dtype, ReduceOp op,
+                 int64_t final_divisor = 1);
 
 // data[i] /= divisor, same arithmetic as above (average on a single rank).
 void divide_inplace(void* data, int64_t n, DType dtype, int64_t divisor);

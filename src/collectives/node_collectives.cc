@@ -186,13 +186,20 @@ std::pair<int64_t, int64_t> NodeCollectives::slice(int64_t n, size_t elem, int q
 }
 
 void NodeCollectives::reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op,
-                                        uint64_t s) const {
+                                        uint64_t s, const void* own) const {
   if (count <= 0) return;
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
-  std::memcpy(out, slot(0, s) + offset, bytes);
-  for (int q = 1; q < ranks_; ++q) {
-    reduce_inplace(out, slot(q, s) + offset, count, dtype, op, q == ranks_ - 1 ? divisor : 1);
+  const auto from = [&](int q) -> const void* {
+    return q == rank_ && own != nullptr ? own : slot(q, s) + offset;
+  };
+  if (ranks_ == 1) {
+    std::memcpy(out, from(0), bytes);
+    return;
+  }
+  reduce_into(out, from(0), from(1), count, dtype, op, ranks_ == 2 ? divisor : 1);
+  for (int q = 2; q < ranks_; ++q) {
+    reduce_inplace(out, from(q), count, dtype, op, q == ranks_ - 1 ? divisor : 1);
   }
 }
 
@@ -205,23 +212,36 @@ void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp
     const int64_t len = std::min(chunk, numel - begin);
     uint8_t* const chunk_data = bytes + static_cast<size_t>(begin) * elem;
     const uint64_t s = begin_round(wait);
-    put(slot(rank_, s), chunk_data, static_cast<size_t>(len) * elem);
-    publish_ready(s, digest, wait);
-    wait_ready(s, digest, wait);
+    uint8_t* const mine = slot(rank_, s);
     if (static_cast<size_t>(len) * elem <= kNodeSmallBytes) {
       // Small: every rank reduces the whole chunk, in the same order, from the slots.
+      put(mine, chunk_data, static_cast<size_t>(len) * elem);
+      publish_ready(s, digest, wait);
+      wait_ready(s, digest, wait);
       reduce_from_slots(chunk_data, 0, len, dtype, op, s);
       publish(kDone, s);
       publish(kConsumed, s);
       continue;
     }
-    // This rank's slice from every slot, then into its slot for the others.
+    // The others' slices into this rank's slot (its own slice stays in its buffer: it is
+    // read once, by the reduction), then this rank's slice, reduced from the slots and its
+    // own buffer, into the free place in its slot, and from there into its buffer. Each
+    // byte of the buffer is read once and written once; every other pass is over the
+    // slots, which stay in cache.
     const auto [b, e] = slice(len, elem, rank_);
-    if (e > b) {
-      const size_t off = static_cast<size_t>(b) * elem;
-      reduce_from_slots(chunk_data + off, off, e - b, dtype, op, s);
-      put(slot(rank_, s) + off, chunk_data + off, static_cast<size_t>(e - b) * elem);
+    const size_t lo = static_cast<size_t>(b) * elem;
+    const size_t hi = static_cast<size_t>(e) * elem;
+    put(mine, chunk_data, lo);
+    put(mine + hi, chunk_data + hi, static_cast<size_t>(len) * elem - hi);
+    publish_ready(s, digest, wait);
+    wait_ready(s, digest, wait);
+    // In blocks that stay in the first-level cache between the reduction and the copy.
+    for (size_t at = lo; at < hi; at += kNodeSmallBytes) {
+      const size_t n = std::min(kNodeSmallBytes, hi - at);
+      reduce_from_slots(mine + at, at, static_cast<int64_t>(n / elem), dtype, op, s, chunk_data + at);
+      std::memcpy(chunk_data + at, mine + at, n);
     }
+    written_ += hi - lo;
     publish(kDone, s);
     wait_all(kDone, s, wait);
     for (int q = 0; q < ranks_; ++q) {

@@ -16,9 +16,12 @@
 //                 consumed[r] = s
 // Every rank waits in step 2 for every other's `ready` (but a broadcast's non-roots, for the
 // root's alone), so no rank finishes a round another rank is in with another call.
-// Allreduce runs all three, its pieces the N slices of a chunk (a chunk of at most
-// kNodeSmallBytes skips step 3: every rank reduces all of it, in the same order, so the
-// bytes are the same). Reduce-scatter has no step 3: piece p of a round is the next part
+// Allreduce runs all three, its pieces the N slices of a chunk: a rank copies in every
+// slice but its own, reads its own from its buffer when it reduces, and puts the result in
+// the free place in its slot (each byte of its buffer is read once and written once; the
+// other passes are over the slots, in cache). A chunk of at most kNodeSmallBytes skips
+// step 3: every rank copies in all of it and reduces all of it, in the same order, so the
+// bytes are the same. Reduce-scatter has no step 3: piece p of a round is the next part
 // of segment p, and its owner reduces it into its output. Allgather and broadcast copy in
 // and out; a barrier is a round with no data. Flags are released after the writes they
 // publish and acquired before the reads that follow (std::atomic_ref on the segment).
@@ -117,8 +120,11 @@ class NodeCollectives {
   void put(uint8_t* slot_bytes, const void* from, size_t bytes);  // a copy into this rank's slot
   // Piece q of a chunk of n elements: [begin, end), 64-byte aligned boundaries.
   std::pair<int64_t, int64_t> slice(int64_t n, size_t elem, int q) const;
-  // out = the rank-order reduction of `count` elements at byte `offset` of every slot of round s.
-  void reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op, uint64_t s) const;
+  // out = the rank-order reduction of `count` elements at byte `offset` of every slot of
+  // round s; this rank's term from `own` instead of its slot when given. `out` aliases no
+  // source.
+  void reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op, uint64_t s,
+                         const void* own = nullptr) const;
 
   uint8_t* segment_;
   int rank_;

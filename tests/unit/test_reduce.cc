@@ -62,5 +62,37 @@ void check_divisors(DType dtype) {
 TEST(Reduce, AverageOfFloatsIsTheDivisionBitForBit) { check_divisors<float>(DType::kFloat32); }
 TEST(Reduce, AverageOfDoublesIsTheDivisionBitForBit) { check_divisors<double>(DType::kFloat64); }
 
+// reduce_into(dst, a, b) (the node segment's one-pass reduction) stores what a copy of a
+// and an in-place reduction with b store, for every op, into a third buffer or into a.
+TEST(Reduce, IntoAThirdBufferIsTheCopyAndInPlaceReduction) {
+  const std::vector<float> x = awkward_values<float>();
+  const std::vector<float> y(x.rbegin(), x.rend());
+  const auto n = static_cast<int64_t>(x.size());
+  for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+    for (const int64_t d : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+      SCOPED_TRACE(testing::Message() << "op " << static_cast<int>(op) << ", divisor " << d);
+      std::vector<float> want = x;
+      reduce_inplace(want.data(), y.data(), n, DType::kFloat32, op, d);
+      std::vector<float> got(x.size(), 7.0f);
+      reduce_into(got.data(), x.data(), y.data(), n, DType::kFloat32, op, d);
+      expect_same_bits(got, want, d);
+      got = x;
+      reduce_into(got.data(), got.data(), y.data(), n, DType::kFloat32, op, d);
+      expect_same_bits(got, want, d);
+    }
+  }
+  // And the sum is the elementwise sum, bit for bit.
+  std::vector<float> want(x.size()), got(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] + y[i];
+  reduce_into(got.data(), x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "element " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gradcomm::detail
