@@ -92,7 +92,7 @@ struct Call {
   const AutoSpec* auto_spec = nullptr;
   KeyState* key = nullptr;               // allreduce with a key
   std::string key_name;
-  uint64_t key_hash = 0;
+  uint64_t key_hash = 0;                 // a compressed call's: seeds its random streams
   std::vector<TensorPart> parts;         // allreduce: the tensor's shape(s), when the caller gave them
   uint32_t parts_digest = 0;             // Family::reads_shapes: fingerprint of parts, compared across ranks (0: none)
   void* stream = nullptr;                // CUDA stream (allreduce on device tensors)

@@ -60,6 +60,8 @@ class CallContext {
   // A call was refused because threads issued concurrently (Engine::submit): every
   // running and queued call fails with this, on every rank.
   virtual std::optional<std::string> refusal() const = 0;
+  // Whether refusal() has one (an atomic load: checked at every wait).
+  virtual bool refused() const = 0;
   // A caller is blocked waiting on a call: waits poll before sleeping (src/spin.h).
   virtual bool waited_on() const = 0;
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "collectives/collectives.h"
 #include "comm_impl.h"
@@ -28,7 +29,7 @@ void CallRunner::run_numbered(const WireHeader& header, Op::HeaderMode mode, con
   const auto start = Clock::now();
   size_t calls = 0;
   {
-    Op op(comm_, header, mode);
+    Op op(comm_, header, mode, start);
     try {
       calls = body(op);
       op.finish();
@@ -75,7 +76,8 @@ void CallRunner::run_collective(Call& call) {
     open_device(call.tensor.device.index);
   }
   if (call.auto_spec != nullptr) choose_auto(call);
-  const Stats before = call.auto_spec != nullptr ? comm_.stats_ : Stats{};
+  std::optional<Stats> before;  // what auto's observation compares against (a copy only for auto)
+  if (call.auto_spec != nullptr) before = comm_.stats_;
   run_numbered(header_for(call, next_seq_), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
     dispatch(op, call);
     return 1;
@@ -83,7 +85,7 @@ void CallRunner::run_collective(Call& call) {
   Call* const one[] = {&call};
   advance_keys(one);
   comm_.stats_.ops += 1;
-  if (call.auto_spec != nullptr) comm_.auto_.observe(call, before, comm_.stats_, comm_.size());
+  if (before) comm_.auto_.observe(call, *before, comm_.stats_, comm_.size());
 }
 
 void CallRunner::choose_auto(Call& call) {

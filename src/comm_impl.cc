@@ -131,6 +131,8 @@ std::optional<std::string> CommunicatorImpl::refusal() const {
   return engine_->refusal();
 }
 
+bool CommunicatorImpl::refused() const { return engine_ && engine_->refused(); }
+
 void CommunicatorImpl::tell_peers_destroyed(uint64_t seq) {
   {
     std::lock_guard lock(failure_mutex_);

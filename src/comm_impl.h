@@ -128,6 +128,7 @@ class CommunicatorImpl final : public CallContext {
   std::optional<ControlMessage>& pending_abort() override { return pending_abort_; }
   bool stopping() const override;
   std::optional<std::string> refusal() const override;
+  bool refused() const override;
   void refuse_calls(const std::string& why);  // any thread: Engine::refuse
   bool waited_on() const override;
   void mark_failed(ErrorCode code, const std::string& message) override;
@@ -156,7 +157,7 @@ class CommunicatorImpl final : public CallContext {
   const AutoSpec& auto_spec(const std::string& text);
   // Queues a checked call; a CUDA tensor's device must be the communicator's (the
   // first CUDA call binds it).
-  std::shared_ptr<WorkState> submit(Call call, const char* op, bool blocking = false);
+  std::shared_ptr<WorkState> submit(Call&& call, const char* op, bool blocking = false);
   // CUDA tensors (device_path.h): the issuing side's device check. The runner opens
   // the path at the first CUDA call (a numbered setup call that chooses it).
   void check_cuda_device(int device, const char* op);

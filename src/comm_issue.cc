@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "checksum.h"
 #include "collectives/collectives.h"
 #include "compressors/family.h"
 #include "compressors/sparse/sparse.h"
@@ -20,6 +21,13 @@
 #include "shape.h"
 
 namespace gradcomm::detail {
+namespace {
+// The call's key, named and hashed (bound to its state only by a compressed call).
+void name_key(Call& call, const CompressOptions& options) {
+  call.key_name = options.key;
+  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+}
+}  // namespace
 
 void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const char* name) const {
   if (!dtype_valid(static_cast<uint8_t>(t.dtype))) {
@@ -52,7 +60,7 @@ void CommunicatorImpl::check_one_device(const TensorView& in, const TensorView& 
 
 // ---- issuing side --------------------------------------------------------------------
 
-std::shared_ptr<WorkState> CommunicatorImpl::submit(Call call, const char* op, bool blocking) {
+std::shared_ptr<WorkState> CommunicatorImpl::submit(Call&& call, const char* op, bool blocking) {
   if (call.tensor.device.type == DeviceType::kCuda) {
     std::lock_guard lock(issue_mutex_);
     check_cuda_device(call.tensor.device.index, op);
@@ -86,8 +94,7 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
     }
     text += text.find(':') == std::string::npos ? ":inside=compress" : ",inside=compress";
   }
-  call.key_name = options.key;
-  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
+  name_key(call, options);
   if (is_auto_spec(text)) {
     resolve_auto(call, options, text, what);
     return;
@@ -226,7 +233,12 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
   }
-  {
+  if ((options.compressor.empty() || options.compressor == "none") && !options.compress_inside_nodes) {
+    // Dense (most small calls): nothing to parse, check or bind, so no lock either. The
+    // key's name still tells fused groups apart (fusion.cc); its hash seeds compressors only.
+    call.spec = &compression_.none_spec();
+    call.key_name = options.key;
+  } else {
     std::lock_guard lock(issue_mutex_);
     resolve_compression(call, options, "allreduce");
   }

@@ -217,7 +217,7 @@ CodecSchedule codec_schedule(ScheduleMode mode, int ranks) {
   return ranks >= 3 ? CodecSchedule::kDirect : CodecSchedule::kRing;
 }
 
-HostCompression::HostCompression() = default;
+HostCompression::HostCompression() { none_ = &spec("none"); }
 HostCompression::~HostCompression() = default;
 
 const CompressorSpec& HostCompression::spec(const std::string& text) {

@@ -46,11 +46,9 @@ class HostCompression {
 
   // Parses once per distinct spec string; InvalidArgument from the registry.
   const CompressorSpec& spec(const std::string& text);
-  // spec("none"), without the lookup: every uncompressed call asks for it.
-  const CompressorSpec& none_spec() {
-    if (none_ == nullptr) none_ = &spec("none");
-    return *none_;
-  }
+  // spec("none"), without the lookup: every uncompressed call asks for it. Set at
+  // construction and never changed: any thread may read it without the issue lock.
+  const CompressorSpec& none_spec() const { return *none_; }
 
   // True when the spec needs a key: error feedback, a step counter (warm-up) or
   // random draws that must differ from step to step.
@@ -114,7 +112,7 @@ class HostCompression {
                       Piece piece = Piece::kAllreduce);
 
   std::unordered_map<std::string, std::unique_ptr<const CompressorSpec>> specs_;
-  const CompressorSpec* none_ = nullptr;  // specs_'s "none" (nodes never move)
+  const CompressorSpec* none_ = nullptr;  // specs_'s "none" (nodes never move), set at construction
   std::unordered_map<std::string, std::unique_ptr<DenseCodec>> codecs_;  // by canonical spec
 };
 

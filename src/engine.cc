@@ -147,7 +147,7 @@ bool Engine::try_run_blocking(Call& call) {
   return true;
 }
 
-std::shared_ptr<WorkState> Engine::submit(Call call, bool blocking) {
+std::shared_ptr<WorkState> Engine::submit(Call&& call, bool blocking) {
   if (blocking && may_run_inline(call)) {
     call.issuer = issuer_override() != 0 ? issuer_override() : this_thread_issuer();
     if (try_run_blocking(call)) return nullptr;

@@ -87,7 +87,7 @@ class Engine final : private GroupQueue {
   // Thread-safe. Numbers the call (its ticket), queues it, wakes the engine. `blocking`:
   // the caller waits for it right away, so it may run here instead ("Calls on the
   // caller's thread"): then null is returned, or its error thrown.
-  std::shared_ptr<WorkState> submit(Call call, bool blocking = false);
+  std::shared_ptr<WorkState> submit(Call&& call, bool blocking = false);
   // The Doorbell: a caller waits on the call with `ticket`; a group that holds it
   // stops waiting for more members.
   void ring(uint64_t ticket);
@@ -95,6 +95,7 @@ class Engine final : private GroupQueue {
   void stop();
   // Why a call was refused (submit: concurrent issuing threads), once one was.
   std::optional<std::string> refusal() const;
+  bool refused() const { return refused_.load(std::memory_order_acquire); }
   // Refuses every later call and aborts the communicator on every rank with `why`,
   // as a refused concurrent issue does (a caller that checks its issuers itself).
   void refuse(const std::string& why);

@@ -44,12 +44,12 @@ constexpr uint64_t kTakesTag = make_tag(TagKind::kHeader, 0, 2);   // rank r -> 
 constexpr uint64_t kAgreedTag = make_tag(TagKind::kHeader, 0, 3);  // rank 0 -> all: how many run
 }  // namespace
 
-Op::Op(CallContext& comm, const WireHeader& header, HeaderMode mode)
+Op::Op(CallContext& comm, const WireHeader& header, HeaderMode mode, Clock::time_point started)
     : comm_(comm),
       header_(header),
       rank_(comm.rank()),
       size_(comm.size()),
-      deadline_(Deadline::after(comm.timeout())) {
+      deadline_{started + comm.timeout()} {
   if (size_ == 1) {
     header_checked_ = true;
     return;
@@ -154,7 +154,9 @@ void Op::check_aborts(bool failed) {
   // data has just arrived. Otherwise a call running when another thread was refused could
   // complete, paired with whatever the peer issued after learning of the refusal (a single
   // atomic load while none was refused).
-  if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
+  if (comm_.refused()) {
+    if (auto refusal = comm_.refusal()) fail(ErrorCode::kInvalidArgument, *refusal);
+  }
 }
 
 void Op::fail_timeout(const char* what, int peer) {

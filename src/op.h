@@ -32,7 +32,9 @@ struct FusionPlan;
 class Op {
  public:
   enum class HeaderMode : uint8_t { kPostNow, kDeferred };
-  Op(CallContext& comm, const WireHeader& header, HeaderMode mode = HeaderMode::kPostNow);
+  // `started`: when the call began (its deadline is the communicator's timeout after).
+  Op(CallContext& comm, const WireHeader& header, HeaderMode mode = HeaderMode::kPostNow,
+     Clock::time_point started = Clock::now());
   ~Op();
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;

@@ -17,11 +17,15 @@
 namespace gradcomm::detail {
 namespace {
 
-constexpr uint64_t kMagic = 0x32524c4e4d434447ull;  // "GDCMNLR2"
+constexpr uint64_t kMagic = 0x33524c4e4d434447ull;  // "GDCMNLR3"
 constexpr size_t kLine = 64;                        // flags on their own cache lines
-constexpr int kFlags = 3;                           // ready (+ the round's digests), done, consumed
-constexpr int kRecordLines = 2;                     // a call record per slot
-constexpr int kLinesPerRank = kFlags + 2 * kRecordLines;
+// A rank's lines: ready for even rounds, for odd rounds (each with the round's digest and
+// inline payload), done, consumed, then a call record per parity.
+constexpr int kDoneLine = 2;
+constexpr int kConsumedLine = 3;
+constexpr int kRecordLines = 2;  // a call record per parity
+constexpr int kFirstRecordLine = 4;
+constexpr int kLinesPerRank = kFirstRecordLine + 2 * kRecordLines;
 constexpr uint32_t kSpinsPerPoll = 64;
 }  // namespace
 
@@ -64,6 +68,8 @@ void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes) {
 
 NodeCollectives::NodeCollectives(uint8_t* segment, int rank, int ranks, size_t slot_bytes)
     : segment_(segment),
+      flags_(segment + flags_offset()),
+      slots_(segment + slots_offset(ranks)),
       rank_(rank),
       ranks_(ranks),
       slot_bytes_(slot_bytes),
@@ -81,36 +87,44 @@ NodeCollectives::NodeCollectives(uint8_t* segment, int rank, int ranks, size_t s
   }
 }
 
-uint64_t* NodeCollectives::flag(int rank, int which) const {
-  return reinterpret_cast<uint64_t*>(segment_ + flags_offset() +
-                                     (static_cast<size_t>(rank) * kLinesPerRank + static_cast<size_t>(which)) * kLine);
+inline uint8_t* NodeCollectives::line(int rank, int index) const {
+  return flags_ + (static_cast<size_t>(rank) * kLinesPerRank + static_cast<size_t>(index)) * kLine;
 }
 
-// Beside ready, one word per slot: a rank can be at most one round ahead of another's
-// reads (it waits for every consumed >= s - 2 before round s), so round s's digest stays
-// until that rank has read it.
-uint64_t* NodeCollectives::digest_word(int rank, uint64_t round) const { return flag(rank, kReady) + 1 + round % 2; }
+// Ready has a line per parity of the round: a rank can be at most one round ahead of
+// another's reads (it waits for every consumed >= s - 2 before round s), so round s's
+// line (its digest and payload) stays until that rank has read it.
+inline uint64_t* NodeCollectives::flag(int rank, int which, uint64_t round) const {
+  const int index = which == kReady ? static_cast<int>(round % 2) : which == kDone ? kDoneLine : kConsumedLine;
+  return reinterpret_cast<uint64_t*>(line(rank, index));
+}
+
+inline uint64_t* NodeCollectives::digest_word(int rank, uint64_t round) const { return flag(rank, kReady, round) + 1; }
+
+inline uint8_t* NodeCollectives::payload(int rank, uint64_t round) const {
+  return reinterpret_cast<uint8_t*>(flag(rank, kReady, round) + 2);
+}
 
 // Like the digest: round s's record stays until every rank is done with round s.
-uint8_t* NodeCollectives::record(int rank, uint64_t round) const {
-  return reinterpret_cast<uint8_t*>(flag(rank, kFlags + static_cast<int>(round % 2) * kRecordLines));
+inline uint8_t* NodeCollectives::record(int rank, uint64_t round) const {
+  return line(rank, kFirstRecordLine + static_cast<int>(round % 2) * kRecordLines);
 }
 
-uint8_t* NodeCollectives::slot(int rank, uint64_t round) const {
-  return segment_ + slots_offset(ranks_) + (static_cast<size_t>(rank) * 2 + round % 2) * slot_bytes_;
+inline uint8_t* NodeCollectives::slot(int rank, uint64_t round) const {
+  return slots_ + (static_cast<size_t>(rank) * 2 + round % 2) * slot_bytes_;
 }
 
-void NodeCollectives::put(uint8_t* slot_bytes, const void* from, size_t bytes) {
+inline void NodeCollectives::put(uint8_t* slot_bytes, const void* from, size_t bytes) {
   std::memcpy(slot_bytes, from, bytes);
   written_ += bytes;
 }
 
-void NodeCollectives::publish(int which, uint64_t value) const {
-  std::atomic_ref<uint64_t>(*flag(rank_, which)).store(value, std::memory_order_release);
+inline void NodeCollectives::publish(int which, uint64_t round) const {
+  std::atomic_ref<uint64_t>(*flag(rank_, which, round)).store(round, std::memory_order_release);
 }
 
-void NodeCollectives::await(int q, int which, uint64_t at_least, const NodeWait& wait) {
-  std::atomic_ref<uint64_t> f(*flag(q, which));
+inline void NodeCollectives::await(int q, int which, uint64_t at_least, const NodeWait& wait) {
+  std::atomic_ref<uint64_t> f(*flag(q, which, at_least));
   if (f.load(std::memory_order_acquire) < at_least) await_slow(f, at_least, wait, q);
   // Remembered for begin_round: what q has started, it has finished the round before.
   if (which == kReady) seen_ready_[static_cast<size_t>(q)] = f.load(std::memory_order_acquire);
@@ -131,7 +145,7 @@ void NodeCollectives::await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least,
   }
 }
 
-void NodeCollectives::wait_all(int which, uint64_t at_least, const NodeWait& wait) {
+inline void NodeCollectives::wait_all(int which, uint64_t at_least, const NodeWait& wait) {
   for (int q = 0; q < ranks_; ++q) {
     if (q != rank_) await(q, which, at_least, wait);
   }
@@ -160,13 +174,9 @@ void NodeCollectives::publish_ready(uint64_t round, uint64_t digest, const NodeW
 }
 
 void NodeCollectives::wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only) {
-  if (only >= 0 && only != rank_) {
-    await(only, kReady, round, wait);  // one rank's data (a broadcast's root): it alone
-  } else if (only < 0) {
-    wait_all(kReady, round, wait);
-  }
   for (int q = 0; q < ranks_; ++q) {
-    if (only >= 0 && q != only) continue;
+    if (q == rank_ || (only >= 0 && q != only)) continue;  // `only`: a broadcast's root, for the others
+    await(q, kReady, round, wait);
     if (std::atomic_ref<uint64_t>(*digest_word(q, round)).load(std::memory_order_relaxed) != digest) {
       const uint8_t* theirs = record(q, round);
       wait.disagree(q, std::span<const uint8_t>(theirs + 1, std::min<size_t>(theirs[0], kNodeRecordBytes)));
@@ -186,12 +196,13 @@ std::pair<int64_t, int64_t> NodeCollectives::slice(int64_t n, size_t elem, int q
 }
 
 void NodeCollectives::reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op,
-                                        uint64_t s, const void* own) const {
+                                        uint64_t s, const void* own, bool in_line) const {
   if (count <= 0) return;
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
   const auto from = [&](int q) -> const void* {
-    return q == rank_ && own != nullptr ? own : slot(q, s) + offset;
+    if (q == rank_ && own != nullptr) return own;
+    return in_line ? payload(q, s) + offset : slot(q, s) + offset;
   };
   if (ranks_ == 1) {
     std::memcpy(out, from(0), bytes);
@@ -214,11 +225,13 @@ void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp
     const uint64_t s = begin_round(wait);
     uint8_t* const mine = slot(rank_, s);
     if (static_cast<size_t>(len) * elem <= kNodeSmallBytes) {
-      // Small: every rank reduces the whole chunk, in the same order, from the slots.
-      put(mine, chunk_data, static_cast<size_t>(len) * elem);
+      // Small: every rank reduces the whole chunk, in the same order, from the slots (or,
+      // at most kNodeLineBytes, from the ready lines: no other line to move).
+      const bool in_line = static_cast<size_t>(len) * elem <= kNodeLineBytes;
+      put(in_line ? payload(rank_, s) : mine, chunk_data, static_cast<size_t>(len) * elem);
       publish_ready(s, digest, wait);
       wait_ready(s, digest, wait);
-      reduce_from_slots(chunk_data, 0, len, dtype, op, s);
+      reduce_from_slots(chunk_data, 0, len, dtype, op, s, nullptr, in_line);
       publish(kDone, s);
       publish(kConsumed, s);
       continue;

@@ -2,8 +2,9 @@
 // reduces its own piece of each chunk straight from the others' copies and the others copy
 // the result out, instead of passing the data around a ring of messages.
 //
-// The segment (shm_segment.h) holds a header, three flags per rank and two chunk slots per
-// rank. Every collective goes in rounds of at most one slot per rank; rounds are numbered
+// The segment (shm_segment.h) holds a header, flags per rank (ready, with a line per parity
+// of the round that also carries the round's digest and a payload of up to kNodeLineBytes;
+// done; consumed) and two chunk slots per rank. Every collective goes in rounds of at most one slot per rank; rounds are numbered
 // over the communicator's life, the same on every rank as its calls are. A round s:
 //   1. copy in    once every consumed[q] >= s - 2 (slots alternate, so a slot is written
 //                 again two rounds later, once every rank is done reading it): this rank's
@@ -21,7 +22,8 @@
 // the free place in its slot (each byte of its buffer is read once and written once; the
 // other passes are over the slots, in cache). A chunk of at most kNodeSmallBytes skips
 // step 3: every rank copies in all of it and reduces all of it, in the same order, so the
-// bytes are the same. Reduce-scatter has no step 3: piece p of a round is the next part
+// bytes are the same (one of at most kNodeLineBytes goes in the ready line, not the slot:
+// a cache line from each rank to the others, not two). Reduce-scatter has no step 3: piece p of a round is the next part
 // of segment p, and its owner reduces it into its output. Allgather and broadcast copy in
 // and out; a barrier is a round with no data. Flags are released after the writes they
 // publish and acquired before the reads that follow (std::atomic_ref on the segment).
@@ -49,6 +51,9 @@ namespace gradcomm::detail {
 
 // An allreduce chunk of at most this many bytes is reduced whole by every rank.
 inline constexpr size_t kNodeSmallBytes = size_t{16} << 10;
+// One of at most this many bytes travels in the ready line itself, beside the flag and the
+// digest (one cache line from each rank to the others, not two).
+inline constexpr size_t kNodeLineBytes = 48;
 
 // Bytes a segment for `ranks` ranks with slots of `slot_bytes` needs.
 size_t node_segment_bytes(int ranks, size_t slot_bytes);
@@ -104,8 +109,11 @@ class NodeCollectives {
 
  private:
   enum Flag { kReady = 0, kDone = 1, kConsumed = 2 };
-  uint64_t* flag(int rank, int which) const;
+  uint8_t* line(int rank, int index) const;  // rank's index-th cache line of flags
+  // Rank's flag `which` for `round` (ready has a line per parity of the round).
+  uint64_t* flag(int rank, int which, uint64_t round) const;
   uint64_t* digest_word(int rank, uint64_t round) const;
+  uint8_t* payload(int rank, uint64_t round) const;  // kNodeLineBytes in the ready line
   uint8_t* record(int rank, uint64_t round) const;  // [length][bytes], kNodeRecordBytes at most
   uint8_t* slot(int rank, uint64_t round) const;
   // Steps of a round (see above).
@@ -116,17 +124,20 @@ class NodeCollectives {
   void await(int q, int which, uint64_t at_least, const NodeWait& wait);
   void await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least, const NodeWait& wait, int q) const;
   void wait_all(int which, uint64_t at_least, const NodeWait& wait);
-  void publish(int which, uint64_t value) const;
+  void publish(int which, uint64_t round) const;
   void put(uint8_t* slot_bytes, const void* from, size_t bytes);  // a copy into this rank's slot
   // Piece q of a chunk of n elements: [begin, end), 64-byte aligned boundaries.
   std::pair<int64_t, int64_t> slice(int64_t n, size_t elem, int q) const;
   // out = the rank-order reduction of `count` elements at byte `offset` of every slot of
   // round s; this rank's term from `own` instead of its slot when given. `out` aliases no
   // source.
+  // `in_line`: from the ranks' payloads in their ready lines instead of their slots.
   void reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op, uint64_t s,
-                         const void* own = nullptr) const;
+                         const void* own = nullptr, bool in_line = false) const;
 
   uint8_t* segment_;
+  uint8_t* flags_;  // the ranks' flag lines
+  uint8_t* slots_;  // the ranks' slots
   int rank_;
   int ranks_;
   size_t slot_bytes_;

@@ -22,23 +22,25 @@ constexpr auto kCheckEvery = std::chrono::microseconds(50);
 // that differ never exchange data, and what this collective moves.
 uint64_t digest(const Op& op, char kind, int64_t count, DType dtype, ReduceOp reduce_op, int root) {
   const WireHeader& h = op.header();
-  const int64_t words[] = {static_cast<int64_t>(h.seq),       static_cast<int64_t>(h.op),
-                           static_cast<int64_t>(h.dtype),     static_cast<int64_t>(h.reduce_op),
-                           h.numel,                           h.root,
-                           h.compressor_hash,                 static_cast<int64_t>(h.step),
-                           static_cast<int64_t>(h.payload_bytes), h.fused,
-                           h.fused_digest,                    kind,
-                           count,                             static_cast<int64_t>(dtype),
-                           static_cast<int64_t>(reduce_op),   root};
-  // Word by word (a multiply and a shift each; FNV over the bytes was a third of a small
-  // call's instructions): equal on every rank for equal words, and any field that differs
-  // changes it.
-  uint64_t mix = 0x9e3779b97f4a7c15ull;
-  for (const int64_t w : words) {
-    mix = (mix ^ static_cast<uint64_t>(w)) * 0xbf58476d1ce4e5b9ull;
-    mix ^= mix >> 31;
-  }
-  return mix;
+  const auto u8 = [](auto v) { return static_cast<uint64_t>(static_cast<uint8_t>(v)); };
+  const auto u32 = [](auto v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); };
+  // Each field in bits of its own (the small ones packed in words), each word times its own
+  // odd constant, summed (independent multiplies, written out: FNV over the bytes was a
+  // third of a small call's instructions), then mixed. Equal on every rank for equal
+  // fields; a word that differs alone always changes the sum (an odd factor is invertible
+  // modulo 2^64), and the final mix is a bijection.
+  const uint64_t small =
+      u8(h.op) | u8(h.dtype) << 8 | u8(h.reduce_op) << 16 | u8(kind) << 24 | u8(dtype) << 32 | u8(reduce_op) << 40;
+  uint64_t mix = h.seq * 0x9e3779b97f4a7c15ull + small * 0xbf58476d1ce4e5b9ull +
+                 static_cast<uint64_t>(h.numel) * 0x94d049bb133111ebull +
+                 (u32(h.root) | u32(root) << 32) * 0xd6e8feb86659fd93ull + h.step * 0xa0761d6478bd642full +
+                 h.payload_bytes * 0xe7037ed1a0b428dbull +
+                 (u32(h.fused) | u32(h.fused_digest) << 32) * 0x8ebc6af09c88c6e3ull +
+                 u32(h.compressor_hash) * 0x589965cc75374cc3ull +
+                 static_cast<uint64_t>(count) * 0x1d8e4e27c47d124full;
+  mix ^= mix >> 31;
+  mix *= 0xbf58476d1ce4e5b9ull;
+  return mix ^ (mix >> 29);
 }
 
 // Runs `body(collectives, wait)`; the waits check in with the Op (deadline, aborts,
@@ -87,12 +89,14 @@ void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body, bool counte
   };
   const uint64_t written = shm.collectives().bytes_written();
   const uint64_t rounds = shm.collectives().rounds();
-  // A peer that timed out (or failed) in this call had published its part before it gave
-  // up: without this, a late rank would find everything ready and finish the call the
-  // others abandoned. Its abort is here by now (the engine collects them between calls).
-  op.check_aborts_now();
   body(shm.collectives(), wait);
-  op.check_aborts_now();  // one that came while the rounds ran
+  // A peer that timed out (or failed) in this call had published its part before it gave
+  // up: a late rank finds everything ready and finishes the rounds the others abandoned.
+  // Their abort is here by then (the engine collects aborts between calls, and every
+  // wait's poll does), and this raises it instead of the call succeeding alone; as it
+  // does one that came while the rounds ran. (Once after the rounds: a check before them
+  // would raise nothing this one does not.)
+  op.check_aborts_now();
   // Every round's digest held the header, and agreed; a collective with nothing to move
   // ran none, and leaves the check to Op::check_header.
   if (shm.collectives().rounds() != rounds) op.header_checked_on_segment();
