@@ -2,19 +2,6 @@
 
 namespace gradcomm {
 
-size_t dtype_size(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kUInt8: return 1;
-  }
-  return 0;
-}
-
 const char* dtype_name(DType dtype) noexcept {
   switch (dtype) {
     case DType::kFloat32: return "float32";

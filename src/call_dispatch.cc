@@ -28,8 +28,7 @@ void set_reduction(WireHeader& header, const Call& call) {
   header.reduce_op = call.reduce_op;
   if (call.spec->id == CompressorId::kNone) {
     static const uint32_t kNoneHash = fnv1a32("none");
-    header.compressor = "none";
-    header.compressor_hash = kNoneHash;
+    header.compressor_hash = kNoneHash;  // header.compressor is "none" already (a fresh header)
   } else {
     header.compressor = call.spec->canonical();
     header.compressor_hash = fnv1a32(header.compressor);

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 
 #include "collectives/collectives.h"
 #include "comm_impl.h"
@@ -75,17 +74,20 @@ void CallRunner::run_collective(Call& call) {
   if (call.tensor.device.type == DeviceType::kCuda && call.kind != Call::Kind::kBarrier) {
     open_device(call.tensor.device.index);
   }
-  if (call.auto_spec != nullptr) choose_auto(call);
-  std::optional<Stats> before;  // what auto's observation compares against (a copy only for auto)
-  if (call.auto_spec != nullptr) before = comm_.stats_;
-  run_numbered(header_for(call, next_seq_), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
-    dispatch(op, call);
-    return 1;
-  });
-  Call* const one[] = {&call};
-  advance_keys(one);
-  comm_.stats_.ops += 1;
-  if (before) comm_.auto_.observe(call, *before, comm_.stats_, comm_.size());
+  const auto run = [&] {
+    run_numbered(header_for(call, next_seq_), Op::HeaderMode::kPostNow, [&](Op& op) -> size_t {
+      dispatch(op, call);
+      return 1;
+    });
+    Call* const one[] = {&call};
+    advance_keys(one);
+    comm_.stats_.ops += 1;
+  };
+  if (call.auto_spec == nullptr) return run();
+  choose_auto(call);
+  const Stats before = comm_.stats_;  // what auto's observation compares against
+  run();
+  comm_.auto_.observe(call, before, comm_.stats_, comm_.size());
 }
 
 void CallRunner::choose_auto(Call& call) {

@@ -83,20 +83,13 @@ void CommunicatorImpl::leave() noexcept {
 }
 
 Stats CommunicatorImpl::stats() const {
-  Stats s;
-  {
-    std::lock_guard lock(stats_mutex_);
-    s = published_stats_;
-  }
+  Stats s = published_stats_.read();
   if (engine_) s.engine_cpu_s = engine_->cpu_seconds();
   s.auto_choices = auto_.report();
   return s;
 }
 
-void CommunicatorImpl::publish_stats() {
-  std::lock_guard lock(stats_mutex_);
-  published_stats_ = stats_;
-}
+void CommunicatorImpl::publish_stats() { published_stats_.publish(stats_); }
 
 bool CommunicatorImpl::stopping() const { return engine_ && engine_->stopping(); }
 

@@ -35,6 +35,7 @@
 #include "gradcomm/communicator.h"
 #include "gradcomm/errors.h"
 #include "hierarchy.h"
+#include "published_stats.h"
 #include "node_shm.h"
 #include "op.h"
 #include "state.h"
@@ -184,8 +185,7 @@ class CommunicatorImpl final : public CallContext {
   mutable std::mutex failure_mutex_;
   std::optional<std::pair<ErrorCode, std::string>> failure_;
   std::atomic<bool> failed_{false};  // failure_ is set: the calls' checks read this first, lock-free
-  mutable std::mutex stats_mutex_;
-  Stats published_stats_;
+  PublishedStats published_stats_;
   bool told_peers_destroyed_ = false;  // under failure_mutex_
 
   // Engine thread.

@@ -228,12 +228,14 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
   call.tensor = t;
   call.reduce_op = reduce_op;
   call.stream = options.stream;
-  try {
-    call.parts = tensor_parts(options.shape, options.parts, t.numel);  // checked whatever the compressor
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
+  if (!options.shape.empty() || !options.parts.empty()) {  // none given: no parts (most calls)
+    try {
+      call.parts = tensor_parts(options.shape, options.parts, t.numel);  // checked whatever the compressor
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
+    }
   }
-  if ((options.compressor.empty() || options.compressor == "none") && !options.compress_inside_nodes) {
+  if ((options.compressor.empty() || std::string_view(options.compressor) == "none") && !options.compress_inside_nodes) {
     // Dense (most small calls): nothing to parse, check or bind, so no lock either. The
     // key's name still tells fused groups apart (fusion.cc); its hash seeds compressors only.
     call.spec = &compression_.none_spec();

@@ -186,8 +186,8 @@ class Op {
   int view_rank_ = 0;
   uint32_t unit_offset_ = 0;
   Deadline deadline_;
-  std::array<uint8_t, WireHeader::kBytes> header_out_{};
-  std::array<uint8_t, WireHeader::kBytes> header_in_{};
+  std::array<uint8_t, WireHeader::kBytes> header_out_;  // written before it is sent
+  std::array<uint8_t, WireHeader::kBytes> header_in_;   // read once received
   RequestPtr header_send_, header_recv_;
   bool header_checked_ = false;
   // CallContext::one_segment: the header is checked on the segment (a round of the call's

@@ -9,8 +9,19 @@ namespace gradcomm {
 
 enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16, kFloat64, kInt32, kInt64, kUInt8 };
 
-// Bytes per element; 0 for a value outside the enum.
-size_t dtype_size(DType dtype) noexcept;
+// Bytes per element; 0 for a value outside the enum. (Inline: every call's hot path asks.)
+constexpr size_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kFloat64: return 8;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
+  }
+  return 0;
+}
 // "float32", "float16", ...; "dtype(N)" text is never returned: unknown values give "unknown".
 const char* dtype_name(DType dtype) noexcept;
 // True when `value` is one of the enumerators (used to validate bytes that claim to be a DType).

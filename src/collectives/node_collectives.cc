@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <optional>
 #include <cstring>
@@ -133,14 +134,20 @@ inline void NodeCollectives::await(int q, int which, uint64_t at_least, const No
 void NodeCollectives::await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least, const NodeWait& wait, int q) const {
   // Spin (the peers are on this node and usually a microsecond or two behind), checking in
   // with the caller (deadline, aborts, the peers' lives) every kSpinsPerPoll; after
-  // kSpinAlone, yield the core at each check: the peer may need it (more ranks than cores).
-  const auto alone_until = std::chrono::steady_clock::now() + spin_alone_;
+  // spin_alone_, yield the core at each check: the peer may need it (more ranks than cores).
+  // The clock is read from the first check on (a reading costs ~17 ns; most waits end
+  // before the first check).
+  std::chrono::steady_clock::time_point alone_until{};
   bool alone = true;
   for (uint32_t spins = 1; f.load(std::memory_order_acquire) < at_least; ++spins) {
     cpu_relax();
     if (spins % kSpinsPerPoll != 0) continue;
     wait.poll(q);
-    if (alone) alone = std::chrono::steady_clock::now() < alone_until;
+    if (alone) {
+      const auto now = std::chrono::steady_clock::now();
+      if (spins == kSpinsPerPoll) alone_until = now + spin_alone_;
+      alone = now < alone_until;
+    }
     if (!alone) std::this_thread::yield();
   }
 }
@@ -165,12 +172,22 @@ uint64_t NodeCollectives::begin_round(const NodeWait& wait) {
 }
 
 void NodeCollectives::publish_ready(uint64_t round, uint64_t digest, const NodeWait& wait) const {
-  const size_t length = std::min(wait.record.size(), kNodeRecordBytes);
-  uint8_t* mine = record(rank_, round);
-  mine[0] = static_cast<uint8_t>(length);
-  if (length > 0) std::memcpy(mine + 1, wait.record.data(), length);
   std::atomic_ref<uint64_t>(*digest_word(rank_, round)).store(digest, std::memory_order_relaxed);
   publish(kReady, round);
+  // The record after the flag, while the flag travels: a peer reads it only when the
+  // digests disagree, and then waits for its stamp (named_by_record).
+  uint8_t* mine = record(rank_, round);
+  const size_t length = wait.record ? std::min(wait.record(std::span(mine + 9, kNodeRecordBytes)), kNodeRecordBytes) : 0;
+  mine[8] = static_cast<uint8_t>(length);
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(mine)).store(round, std::memory_order_release);
+}
+
+void NodeCollectives::named_by_record(int q, uint64_t round, const NodeWait& wait) {
+  std::atomic_ref<uint64_t> stamp(*reinterpret_cast<uint64_t*>(record(q, round)));
+  if (stamp.load(std::memory_order_acquire) < round) await_slow(stamp, round, wait, q);
+  const uint8_t* theirs = record(q, round);
+  wait.disagree(q, std::span<const uint8_t>(theirs + 9, std::min<size_t>(theirs[8], kNodeRecordBytes)));
+  throw std::logic_error("NodeWait::disagree returned");
 }
 
 void NodeCollectives::wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only) {
@@ -178,9 +195,7 @@ void NodeCollectives::wait_ready(uint64_t round, uint64_t digest, const NodeWait
     if (q == rank_ || (only >= 0 && q != only)) continue;  // `only`: a broadcast's root, for the others
     await(q, kReady, round, wait);
     if (std::atomic_ref<uint64_t>(*digest_word(q, round)).load(std::memory_order_relaxed) != digest) {
-      const uint8_t* theirs = record(q, round);
-      wait.disagree(q, std::span<const uint8_t>(theirs + 1, std::min<size_t>(theirs[0], kNodeRecordBytes)));
-      throw std::logic_error("NodeWait::disagree returned");
+      named_by_record(q, round, wait);
     }
   }
 }
@@ -217,7 +232,7 @@ void NodeCollectives::reduce_from_slots(void* out, size_t offset, int64_t count,
 void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp op, uint64_t digest,
                                 const NodeWait& wait) {
   const size_t elem = dtype_size(dtype);
-  const auto chunk = static_cast<int64_t>(slot_bytes_ / elem);
+  const auto chunk = static_cast<int64_t>(slot_bytes_ >> std::countr_zero(elem));  // elem: a power of two
   auto* bytes = static_cast<uint8_t*>(data);
   for (int64_t begin = 0; begin < numel; begin += chunk) {
     const int64_t len = std::min(chunk, numel - begin);

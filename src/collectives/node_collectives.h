@@ -67,7 +67,7 @@ void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes);
 std::chrono::microseconds node_spin_alone(int ranks);
 
 // A call record of at most this many bytes goes beside each round's digest.
-inline constexpr size_t kNodeRecordBytes = 127;
+inline constexpr size_t kNodeRecordBytes = 119;
 
 struct NodeWait {
   // Called between checks of a wait on rank `rank` (a place in the node); throws to end it.
@@ -75,8 +75,10 @@ struct NodeWait {
   // Rank `rank` (a place in the node) published another call's digest in this round, with
   // `theirs`, its call record: must throw (the caller names both calls).
   std::function<void(int rank, std::span<const uint8_t> theirs)> disagree;
-  // This rank's call record (what `disagree` gets on the other ranks), published each round.
-  std::span<const uint8_t> record;
+  // Writes this rank's call record (what `disagree` gets on the other ranks) into `into`
+  // and returns its length (at most into.size()); called in each round just after the flag
+  // is raised, while it travels. Empty: no record.
+  std::function<size_t(std::span<uint8_t> into)> record;
 };
 
 class NodeCollectives {
@@ -114,12 +116,16 @@ class NodeCollectives {
   uint64_t* flag(int rank, int which, uint64_t round) const;
   uint64_t* digest_word(int rank, uint64_t round) const;
   uint8_t* payload(int rank, uint64_t round) const;  // kNodeLineBytes in the ready line
-  uint8_t* record(int rank, uint64_t round) const;  // [length][bytes], kNodeRecordBytes at most
+  // [the round it is for][length][bytes], kNodeRecordBytes at most: written after ready.
+  uint8_t* record(int rank, uint64_t round) const;
   uint8_t* slot(int rank, uint64_t round) const;
   // Steps of a round (see above).
   uint64_t begin_round(const NodeWait& wait);
   void publish_ready(uint64_t round, uint64_t digest, const NodeWait& wait) const;
   void wait_ready(uint64_t round, uint64_t digest, const NodeWait& wait, int only = -1);
+  // Rank q published another call's digest in `round`: once its record for the round is
+  // there, NodeWait::disagree with it (which throws).
+  [[noreturn]] void named_by_record(int q, uint64_t round, const NodeWait& wait);
   // Until rank q's flag `which` reaches `at_least` (spin, then yield; NodeWait::poll between).
   void await(int q, int which, uint64_t at_least, const NodeWait& wait);
   void await_slow(std::atomic_ref<uint64_t> f, uint64_t at_least, const NodeWait& wait, int q) const;

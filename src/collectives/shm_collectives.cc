@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstring>
 #include <optional>
 
 #include "collectives/collectives.h"
@@ -70,9 +71,12 @@ void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body, bool counte
   };
   // The call's header goes beside each round's digest, so that a rank that finds another
   // call there names both, as the transport's header check does (Op::check_header).
-  const std::array<uint8_t, WireHeader::kBytes> record = op.header().serialize();
   static_assert(WireHeader::kBytes <= kNodeRecordBytes);
-  wait.record = record;
+  wait.record = [c = &ctx](std::span<uint8_t> into) {
+    const std::array<uint8_t, WireHeader::kBytes> bytes = c->op.header().serialize();
+    std::memcpy(into.data(), bytes.data(), bytes.size());
+    return bytes.size();
+  };
   wait.disagree = [c = &ctx](int place, std::span<const uint8_t> theirs) {
     Op& op = c->op;
     const int them = c->shm.members()[static_cast<size_t>(place)];

@@ -259,7 +259,10 @@ TEST(NodeCollectives, ARankInAnotherCollectiveIsCaughtByTheDigestAndNamedByItsRe
                                                 disagreements += 1;
                                                 throw MismatchError("rank " + std::to_string(q) + " disagrees");
                                               },
-                                              std::span(reinterpret_cast<const uint8_t*>(mine.data()), mine.size())};
+                                              [&mine](std::span<uint8_t> into) {
+                                                std::memcpy(into.data(), mine.data(), mine.size());
+                                                return mine.size();
+                                              }};
                           std::vector<float> x(10, 1.0f);
                           if (r == 0) node.allreduce(x.data(), 10, DType::kFloat32, ReduceOp::kSum, 1, wait);
                           if (r == 1) node.barrier(2, wait);

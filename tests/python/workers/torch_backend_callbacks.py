@@ -33,6 +33,7 @@ import faulthandler
 import hashlib
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -116,7 +117,6 @@ if kind == "chain":
     print(f"RESULT chains in flight rank={r}: {4 - refused} exact, {refused} refused", flush=True)
     assert refused == 0, "a callback's op and the next top-level op were refused as concurrent issuers"
 elif kind == "threads":
-    import threading
     results, errors = {}, []
 
     def issue(tid):
@@ -265,6 +265,10 @@ elif kind == "held":
     later, seen = [], []
 
     def waits_on_later(f):
+        # On the caller's thread (then() runs a callback at once when the op is already
+        # done), `later` could never come: the large op ahead keeps this from happening.
+        assert threading.current_thread() is not threading.main_thread(), \
+            "the op completed before its callback was attached"
         while not later:
             time.sleep(0.01)
         try:
@@ -274,6 +278,10 @@ elif kind == "held":
         return 0
 
     begun = time.monotonic()
+    # A large op ahead of the small one (tens of ms on a one-host segment), so that the
+    # small one is still queued when its callback is attached: a small call alone may be
+    # done first, and its callback would then run on this thread, where it waits forever.
+    dist.all_reduce(torch.ones(32 << 20), group=group, async_op=True)
     fut = dist.all_reduce(torch.ones(2), group=group, async_op=True).get_future().then(waits_on_later)
     later.append(dist.all_reduce(torch.ones(3), group=group, async_op=True))  # held behind the callback
     fut.wait()
@@ -285,12 +293,16 @@ elif kind == "shutdown":
     seen = []
 
     def blocked(f):
+        # Never on this (the main) thread: see "held".
+        assert threading.current_thread() is not threading.main_thread(), \
+            "the op completed before its callback was attached"
         try:  # rank 1 never issues this one
             dist.all_reduce(torch.ones(6), async_op=True).get_future().wait()
         except RuntimeError as e:
             seen.append(e)
         return 0
 
+    dist.all_reduce(torch.ones(32 << 20), async_op=True)  # ahead: still queued when the callback is attached
     fut = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(blocked if r == 0 else (lambda f: 0))
     if r == 0:
         time.sleep(0.5)  # let the callback block
