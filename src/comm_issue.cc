@@ -21,13 +21,6 @@
 #include "shape.h"
 
 namespace gradcomm::detail {
-namespace {
-// The call's key, named and hashed (bound to its state only by a compressed call).
-void name_key(Call& call, const CompressOptions& options) {
-  call.key_name = options.key;
-  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
-}
-}  // namespace
 
 void CommunicatorImpl::check_tensor(const TensorView& t, const char* op, const char* name) const {
   if (!dtype_valid(static_cast<uint8_t>(t.dtype))) {
@@ -94,7 +87,8 @@ void CommunicatorImpl::resolve_compression(Call& call, const CompressOptions& op
     }
     text += text.find(':') == std::string::npos ? ":inside=compress" : ",inside=compress";
   }
-  name_key(call, options);
+  call.key_name = options.key;
+  call.key_hash = fnv1a64(std::span(reinterpret_cast<const uint8_t*>(options.key.data()), options.key.size()));
   if (is_auto_spec(text)) {
     resolve_auto(call, options, text, what);
     return;
@@ -235,7 +229,8 @@ std::shared_ptr<WorkState> CommunicatorImpl::allreduce_async(TensorView t, Reduc
       throw InvalidArgument(fmt::format("rank {}: allreduce: {}", rank(), e.what()));
     }
   }
-  if ((options.compressor.empty() || std::string_view(options.compressor) == "none") && !options.compress_inside_nodes) {
+  const bool dense = options.compressor.empty() || std::string_view(options.compressor) == "none";
+  if (dense && !options.compress_inside_nodes) {
     // Dense (most small calls): nothing to parse, check or bind, so no lock either. The
     // key's name still tells fused groups apart (fusion.cc); its hash seeds compressors only.
     call.spec = &compression_.none_spec();

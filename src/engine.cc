@@ -99,8 +99,9 @@ bool Engine::may_run_inline(const Call& call) const {
     case Call::Kind::kBroadcast:
       return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= inline_limit_;
     case Call::Kind::kAllreduce:
-      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= inline_limit_ && call.key == nullptr &&
-             call.auto_spec == nullptr && (call.spec == nullptr || call.spec->id == CompressorId::kNone);
+      return call.tensor.device.type == DeviceType::kCpu && call.tensor.nbytes() <= inline_limit_ &&
+             call.key == nullptr && call.auto_spec == nullptr &&
+             (call.spec == nullptr || call.spec->id == CompressorId::kNone);
     default:
       return false;
   }

@@ -49,13 +49,13 @@ class Op {
   // The node's shared segment when this call's group (the communicator, or the current
   // View) is exactly the ranks of this rank's node, in the node's order; else null.
   NodeShm* node_shm() const;
-  // A round on the node's segment carried this call's header beside its digest, and every
-  // rank's agreed (shm_collectives.cc): on a one-segment communicator that is the call's
-  // header check (check_header then has nothing left to do). Elsewhere it changes nothing.
   // Raises an abort another rank sent for this call or an earlier one (as every wait does
   // first): a call on the segment may find its peers' data there and finish without ever
   // waiting, after they gave up on it.
   void check_aborts_now() { check_aborts(false); }
+  // A round on the node's segment carried this call's header beside its digest, and every
+  // rank's agreed (shm_collectives.cc): on a one-segment communicator that is the call's
+  // header check (check_header then has nothing left to do). Elsewhere it changes nothing.
   void header_checked_on_segment() {
     if (segment_header_) header_checked_ = true;
   }

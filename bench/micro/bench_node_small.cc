@@ -30,15 +30,17 @@ namespace {
 
 constexpr size_t kSlotBytes = size_t{256} << 10;
 
+struct alignas(64) Line {  // a flag on a cache line of its own
+  std::atomic<uint64_t> value{0};
+};
 struct Shared {
-  alignas(64) std::atomic<uint64_t> flag[2];
-  alignas(64) std::atomic<uint64_t> pad;
+  Line flag[2];
 };
 
 // Rank `rank`'s side of `iters` flag exchanges, from counter value `base`.
 void flags(Shared* s, int rank, uint64_t base, int iters) {
-  std::atomic<uint64_t>& mine = s->flag[rank];
-  std::atomic<uint64_t>& theirs = s->flag[1 - rank];
+  std::atomic<uint64_t>& mine = s->flag[rank].value;
+  std::atomic<uint64_t>& theirs = s->flag[1 - rank].value;
   for (int i = 1; i <= iters; ++i) {
     mine.store(base + static_cast<uint64_t>(i), std::memory_order_release);
     while (theirs.load(std::memory_order_acquire) < base + static_cast<uint64_t>(i)) {

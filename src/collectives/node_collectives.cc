@@ -27,6 +27,10 @@ constexpr int kConsumedLine = 3;
 constexpr int kRecordLines = 2;  // a call record per parity
 constexpr int kFirstRecordLine = 4;
 constexpr int kLinesPerRank = kFirstRecordLine + 2 * kRecordLines;
+// A record: the round it is for (a word, released last), its length (a byte), its bytes.
+constexpr size_t kRecordLengthAt = 8;
+constexpr size_t kRecordBytesAt = 9;
+static_assert(kRecordBytesAt + kNodeRecordBytes == kRecordLines * kLine);
 constexpr uint32_t kSpinsPerPoll = 64;
 }  // namespace
 
@@ -68,8 +72,7 @@ void init_node_segment(uint8_t* segment, int ranks, size_t slot_bytes) {
 }
 
 NodeCollectives::NodeCollectives(uint8_t* segment, int rank, int ranks, size_t slot_bytes)
-    : segment_(segment),
-      flags_(segment + flags_offset()),
+    : flags_(segment + flags_offset()),
       slots_(segment + slots_offset(ranks)),
       rank_(rank),
       ranks_(ranks),
@@ -177,8 +180,9 @@ void NodeCollectives::publish_ready(uint64_t round, uint64_t digest, const NodeW
   // The record after the flag, while the flag travels: a peer reads it only when the
   // digests disagree, and then waits for its stamp (named_by_record).
   uint8_t* mine = record(rank_, round);
-  const size_t length = wait.record ? std::min(wait.record(std::span(mine + 9, kNodeRecordBytes)), kNodeRecordBytes) : 0;
-  mine[8] = static_cast<uint8_t>(length);
+  const size_t length =
+      wait.record ? std::min(wait.record(std::span(mine + kRecordBytesAt, kNodeRecordBytes)), kNodeRecordBytes) : 0;
+  mine[kRecordLengthAt] = static_cast<uint8_t>(length);
   std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(mine)).store(round, std::memory_order_release);
 }
 
@@ -186,7 +190,8 @@ void NodeCollectives::named_by_record(int q, uint64_t round, const NodeWait& wai
   std::atomic_ref<uint64_t> stamp(*reinterpret_cast<uint64_t*>(record(q, round)));
   if (stamp.load(std::memory_order_acquire) < round) await_slow(stamp, round, wait, q);
   const uint8_t* theirs = record(q, round);
-  wait.disagree(q, std::span<const uint8_t>(theirs + 9, std::min<size_t>(theirs[8], kNodeRecordBytes)));
+  wait.disagree(q, std::span<const uint8_t>(theirs + kRecordBytesAt,
+                                            std::min<size_t>(theirs[kRecordLengthAt], kNodeRecordBytes)));
   throw std::logic_error("NodeWait::disagree returned");
 }
 
@@ -213,14 +218,13 @@ std::pair<int64_t, int64_t> NodeCollectives::slice(int64_t n, size_t elem, int q
 void NodeCollectives::reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op,
                                         uint64_t s, const void* own, bool in_line) const {
   if (count <= 0) return;
-  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
   const auto from = [&](int q) -> const void* {
     if (q == rank_ && own != nullptr) return own;
     return in_line ? payload(q, s) + offset : slot(q, s) + offset;
   };
   if (ranks_ == 1) {
-    std::memcpy(out, from(0), bytes);
+    std::memcpy(out, from(0), static_cast<size_t>(count) * dtype_size(dtype));
     return;
   }
   reduce_into(out, from(0), from(1), count, dtype, op, ranks_ == 2 ? divisor : 1);

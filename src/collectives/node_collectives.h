@@ -4,8 +4,9 @@
 //
 // The segment (shm_segment.h) holds a header, flags per rank (ready, with a line per parity
 // of the round that also carries the round's digest and a payload of up to kNodeLineBytes;
-// done; consumed) and two chunk slots per rank. Every collective goes in rounds of at most one slot per rank; rounds are numbered
-// over the communicator's life, the same on every rank as its calls are. A round s:
+// done; consumed) and two chunk slots per rank. Every collective goes in rounds of at most
+// one slot per rank; rounds are numbered over the communicator's life, the same on every
+// rank as its calls are. A round s:
 //   1. copy in    once every consumed[q] >= s - 2 (slots alternate, so a slot is written
 //                 again two rounds later, once every rank is done reading it): this rank's
 //                 part into its slot s % 2, the call's digest beside ready; ready[r] = s
@@ -23,8 +24,8 @@
 // other passes are over the slots, in cache). A chunk of at most kNodeSmallBytes skips
 // step 3: every rank copies in all of it and reduces all of it, in the same order, so the
 // bytes are the same (one of at most kNodeLineBytes goes in the ready line, not the slot:
-// a cache line from each rank to the others, not two). Reduce-scatter has no step 3: piece p of a round is the next part
-// of segment p, and its owner reduces it into its output. Allgather and broadcast copy in
+// a cache line from each rank to the others, not two). Reduce-scatter has no step 3: piece
+// p of a round is the next part of segment p, and its owner reduces it into its output. Allgather and broadcast copy in
 // and out; a barrier is a round with no data. Flags are released after the writes they
 // publish and acquired before the reads that follow (std::atomic_ref on the segment).
 //
@@ -135,13 +136,11 @@ class NodeCollectives {
   // Piece q of a chunk of n elements: [begin, end), 64-byte aligned boundaries.
   std::pair<int64_t, int64_t> slice(int64_t n, size_t elem, int q) const;
   // out = the rank-order reduction of `count` elements at byte `offset` of every slot of
-  // round s; this rank's term from `own` instead of its slot when given. `out` aliases no
-  // source.
-  // `in_line`: from the ranks' payloads in their ready lines instead of their slots.
+  // round s (`in_line`: of every ready line's payload instead); this rank's term from `own`
+  // instead when given. `out` aliases no source.
   void reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op, uint64_t s,
                          const void* own = nullptr, bool in_line = false) const;
 
-  uint8_t* segment_;
   uint8_t* flags_;  // the ranks' flag lines
   uint8_t* slots_;  // the ranks' slots
   int rank_;

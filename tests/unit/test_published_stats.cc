@@ -29,7 +29,9 @@ void each_counter(S& s, F&& f) {
 
 Stats numbered(uint64_t i) {
   Stats s;
-  each_counter(s, [&](auto& field, int k) { field = static_cast<std::remove_reference_t<decltype(field)>>(i * 16 + k); });
+  each_counter(s, [&](auto& field, int k) {
+    field = static_cast<std::remove_reference_t<decltype(field)>>(i * 16 + k);
+  });
   return s;
 }
 
