@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -208,7 +210,16 @@ void init(int rank, int world_size, const std::string& store_url, const std::str
   if (link) link->detach();
 }
 
+// Made at first use, never destroyed: its threads stay for the process's life (a
+// static destructor would run after the interpreter is gone). The GIL guards it.
+// complete_in_order (the DDP hook's futures) uses it; shutdown() drains it.
+OrderedCompleter*& ordered_completer() {
+  static OrderedCompleter* completer = nullptr;
+  return completer;
+}
+
 void shutdown() {
+  OrderedCompleter* completer = ordered_completer();  // read under the GIL, which guards it
   py::gil_scoped_release release;
   std::unique_ptr<Communicator> comm;
   {
@@ -216,6 +227,17 @@ void shutdown() {
     comm = std::move(session().comm);
   }
   comm.reset();  // UCX teardown: bounded, never waits on a peer forever
+  // The DDP hook's futures (of calls just failed, or completing still) are done before
+  // the program goes on to its end (ordered_completion.h, "Drain"); a callback blocked
+  // on something else holds this up for at most kDrainTimeout. Not when a future
+  // callback shuts down: its own completion is one of those.
+  constexpr std::chrono::seconds kDrainTimeout{10};
+  if (completer != nullptr && !completer->on_completion_thread() && !completer->drain(kDrainTimeout)) {
+    std::fprintf(stderr,
+                 "gradcomm.shutdown: DDP hook futures still completing after %lld s (a future callback "
+                 "blocked?); going on without them\n",
+                 static_cast<long long>(kDrainTimeout.count()));
+  }
 }
 
 // Issues under the session mutex (calls are issued whole and in order); waits
@@ -313,13 +335,6 @@ class PythonItem final : public OrderedCompleter::Item {
   std::shared_ptr<Work> work_;
   py::object done_;
 };
-
-// Made at first use, never destroyed: its threads stay for the process's life (a
-// static destructor would run after the interpreter is gone). The GIL guards it.
-OrderedCompleter*& ordered_completer() {
-  static OrderedCompleter* completer = nullptr;
-  return completer;
-}
 
 void complete_in_order(std::shared_ptr<Work> work, py::object done) {
   OrderedCompleter*& completer = ordered_completer();

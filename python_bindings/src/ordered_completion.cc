@@ -18,10 +18,12 @@ struct OrderedCompleter::State {
   std::condition_variable issued_cv;    // the waiter: an item was pushed, stop, or a top-level completion ended
   std::condition_variable runnable_cv;  // completion threads: an item may complete, or the waiter is done
   std::condition_variable exited_cv;    // the destructor: a thread exited
+  std::condition_variable drained_cv;   // drain(): in_flight reached 0
   std::deque<std::pair<std::unique_ptr<Item>, bool>> issued;    // to settle, in push order; top-level?
   std::deque<std::unique_ptr<Item>> waiting;                    // settled top-level items held up by an earlier one
   std::deque<std::pair<std::unique_ptr<Item>, bool>> runnable;  // to complete; top-level?
   size_t top_level_running = 0;
+  size_t in_flight = 0;  // pushed and not yet completed (complete(), the item's end, the listener)
   Clock::time_point top_level_started;  // of the last one made runnable
   Clock::time_point hold_deadline = Clock::time_point::max();
   bool rearmed = false;  // wake_at moved hold_deadline: the waiter recomputes its wait
@@ -60,11 +62,18 @@ void OrderedCompleter::push(std::unique_ptr<Item> item, bool top_level) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->issued.emplace_back(std::move(item), top_level);
+    ++state_->in_flight;
   }
   state_->issued_cv.notify_one();
 }
 
 bool OrderedCompleter::on_completion_thread() const { return t_completer_state == state_.get(); }
+
+bool OrderedCompleter::drain(std::chrono::milliseconds timeout) {
+  if (on_completion_thread()) return false;
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  return state_->drained_cv.wait_for(lock, timeout, [&] { return state_->in_flight == 0; });
+}
 
 void OrderedCompleter::wake_at(Clock::time_point when) {
   {
@@ -168,6 +177,7 @@ void OrderedCompleter::completion_loop(std::shared_ptr<State> state) {
     item.reset();  // and with it what the future's callbacks held, before the lock is taken
     if (state->listener) state->listener(/*deadline=*/false);
     lock.lock();
+    if (--state->in_flight == 0) state->drained_cv.notify_all();
     if (top_level) {
       --state->top_level_running;
       release_top_level(state);

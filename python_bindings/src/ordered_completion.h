@@ -51,6 +51,15 @@
 // are drained. A completer that is never destroyed (the DDP hook's, one per
 // process) keeps its threads for the process's life.
 //
+// Drain. A completer that is never destroyed (the DDP hook's) still runs completions
+// when the process ends. A completion that marks a torch future wakes its waiter
+// before it has returned (torch then drops the future's callbacks, taking the GIL);
+// if the waiter ends the program meanwhile, the completion takes the GIL during the
+// interpreter's finalization, which ends the thread inside torch's noexcept code and
+// aborts the process ("terminate called without an active exception"). So the
+// owner's shutdown (gradcomm.shutdown(), also run at exit) fails the outstanding
+// calls and then drains: waits, bounded, until every pushed item has completed.
+//
 // fork(): the child has none of the threads. A child must not touch the parent's
 // completer (its lock may have been held at the fork); it leaks it and makes a new
 // one (module.cc's forget_after_fork).
@@ -92,6 +101,11 @@ class OrderedCompleter {
   // Calls the listener with deadline=true at `when` (or soon after: the waiter
   // checks between items); a later call replaces an earlier deadline.
   void wake_at(std::chrono::steady_clock::time_point when);
+  // Waits, at most `timeout`, until every item pushed so far has completed and its
+  // callbacks have returned; false if some had not (or when called on one of the
+  // completion threads, which would wait on itself). For a process about to end,
+  // after its calls were failed (see "Drain" above).
+  bool drain(std::chrono::milliseconds timeout);
 
   // How long a top-level item's completion may hold up the next one (see above).
   static constexpr std::chrono::seconds kStall{5};

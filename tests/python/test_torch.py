@@ -3,7 +3,8 @@
 "none" equal to plain DDP within fp32 tolerance); DistributedOptimizer with a layer that
 has no gradient on one rank only (equal to a reference, fusion on and off); callbacks on
 the hook's futures that wait on the hook again, run in issue order, and past a stall;
-the hook's futures in a forked child; the hook's errors keep their gradcomm class;
+the hook's futures in a forked child and at the program's end (a callback still
+running); the hook's errors keep their gradcomm class;
 compressor=auto through the hook measuring the overlap DDP gives; the examples under
 gradcomm-run and torchrun."""
 import os
@@ -44,6 +45,12 @@ def test_hook_futures_chain_run_in_issue_order_outlast_a_stall_and_keep_error_cl
 def test_hook_futures_complete_in_a_forked_child():
     result = run([PYTHON, os.path.join(WORKERS, "torch_hook_fork.py")], timeout=90)
     expect_ok(result, 1, "torch-hook-fork")
+
+
+def test_program_end_waits_for_a_hook_future_callback_still_running():
+    result = run([PYTHON, os.path.join(WORKERS, "torch_hook_exit.py")], timeout=90)
+    expect_ok(result, 1, "torch-hook-exit")
+    assert "late callback returned" in result.stdout, result.stdout
 
 
 def test_auto_through_the_hook_measures_the_overlap_ddp_gives():

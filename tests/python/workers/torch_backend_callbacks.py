@@ -290,14 +290,16 @@ elif kind == "held":
     assert took < 4 + 10, f"the held op failed after {took:.1f} s"
     print(f"RESULT held rank={r}: failed after {took:.1f} s: {str(seen[0])[:120]}", flush=True)
 elif kind == "shutdown":
-    seen = []
+    seen, issued = [], threading.Event()
 
     def blocked(f):
         # Never on this (the main) thread: see "held".
         assert threading.current_thread() is not threading.main_thread(), \
             "the op completed before its callback was attached"
         try:  # rank 1 never issues this one
-            dist.all_reduce(torch.ones(6), async_op=True).get_future().wait()
+            work = dist.all_reduce(torch.ones(6), async_op=True)
+            issued.set()
+            work.get_future().wait()
         except RuntimeError as e:
             seen.append(e)
         return 0
@@ -305,7 +307,10 @@ elif kind == "shutdown":
     dist.all_reduce(torch.ones(32 << 20), async_op=True)  # ahead: still queued when the callback is attached
     fut = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(blocked if r == 0 else (lambda f: 0))
     if r == 0:
-        time.sleep(0.5)  # let the callback block
+        # The callback runs once the 128 MiB op is done (well over 0.5 s on a loaded
+        # machine): the group is destroyed only after it has issued its op.
+        assert issued.wait(30), "the callback never issued its op"
+        time.sleep(0.2)  # let it block in the wait
         assert not fut.done()
         destroy_start = time.monotonic()
         dist.destroy_process_group()
