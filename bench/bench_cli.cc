@@ -172,6 +172,11 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
   app.add_option("--device", o.device, "Where the buffers live")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  app.add_option("--buffers", o.buffers,
+                 "Host buffers: private (the application's own memory) or shared (from alloc_shared: the node's "
+                 "ranks read each other's in place)")
+      ->check(CLI::IsMember({"private", "shared"}))
+      ->capture_default_str();
   app.add_option("--rows", o.rows,
                  "View each allreduce message as a matrix of this many rows (for powersgd; 0: 1-D, sent dense by "
                  "powersgd)")
@@ -275,6 +280,9 @@ Plan validate(const Options& o) {
   p.input = o.input == "pattern" ? TimingInput::kPattern : TimingInput::kGradient;
   p.device.type = o.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   if (p.device.type == DeviceType::kCuda) p.device.index = bench_cuda_device();
+  if (o.buffers == "shared" && p.device.type == DeviceType::kCuda) {
+    throw InvalidArgument("--buffers shared: alloc_shared gives host memory; leave it out with --device cuda");
+  }
   if (p.op == BenchOp::kAllgather) p.redops = {ReduceOp::kSum};  // unused: allgather reduces nothing
   if (p.op == BenchOp::kAllgather && o.compressor != "none") {
     throw InvalidArgument(fmt::format("--compressor '{}': compressors apply to allreduce and reduce_scatter only",

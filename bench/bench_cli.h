@@ -46,6 +46,7 @@ struct Options {
   std::string compressor = "none";
   std::string dtype = "float32";
   std::string device = "cpu";
+  std::string buffers = "private";  // --buffers: private | shared (Communicator::alloc_shared)
   bool phases = false;
   std::string json;
   std::string baseline = "none";

@@ -203,7 +203,13 @@ BenchBuffer::BenchBuffer(int64_t bytes, Device device) : device_(device) {
 #endif
 }
 
+BenchBuffer::BenchBuffer(int64_t bytes, Communicator& comm)
+    : shared_(comm.alloc_shared(static_cast<size_t>(std::max<int64_t>(bytes, 1)))) {
+  data_ = shared_.data();
+}
+
 BenchBuffer::~BenchBuffer() {
+  if (shared_.data() != nullptr) return;  // its own destructor unmaps it
   if (device_.type == DeviceType::kCpu) {
     ::operator delete(data_, std::align_val_t{64});
     return;

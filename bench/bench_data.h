@@ -11,6 +11,7 @@
 #include <string>
 #include <memory>
 
+#include "gradcomm/communicator.h"
 #include "gradcomm/types.h"
 
 namespace gradcomm::bench {
@@ -20,6 +21,9 @@ namespace gradcomm::bench {
 class BenchBuffer {
  public:
   BenchBuffer(int64_t bytes, Device device);
+  // Host memory from comm.alloc_shared (a collective: every rank makes the same ones, in
+  // the same order), which the node's ranks read in place (--buffers shared).
+  BenchBuffer(int64_t bytes, Communicator& comm);
   ~BenchBuffer();
   BenchBuffer(const BenchBuffer&) = delete;
   BenchBuffer& operator=(const BenchBuffer&) = delete;
@@ -30,6 +34,7 @@ class BenchBuffer {
  private:
   void* data_ = nullptr;
   Device device_;
+  SharedBuffer shared_;  // holds data_ when it is not null
 };
 
 // The GPU this process benchmarks on: its local rank (LOCAL_RANK from gradcomm-run

@@ -82,7 +82,8 @@ void BenchTable::print_header() {
              "# algbw = size/time; busbw = algbw * {}. Columns after nccl-tests' ones:\n"
              "# wire = bytes_sent per rank per iteration (Communicator::stats(), mean over ranks); compr = dense ring\n"
              "# bytes / wire ('shm': the node's shared segment carried the data, wire holds only the calls'\n"
-             "# headers); #wrong = elements off the exact result, all ranks (-c, untimed).{}\n",
+             "# headers; 'shm-d': the ranks read each other's alloc_shared buffers in place); #wrong = elements\n"
+             "# off the exact result, all ranks (-c, untimed).{}\n",
              c.rank_time, c.input, c.op == BenchOp::kAllreduce ? "2(N-1)/N" : "(N-1)/N",
              c.phases ? "\n# reduce/encode/decode/comm: gradcomm's time per iteration from stats(), mean over ranks "
                         "(comm = waiting on the wire)."
@@ -131,7 +132,10 @@ void BenchTable::print_row(const Row& row) {
     wire = fmt::format("{:.0f}", *g.wire_bytes);
     compr = *g.wire_bytes > 0 ? fmt::format("{:.2f}", dense_wire_bytes(row.size_bytes) / *g.wire_bytes) : "-";
   }
-  if (g.path == "shm") compr = "shm";  // the data did not travel on the wire
+  // The data did not travel on the wire: through the segment's slots, or read from the
+  // ranks' alloc_shared buffers in place.
+  if (g.path == "shm") compr = "shm";
+  if (g.path == "shm-direct") compr = "shm-d";
   line += fmt::format("  {:>{}}  {:>{}}", wire, kWireW, compr, kComprW);
   if (config_.phases) {
     const Phases p = g.phases.value_or(Phases{});
@@ -198,7 +202,9 @@ void BenchTable::add_record(const Row& row, const ImplResult& r) {
       {"check_iters", config_.check_iters},
   };
   if (r.path) rec["path"] = *r.path;
-  if (r.wire_bytes && *r.wire_bytes > 0 && r.path != "shm") rec["compression_ratio"] = dense_wire_bytes(row.size_bytes) / *r.wire_bytes;
+  if (r.wire_bytes && *r.wire_bytes > 0 && !(r.path && r.path->starts_with("shm"))) {
+    rec["compression_ratio"] = dense_wire_bytes(row.size_bytes) / *r.wire_bytes;
+  }
   if (r.phases) {
     rec["reduce_us"] = r.phases->reduce_us;
     rec["encode_us"] = r.phases->encode_us;

@@ -70,17 +70,19 @@ struct RankSample {
   double gc_us = 0, base_us = 0;
   double wire = 0, reduce_us = 0, encode_us = 0, decode_us = 0, comm_us = 0;
   double wrong_gc = 0, wrong_base = 0;
-  double shm_ops = 0;  // collectives on the node's shared segment per call
+  double shm_ops = 0;    // collectives on the node's shared segment per call
+  double shm_bytes = 0;  // bytes this rank put into the segment's slots per call
 
   std::string encode() const {
-    return fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g}", gc_us,
-                       base_us, wire, reduce_us, encode_us, decode_us, comm_us, wrong_gc, wrong_base, shm_ops);
+    return fmt::format("{:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g} {:.17g}",
+                       gc_us, base_us, wire, reduce_us, encode_us, decode_us, comm_us, wrong_gc, wrong_base, shm_ops,
+                       shm_bytes);
   }
   static RankSample decode(const std::string& text) {
     RankSample s;
     std::istringstream in(text);
     in >> s.gc_us >> s.base_us >> s.wire >> s.reduce_us >> s.encode_us >> s.decode_us >> s.comm_us >> s.wrong_gc >>
-        s.wrong_base >> s.shm_ops;
+        s.wrong_base >> s.shm_ops >> s.shm_bytes;
     if (!in) throw CorruptPayload(fmt::format("gradcomm-bench: malformed result record '{}'", text));
     return s;
   }
@@ -154,7 +156,9 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
   const bool in_place = p_.op == BenchOp::kAllreduce;  // the others leave their input as it is
   const int64_t in_count = gather ? per_rank : count;
   const int64_t out_count = gather ? count : p_.op == BenchOp::kReduceScatter ? per_rank : 0;
-  BenchBuffer in(in_count * elt, p_.device);
+  // --buffers shared: the input (an allreduce's buffer) from alloc_shared, on the host.
+  const bool shared = o_.buffers == "shared" && p_.device.type == DeviceType::kCpu;
+  BenchBuffer in = shared ? BenchBuffer(in_count * elt, comm_) : BenchBuffer(in_count * elt, p_.device);
   BenchBuffer out(out_count * elt, p_.device);  // allreduce is in place
   CompressOptions copts;
   copts.compressor = o_.compressor;
@@ -207,11 +211,13 @@ RankSample Bench::measure(int64_t count, int64_t per_rank) {
     spent.decode_s += after.decode_s - before.decode_s;
     spent.total_s += after.total_s - before.total_s;
     spent.node_shm_ops += after.node_shm_ops - before.node_shm_ops;
+    spent.node_shm_bytes += after.node_shm_bytes - before.node_shm_bytes;
   }
   const double n = o_.iters;
   s.gc_us = spent_us / n;
   s.wire = static_cast<double>(spent.bytes_sent) / n;
   s.shm_ops = static_cast<double>(spent.node_shm_ops) / n;
+  s.shm_bytes = static_cast<double>(spent.node_shm_bytes) / n;
   s.reduce_us = spent.reduce_s * 1e6 / n;
   s.encode_us = spent.encode_s * 1e6 / n;
   s.decode_us = spent.decode_s * 1e6 / n;
@@ -290,6 +296,7 @@ Row Bench::gather(int index, int64_t size_bytes, int64_t count, const RankSample
     max.gc_us = std::max(max.gc_us, s.gc_us);
     max.base_us = std::max(max.base_us, s.base_us);
     min.shm_ops = std::min(min.shm_ops, s.shm_ops);
+    max.shm_bytes = std::max(max.shm_bytes, s.shm_bytes);
     sum.gc_us += s.gc_us;
     sum.base_us += s.base_us;
     sum.wire += s.wire;
@@ -317,8 +324,10 @@ Row Bench::gather(int index, int64_t size_bytes, int64_t count, const RankSample
   row.gradcomm.impl = "gradcomm";
   row.gradcomm.time_us = over_ranks(&RankSample::gc_us);
   row.gradcomm.wire_bytes = sum.wire / world;
-  // Every rank's data went through the node's shared segment (docs/shared-memory.md).
-  row.gradcomm.path = min.shm_ops > 0 ? "shm" : "transport";
+  // Every rank's data went through the node's shared segment (docs/shared-memory.md):
+  // through its slots, or read from the ranks' alloc_shared buffers in place (no slot
+  // written: "shm-direct").
+  row.gradcomm.path = min.shm_ops == 0 ? "transport" : max.shm_bytes == 0 ? "shm-direct" : "shm";
   row.gradcomm.phases = Phases{sum.reduce_us / world, sum.encode_us / world, sum.decode_us / world,
                                sum.comm_us / world};
   if (o_.check_iters > 0) row.gradcomm.wrong = static_cast<int64_t>(sum.wrong_gc);

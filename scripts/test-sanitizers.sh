@@ -60,10 +60,10 @@ configure() {  # configure DIR SANITIZERS
 }
 
 # The unit test executables whose threads share state: ranks as threads
-# (run_ranks*), or threads of their own (store clients vs the server thread).
+# (run_ranks*, run_on_segment), or threads of their own (store clients vs the server thread).
 threaded_unit_targets() {
   local f
-  for f in $(grep -l -E 'run_ranks|std::thread' tests/unit/test_*.cc); do
+  for f in $(grep -l -E 'run_ranks|run_on_segment|std::thread' tests/unit/test_*.cc); do
     echo "unit_$(basename "$f" .cc)"
   done
 }

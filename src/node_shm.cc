@@ -55,12 +55,13 @@ bool shm_enabled_from_env() {
 }
 
 NodeShm::NodeShm(ShmSegment segment, int local_rank, std::vector<int> members, size_t slot_bytes,
-                 std::vector<std::optional<ProcessIdentity>> processes)
+                 std::vector<std::optional<ProcessIdentity>> processes, std::string name_prefix)
     : segment_(std::move(segment)),
       members_(std::move(members)),
       slot_bytes_(slot_bytes),
       collectives_(segment_.data(), local_rank, static_cast<int>(members_.size()), slot_bytes),
-      processes_(std::move(processes)) {}
+      processes_(std::move(processes)),
+      name_prefix_(std::move(name_prefix)) {}
 
 void NodeShm::check_peers() {
   const auto now = std::chrono::steady_clock::now();
@@ -114,12 +115,12 @@ std::unique_ptr<NodeShm> connect_node_shm(Store& store, const NodeMap& nodes, in
   size_t slot_bytes = 0;
   Word mine{false, off, {}};
   std::vector<uint8_t> first;  // the first rank's word, as the others read it
+  const std::string prefix = fmt::format(
+      "/gradcomm-{:016x}-g{}",
+      fnv1a64(std::span(reinterpret_cast<const uint8_t*>(job_token.data()), job_token.size())), generation);
   if (local == 0 && enabled) {
     static std::atomic<uint64_t> counter{0};
-    const uint64_t token_hash =
-        fnv1a64(std::span(reinterpret_cast<const uint8_t*>(job_token.data()), job_token.size()));
-    const std::string name =
-        fmt::format("/gradcomm-{:016x}-g{}-{}-{}", token_hash, generation, ::getpid(), counter.fetch_add(1));
+    const std::string name = fmt::format("{}-{}-{}", prefix, ::getpid(), counter.fetch_add(1));
     slot_bytes = static_cast<size_t>(
         env_bytes("GRADCOMM_SHM_SLOT_BYTES", kDefaultSlotBytes, int64_t{64} * ranks, kMaxSlotBytes) / 64 * 64);
     try {
@@ -180,7 +181,7 @@ std::unique_ptr<NodeShm> connect_node_shm(Store& store, const NodeMap& nodes, in
   }
   log(LogLevel::kDebug, "rank {}: node {}'s {} ranks share segment {} ({} byte slots)", rank, nodes.name(node), ranks,
       segment.name(), slot_bytes);
-  return std::make_unique<NodeShm>(std::move(segment), local, members, slot_bytes, std::move(processes));
+  return std::make_unique<NodeShm>(std::move(segment), local, members, slot_bytes, std::move(processes), prefix);
 }
 
 }  // namespace gradcomm::detail

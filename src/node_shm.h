@@ -26,6 +26,7 @@
 #include "collectives/node_collectives.h"
 #include "collectives/shm_segment.h"
 #include "process_identity.h"
+#include "shared_blocks.h"
 #include "store/store.h"
 #include "topology.h"
 
@@ -39,13 +40,19 @@ class NodeShm {
  public:
   static constexpr auto kProcessPoll = std::chrono::milliseconds(200);
 
+  // `name_prefix`: "/gradcomm-<job token hash>-g<generation>", which the node's segment
+  // and the blocks of Communicator::alloc_shared are named after.
   NodeShm(ShmSegment segment, int local_rank, std::vector<int> members, size_t slot_bytes,
-          std::vector<std::optional<ProcessIdentity>> processes);
+          std::vector<std::optional<ProcessIdentity>> processes, std::string name_prefix);
 
   // The node's ranks (communicator ranks, in rank order).
   const std::vector<int>& members() const { return members_; }
   NodeCollectives& collectives() { return collectives_; }
   size_t slot_bytes() const { return slot_bytes_; }
+  const std::string& name_prefix() const { return name_prefix_; }
+  // What the node's ranks allocated together (shared_blocks.h); kept alive by the
+  // SharedBuffers too, which may outlive the communicator.
+  const std::shared_ptr<SharedBlocks>& blocks() const { return blocks_; }
 
   // PeerFailure naming the rank when a member's process has exited (or is a zombie);
   // reads /proc at most every kProcessPoll.
@@ -60,6 +67,8 @@ class NodeShm {
   NodeCollectives collectives_;
   std::vector<std::optional<ProcessIdentity>> processes_;  // by local rank; nullopt: not observable
   std::chrono::steady_clock::time_point next_poll_{};
+  std::string name_prefix_;
+  std::shared_ptr<SharedBlocks> blocks_ = std::make_shared<SharedBlocks>();
 };
 
 // Every rank calls it at creation (after the node names are known), in the same store

@@ -115,6 +115,7 @@ struct AllreducePlan {
 
 namespace detail {
 class CommunicatorImpl;
+class SharedAllocation;
 struct WorkState;
 }  // namespace detail
 
@@ -156,6 +157,32 @@ class Work {
 
  private:
   std::shared_ptr<detail::WorkState> state_;
+};
+
+// Host memory from Communicator::alloc_shared: this rank's block of an allocation that
+// the ranks made together, mapped by the other ranks of its node too. When every rank of a
+// node passes the same place in the same allocation to an allreduce, they read each
+// other's buffers where they are instead of copying them through the node's segment
+// (docs/shared-memory.md, "Shared buffers"); to everything else it is plain memory.
+// Destroying it unmaps this rank's mappings only (not a collective); it may outlive the
+// communicator. Free it only when no call that uses it is in flight on this rank.
+class SharedBuffer {
+ public:
+  SharedBuffer();
+  ~SharedBuffer();
+  SharedBuffer(SharedBuffer&& other) noexcept;
+  SharedBuffer& operator=(SharedBuffer&& other) noexcept;
+
+  void* data() const;   // 4096-byte aligned, zero-filled at allocation; null when empty
+  size_t size() const;  // the bytes asked for
+  // Whether the node's other ranks have mapped it (false: plain memory, where this rank's
+  // node has no shared segment: one rank on it, GRADCOMM_SHM=off).
+  bool shared() const;
+
+ private:
+  friend class Communicator;
+  explicit SharedBuffer(std::unique_ptr<detail::SharedAllocation> impl);
+  std::unique_ptr<detail::SharedAllocation> impl_;
 };
 
 class Communicator {
@@ -206,6 +233,13 @@ class Communicator {
   std::shared_ptr<Work> broadcast_async(TensorView t, int root);
   // Waits for stream-ordered work (CUDA tensors) to finish and surfaces its errors.
   void synchronize();
+
+  // `bytes` of host memory that the ranks of this rank's node can read directly (see
+  // SharedBuffer). A collective call: every rank calls it with the same `bytes`, in the
+  // same order as its other calls (it runs as two allgathers). MismatchError on every
+  // rank when they asked for different sizes; TransportError on every rank when a rank
+  // could not make or map a block (naming the rank and why); InvalidArgument for 0 bytes.
+  SharedBuffer alloc_shared(size_t bytes);
 
   // Compression state, read by optimizers that adapt to it (the reference trainer's
   // DGC momentum correction). Both read a key's state as its last allreduce left it:

@@ -44,7 +44,7 @@ built_with_cuda = _C.built_with_cuda
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "topology",
-    "allreduce", "allgather", "reduce_scatter", "broadcast", "barrier",
+    "allreduce", "allgather", "reduce_scatter", "broadcast", "barrier", "alloc_shared",
     "allreduce_async", "allgather_async", "reduce_scatter_async", "broadcast_async", "Work",
     "state_dict", "load_state_dict", "stats",
     "Error", "InvalidArgument", "Unsupported", "TimeoutError", "PeerFailure",
@@ -445,6 +445,22 @@ def broadcast_async(x, root=0):
 
 def barrier():
     _C.barrier()
+
+
+def alloc_shared(nbytes):
+    """`nbytes` of host memory that the ranks on this rank's node read in place: an
+    allreduce of the same part of it on every rank (past 16 KiB) reduces straight from
+    the ranks' buffers instead of copying them through the node's segment
+    (docs/shared-memory.md, "Shared buffers"). A collective: every rank calls it with the
+    same nbytes, in the same order as its other calls. Returns a buffer for
+    numpy.frombuffer(b, dtype) or torch.frombuffer(b, dtype=...) (which keep it alive);
+    zero-filled; `.shared` is False where the node has no segment (plain memory then).
+    MismatchError when the ranks asked for different sizes, TransportError when a rank
+    could not make or map its block. A forked child shares the memory with its parent:
+    it must not write it."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise InvalidArgument(f"gradcomm.alloc_shared: nbytes must be a positive int, got {nbytes!r}")
+    return _C.alloc_shared(nbytes)
 
 
 _STATE_FORMAT = "gradcomm.state/1"

@@ -412,6 +412,18 @@ PYBIND11_MODULE(_gradcomm, m) {
   m.def("broadcast_async", &broadcast_async, py::arg("data"), py::arg("numel"), py::arg("dtype"), py::arg("device"),
         py::arg("device_index"), py::arg("root"));
   m.def("barrier", &barrier);
+  // Host memory the node's ranks read in place (Communicator::alloc_shared): a buffer for
+  // numpy.frombuffer / torch.frombuffer, which keep it alive.
+  py::class_<SharedBuffer>(m, "SharedBuffer", py::buffer_protocol())
+      .def_buffer([](SharedBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size())}, {py::ssize_t{1}});
+      })
+      .def("__len__", &SharedBuffer::size)
+      .def_property_readonly("shared", &SharedBuffer::shared);
+  m.def("alloc_shared", [](size_t bytes) {
+    return with_communicator("alloc_shared", [&](Communicator& c) { return c.alloc_shared(bytes); });
+  }, py::arg("nbytes"));
   // Waits on `work` on the completer's waiter, then calls done() on a completion
   // thread: in issue order, one top-level call's done() after the previous one's has
   // returned (ordered_completion.h).

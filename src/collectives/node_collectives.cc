@@ -288,6 +288,59 @@ void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp
   }
 }
 
+void NodeCollectives::allreduce_direct(void* data, int64_t numel, DType dtype, ReduceOp op,
+                                       std::span<const uint8_t* const> buffers, uint64_t digest,
+                                       const NodeWait& wait) {
+  if (ranks_ < 2 || buffers.size() != static_cast<size_t>(ranks_) || buffers[static_cast<size_t>(rank_)] != data) {
+    throw std::logic_error("NodeCollectives::allreduce_direct: one buffer per rank, this rank's its own");
+  }
+  const size_t elem = dtype_size(dtype);
+  const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
+  const auto chunk = static_cast<int64_t>(slot_bytes_ >> std::countr_zero(elem));  // elem: a power of two
+  const auto block_elems = static_cast<int64_t>(kNodeSmallBytes / elem);
+  alignas(64) uint8_t block[kNodeSmallBytes];
+  uint64_t s = 0;
+  // A round per chunk (a slot's worth), so that a slice is copied while it is still in
+  // its owner's cache.
+  for (int64_t begin = 0; begin < numel; begin += chunk) {
+    const int64_t len = std::min(chunk, numel - begin);
+    const size_t base = static_cast<size_t>(begin) * elem;
+    uint8_t* const mine = static_cast<uint8_t*>(data) + base;
+    s = begin_round(wait);
+    publish_ready(s, digest, wait);
+    wait_ready(s, digest, wait);
+    // This rank's slice, reduced in rank order from every rank's buffer into its own, in
+    // blocks. Rank 0's own term is the first operand, read before it is overwritten: in
+    // place. The others go through a block that stays in the first-level cache.
+    const auto [b, e] = slice(len, elem, rank_);
+    for (int64_t at = b; at < e; at += block_elems) {
+      const int64_t n = std::min(block_elems, e - at);
+      const size_t off = base + static_cast<size_t>(at) * elem;
+      uint8_t* out = rank_ == 0 ? mine + (off - base) : block;
+      reduce_into(out, buffers[0] + off, buffers[1] + off, n, dtype, op, ranks_ == 2 ? divisor : 1);
+      for (int q = 2; q < ranks_; ++q) {
+        reduce_inplace(out, buffers[static_cast<size_t>(q)] + off, n, dtype, op, q == ranks_ - 1 ? divisor : 1);
+      }
+      if (out == block) std::memcpy(mine + (off - base), block, static_cast<size_t>(n) * elem);
+    }
+    publish(kDone, s);
+    // The other slices from their owners' buffers, each once its owner has reduced it
+    // (and so has finished reading this rank's copy of it).
+    for (int q = 0; q < ranks_; ++q) {
+      if (q == rank_) continue;
+      const auto [qb, qe] = slice(len, elem, q);
+      await(q, kDone, s, wait);
+      if (qe > qb) {
+        const size_t off = static_cast<size_t>(qb) * elem;
+        std::memcpy(mine + off, buffers[static_cast<size_t>(q)] + base + off, static_cast<size_t>(qe - qb) * elem);
+      }
+    }
+    publish(kConsumed, s);
+  }
+  // No rank returns (and lets its caller write its buffer) while another still reads it.
+  if (s != 0) wait_all(kConsumed, s, wait);
+}
+
 void NodeCollectives::reduce_scatter(const void* in, void* out, std::span<const int64_t> starts, DType dtype,
                                      ReduceOp op, uint64_t digest, const NodeWait& wait) {
   if (starts.size() != static_cast<size_t>(ranks_) + 1) {

@@ -98,6 +98,14 @@ class NodeCollectives {
   // `digest` names the call (every rank of the node passes the same for the same call).
   // data[0, numel) in place.
   void allreduce(void* data, int64_t numel, DType dtype, ReduceOp op, uint64_t digest, const NodeWait& wait);
+  // The same, where every rank's buffer is mapped here (Communicator::alloc_shared):
+  // buffers[q] is rank q's data for this call (buffers[rank()] == data). No slots: in a
+  // round per chunk of a slot's size, each rank reduces its slice of the chunk from the
+  // others' buffers into its own, in rank order (the same bytes as allreduce), then
+  // copies the others' slices from their owners' buffers; it returns once every rank has
+  // finished reading its buffer.
+  void allreduce_direct(void* data, int64_t numel, DType dtype, ReduceOp op, std::span<const uint8_t* const> buffers,
+                        uint64_t digest, const NodeWait& wait);
   // `in` holds segment p at [starts[p], starts[p + 1]) (N + 1 entries): this rank's segment,
   // reduced over the node, goes to `out` (which may be that segment of `in`; `in` is
   // otherwise left as it was).

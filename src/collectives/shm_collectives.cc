@@ -9,6 +9,7 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "node_shm.h"
@@ -110,6 +111,27 @@ void on_segment(Op& op, NodeShm& shm, const char* what, Body&& body, bool counte
 }  // namespace
 
 void shm_allreduce(Op& op, NodeShm& shm, void* data, int64_t numel, DType dtype, ReduceOp reduce_op) {
+  // Larger than a small call, in a block of Communicator::alloc_shared: from the ranks'
+  // buffers in place. Every rank of the node must pass the same place in the same
+  // allocation: the digest holds both, so a rank that does not is a mismatch, not a
+  // wrong sum.
+  const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+  const int place = shm.collectives().rank();
+  if (bytes > kNodeSmallBytes) {
+    if (const auto block = shm.blocks()->find(data, bytes, place)) {
+      const size_t offset = static_cast<size_t>(static_cast<uint8_t*>(data) - block->bases[static_cast<size_t>(place)]);
+      std::vector<const uint8_t*> buffers;
+      for (uint8_t* base : block->bases) buffers.push_back(base + offset);
+      const uint64_t where = digest(op, 'S', static_cast<int64_t>(offset), DType::kUInt8, ReduceOp::kSum,
+                                    static_cast<int>(static_cast<uint32_t>(block->id)));
+      on_segment(op, shm, "allreduce from the node's alloc_shared buffers",
+                 [&](NodeCollectives& node, const NodeWait& wait) {
+                   node.allreduce_direct(data, numel, dtype, reduce_op, buffers,
+                                         digest(op, 'D', numel, dtype, reduce_op, -1) ^ where, wait);
+                 });
+      return;
+    }
+  }
   on_segment(op, shm, "allreduce on the node's segment", [&](NodeCollectives& node, const NodeWait& wait) {
     node.allreduce(data, numel, dtype, reduce_op, digest(op, 'A', numel, dtype, reduce_op, -1), wait);
   });

@@ -1,5 +1,6 @@
 """numpy collectives over real processes started by the built gradcomm-run: results
-against closed forms and a numpy top-k reference, mismatched calls, dead and late peers."""
+against closed forms and a numpy top-k reference, mismatched calls, alloc_shared buffers
+reduced in place, dead and late peers."""
 import os
 
 import pytest
@@ -15,6 +16,11 @@ def test_numpy_collectives_match_references(n):
 @pytest.mark.parametrize("kind", ["numel", "compressor", "op", "op_stopped"])
 def test_mismatched_calls_raise_mismatch_error_on_every_rank(kind):
     expect_ok(launch(3, os.path.join(WORKERS, "mismatch.py"), kind), 3, f"mismatch-{kind}")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_reads_alloc_shared_buffers_in_place(n):
+    expect_ok(launch(n, os.path.join(WORKERS, "shared_buffers.py")), n, "shared-buffers")
 
 
 def test_dead_peer_is_peer_failure():

@@ -12,58 +12,15 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/node_collectives.h"
-#include "collectives/shm_segment.h"
 #include "comm_impl.h"
 #include "engine.h"
-#include "node_shm.h"
+#include "segment_ranks.h"
 #include "test_util.h"
-#include "transport/inproc/inproc_transport.h"
 
 namespace gradcomm::detail {
 namespace {
 
 using gradcomm::testing::ScopedEnv;
-
-constexpr size_t kSlotBytes = size_t{64} << 10;
-
-// Runs fn(rank, comm) on n threads, every rank's communicator on one segment (a NodeShm
-// over a mapping of its own, as connect_node_shm gives each process); rethrows the first
-// rank's failure.
-void run_on_segment(int n, const std::function<void(int, Communicator&)>& fn) {
-  static std::atomic<int> counter{0};
-  const std::string name =
-      "/gradcomm-test-inline-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  const size_t bytes = node_segment_bytes(n, kSlotBytes);
-  ShmSegment creator = ShmSegment::create(name, bytes);
-  init_node_segment(creator.data(), n, kSlotBytes);
-  std::vector<ShmSegment> mapped;
-  for (int r = 0; r < n; ++r) mapped.push_back(ShmSegment::open(name, bytes));
-  creator.unlink();
-  std::vector<int> members(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
-  auto transports = create_inproc_transports(n);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto shm = std::make_unique<NodeShm>(std::move(mapped[static_cast<size_t>(r)]), r, members, kSlotBytes,
-                                             std::vector<std::optional<ProcessIdentity>>(static_cast<size_t>(n)));
-        Communicator comm(std::make_unique<CommunicatorImpl>(std::move(transports[static_cast<size_t>(r)]),
-                                                             std::chrono::seconds(60), nullptr, NodeMap::single(n),
-                                                             std::move(shm)));
-        fn(r, comm);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
 
 // 100 rounds: a small allreduce (inline where `expect_inline`: counted), a broadcast from a
 // rotating root (likewise), a small async allreduce (queued: not counted), and every 25th
