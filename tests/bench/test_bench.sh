@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gradcomm-bench end to end under gradcomm-run (3 ranks, loopback): --check finds no
 # wrong element for the dense ring, a sparsifier and a quantizer, on either timing
-# input, for reduce_scatter (dense and quant:bits=8), and for the Gloo peer (beside a dense and a compressed gradcomm); the JSON records say which input was timed; a bad
+# input, for reduce_scatter (dense and quant:bits=8), for the Gloo peer (beside a dense and a
+# compressed gradcomm), and on --buffers shared (alloc_shared: read in place past 16 KiB, path
+# shm-direct); the JSON records say which input was timed; a bad
 # --input is refused with a message that names it, and so is a size past 1 TiB.
 #   test_bench.sh BUILD_DIR
 set -uo pipefail
@@ -10,14 +12,14 @@ run=$build/tools/gradcomm-run bench=$build/bench/gradcomm-bench
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-check() {  # check NAME INPUT BASELINE COMPRESSOR [OP]
-  local name=$1 input=$2 baseline=$3 compressor=$4 op=${5:-allreduce}
+check() {  # check NAME INPUT BASELINE COMPRESSOR [OP [BUFFERS]]
+  local name=$1 input=$2 baseline=$3 compressor=$4 op=${5:-allreduce} buffers=${6:-private}
   "$run" -n 3 --timeout 120 -- "$bench" --op "$op" -b 4K -e 1M -f 16 -n 2 -w 1 --check --phases \
-    --input "$input" --baseline "$baseline" --compressor "$compressor" --json "$tmp/$name.json" \
-    >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "$name: gradcomm-bench failed"; }
-  /usr/bin/python3 - "$tmp/$name.json" "$input" "$compressor" "$baseline" "$op" <<'PY' || fail "$name: records wrong"
+    --input "$input" --baseline "$baseline" --compressor "$compressor" --buffers "$buffers" \
+    --json "$tmp/$name.json" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "$name: gradcomm-bench failed"; }
+  /usr/bin/python3 - "$tmp/$name.json" "$input" "$compressor" "$baseline" "$op" "$buffers" <<'PY' ||
 import json, sys
-path, want_input, compressor, baseline, op = sys.argv[1:]
+path, want_input, compressor, baseline, op, buffers = sys.argv[1:]
 recs = json.load(open(path))
 sizes = sorted({r["size_bytes"] for r in recs})
 # reduce_scatter's size is its input, rounded down to whole elements per rank (3 ranks)
@@ -32,9 +34,12 @@ for r in recs:
     assert r["time_us"] > 0, r
     if r["impl"] == "gradcomm":
         # on one host's segment a call sends nothing over the wire, its header neither
-        assert (r["wire_bytes"] > 0 or r["path"] == "shm") and r["encode_us"] >= 0 and r["comm_us"] >= 0, r
+        assert (r["wire_bytes"] > 0 or r["path"].startswith("shm")) and r["encode_us"] >= 0 and r["comm_us"] >= 0, r
+        if buffers == "shared":  # in place past a small call (16 KiB), through the slots below
+            assert r["path"] == ("shm-direct" if r["size_bytes"] > 16384 else "shm"), r
 print(path, "ok:", len(recs), "records")
 PY
+    fail "$name: records wrong"
 }
 
 check dense gradient gloo none
@@ -44,6 +49,7 @@ check quant gradient none "quant:bits=4"
 # reduce_scatter, dense and compressed (its OpenMPI peer: test_nccl_compat.sh, under mpirun)
 check rs_dense pattern none none reduce_scatter
 check rs_quant gradient none "quant:bits=8" reduce_scatter
+check shared pattern gloo none allreduce shared
 
 if "$run" -n 1 -- "$bench" -b 1K -e 1K --input zeros >"$tmp/bad.log" 2>&1; then fail "--input zeros accepted"; fi
 grep -q "input" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no message naming --input"; }
