@@ -2,7 +2,8 @@
 // one host meet in a shared segment, not the transport, so nothing in UCX sees a peer die
 // or stop while the others wait on the segment. A victim killed (SIGKILL) or stopped
 // (SIGSTOP) at a random moment during a 64 MiB allreduce loop or a loop of small calls, at
-// every rank position, N = 2 and 4: every other rank raises PeerFailure (killed) or
+// every rank position, N = 2 and 4 (and the 64 MiB loop on alloc_shared buffers, read in
+// place, at N = 2): every other rank raises PeerFailure (killed) or
 // TimeoutError (stopped; the call's deadline is kTimeoutMs) naming the victim within the
 // bound, and nothing is left in /dev/shm once every rank is gone. The test is its own
 // launcher (it must SIGKILL a stopped victim afterwards). GRADCOMM_SHM_FAULT_RUNS runs per
@@ -36,11 +37,12 @@ constexpr double kStopBound = kTimeoutMs / 1000.0 + 2.0 + 4.0;
 constexpr auto kJobLimit = std::chrono::seconds(60);
 
 pid_t start_rank(int rank, int ranks, const std::string& store, const std::string& token, const std::string& numel,
-                 const std::vector<std::string>& args, const std::string& log) {
+                 bool shared, const std::vector<std::string>& args, const std::string& log) {
   return gradcomm::testing::start_rank(WORKER_PATH, rank, ranks,
                                        {{"GRADCOMM_STORE", store},
                                         {"GRADCOMM_JOB_TOKEN", token},
                                         {"GRADCOMM_FAULT_NUMEL", numel},
+                                        {"GRADCOMM_FAULT_SHARED", shared ? "1" : ""},
                                         {"GRADCOMM_LOG", "info"},
                                         {"GRADCOMM_SHM", ""}},
                                        args, log);
@@ -51,6 +53,7 @@ struct Case {
   int ranks;
   const char* kind;   // sigkill | sigstop
   const char* numel;  // floats per call
+  bool shared = false;  // the buffer from alloc_shared: read in place by the node's ranks
 };
 
 class MultiprocShmFaults : public ::testing::TestWithParam<Case> {};
@@ -72,7 +75,7 @@ TEST_P(MultiprocShmFaults, EveryOtherRankRaisesNamingTheVictimAndDevShmIsClean) 
       const std::string dir = ::mkdtemp(dir_template);
       std::vector<pid_t> pids;
       for (int r = 0; r < c.ranks; ++r) {
-        pids.push_back(start_rank(r, c.ranks, store, token, c.numel,
+        pids.push_back(start_rank(r, c.ranks, store, token, c.numel, c.shared,
                                   {"fault", c.kind, std::to_string(victim), std::to_string(kTimeoutMs), "none",
                                    std::to_string(seed)},
                                   fmt::format("{}/rank{}.log", dir, r)));
@@ -134,7 +137,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"kill2Large", 2, "sigkill", "16777216"}, Case{"kill2Small", 2, "sigkill", "256"},
                       Case{"stop2Large", 2, "sigstop", "16777216"}, Case{"stop2Small", 2, "sigstop", "256"},
                       Case{"kill4Large", 4, "sigkill", "16777216"}, Case{"kill4Small", 4, "sigkill", "256"},
-                      Case{"stop4Large", 4, "sigstop", "16777216"}, Case{"stop4Small", 4, "sigstop", "256"}),
+                      Case{"stop4Large", 4, "sigstop", "16777216"}, Case{"stop4Small", 4, "sigstop", "256"},
+                      Case{"kill2Shared", 2, "sigkill", "16777216", true},
+                      Case{"stop2Shared", 2, "sigstop", "16777216", true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

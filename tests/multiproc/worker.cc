@@ -7,7 +7,8 @@
 //   fault KIND VICTIM TIMEOUT_MS SPEC SEED
 //                            VICTIM fails (KIND: sigkill sigterm sigstop exit0 exit1 throw)
 //                            a random moment into a loop of allreduces under SPEC, of 4M
-//                            floats or GRADCOMM_FAULT_NUMEL
+//                            floats or GRADCOMM_FAULT_NUMEL (in an alloc_shared buffer with
+//                            GRADCOMM_FAULT_SHARED=1)
 //   mismatch numel|dtype|op|kind|empty   rank 1 calls something different (empty: no
 //                            element, so no data to carry its header on the node's segment)
 //   sequence skip|skip_last|barrier|compressor   rank 1 skips or changes one call
@@ -28,6 +29,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <span>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -157,7 +159,18 @@ int run_fault(Communicator& comm, const std::string& kind, int victim, const std
   const int delay_ms = 150 + static_cast<int>(rng() % 450);
   const int throw_at = 1 + static_cast<int>(rng() % 4);
   const char* numel = std::getenv("GRADCOMM_FAULT_NUMEL");
-  std::vector<float> x(numel != nullptr ? std::stoull(numel) : size_t{4} << 20);
+  const size_t n = numel != nullptr ? std::stoull(numel) : size_t{4} << 20;
+  // GRADCOMM_FAULT_SHARED=1: the loop's buffer comes from alloc_shared, so the node's ranks
+  // read each other's buffers in place (allocated before the victim's clock starts).
+  const char* shared_env = std::getenv("GRADCOMM_FAULT_SHARED");
+  const bool shared = shared_env != nullptr && std::string(shared_env) == "1";
+  SharedBuffer block = shared ? comm.alloc_shared(n * sizeof(float)) : SharedBuffer();
+  if (shared && !block.shared()) {
+    fmt::print("RESULT rank={} error=none message=alloc_shared gave plain memory\n", r);
+    return 1;
+  }
+  std::vector<float> own(shared ? 0 : n);
+  const std::span<float> x(shared ? static_cast<float*>(block.data()) : own.data(), n);
   if (r == victim && kind != "throw") {
     std::thread([kind, delay_ms] {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
