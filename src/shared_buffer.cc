@@ -146,9 +146,8 @@ SharedBuffer Communicator::alloc_shared(size_t bytes) {
   }
 
   // 2. The node's other blocks mapped here, and every rank's status.
-  std::string failure;  // why this rank cannot go on
-  if (!record_of(blocks, me).ok) failure = record_of(blocks, me).text;
-  if (shm != nullptr && failure.empty()) {
+  std::string failure;  // why this rank cannot map the others' (its own failure is in its record)
+  if (shm != nullptr && record_of(blocks, me).ok) {
     for (const int q : shm->members()) {
       if (q == me) continue;
       const detail::Record theirs = record_of(blocks, q);

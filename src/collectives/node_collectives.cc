@@ -60,6 +60,20 @@ struct Header {
 size_t flags_offset() { return kLine; }
 size_t slots_offset(int ranks) { return flags_offset() + static_cast<size_t>(ranks) * kLinesPerRank * kLine; }
 
+// out = from(0) op from(1) op ... op from(ranks - 1), in rank order (the average divided in
+// the last step): what every path of the segment reduces with, so that they give the same
+// bytes. `out` may be from(0), never another source.
+template <typename From>
+void reduce_in_rank_order(void* out, int ranks, const From& from, int64_t count, DType dtype, ReduceOp op) {
+  if (ranks == 1) {
+    std::memcpy(out, from(0), static_cast<size_t>(count) * dtype_size(dtype));
+    return;
+  }
+  const int64_t divisor = op == ReduceOp::kAvg ? ranks : 1;
+  reduce_into(out, from(0), from(1), count, dtype, op, ranks == 2 ? divisor : 1);
+  for (int q = 2; q < ranks; ++q) reduce_inplace(out, from(q), count, dtype, op, q == ranks - 1 ? divisor : 1);
+}
+
 }  // namespace
 
 size_t node_segment_bytes(int ranks, size_t slot_bytes) {
@@ -218,19 +232,11 @@ std::pair<int64_t, int64_t> NodeCollectives::slice(int64_t n, size_t elem, int q
 void NodeCollectives::reduce_from_slots(void* out, size_t offset, int64_t count, DType dtype, ReduceOp op,
                                         uint64_t s, const void* own, bool in_line) const {
   if (count <= 0) return;
-  const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
   const auto from = [&](int q) -> const void* {
     if (q == rank_ && own != nullptr) return own;
     return in_line ? payload(q, s) + offset : slot(q, s) + offset;
   };
-  if (ranks_ == 1) {
-    std::memcpy(out, from(0), static_cast<size_t>(count) * dtype_size(dtype));
-    return;
-  }
-  reduce_into(out, from(0), from(1), count, dtype, op, ranks_ == 2 ? divisor : 1);
-  for (int q = 2; q < ranks_; ++q) {
-    reduce_inplace(out, from(q), count, dtype, op, q == ranks_ - 1 ? divisor : 1);
-  }
+  reduce_in_rank_order(out, ranks_, from, count, dtype, op);
 }
 
 void NodeCollectives::allreduce(void* data, int64_t numel, DType dtype, ReduceOp op, uint64_t digest,
@@ -295,7 +301,6 @@ void NodeCollectives::allreduce_direct(void* data, int64_t numel, DType dtype, R
     throw std::logic_error("NodeCollectives::allreduce_direct: one buffer per rank, this rank's its own");
   }
   const size_t elem = dtype_size(dtype);
-  const int64_t divisor = op == ReduceOp::kAvg ? ranks_ : 1;
   const auto chunk = static_cast<int64_t>(slot_bytes_ >> std::countr_zero(elem));  // elem: a power of two
   const auto block_elems = static_cast<int64_t>(kNodeSmallBytes / elem);
   alignas(64) uint8_t block[kNodeSmallBytes];
@@ -317,10 +322,7 @@ void NodeCollectives::allreduce_direct(void* data, int64_t numel, DType dtype, R
       const int64_t n = std::min(block_elems, e - at);
       const size_t off = base + static_cast<size_t>(at) * elem;
       uint8_t* out = rank_ == 0 ? mine + (off - base) : block;
-      reduce_into(out, buffers[0] + off, buffers[1] + off, n, dtype, op, ranks_ == 2 ? divisor : 1);
-      for (int q = 2; q < ranks_; ++q) {
-        reduce_inplace(out, buffers[static_cast<size_t>(q)] + off, n, dtype, op, q == ranks_ - 1 ? divisor : 1);
-      }
+      reduce_in_rank_order(out, ranks_, [&](int q) { return buffers[static_cast<size_t>(q)] + off; }, n, dtype, op);
       if (out == block) std::memcpy(mine + (off - base), block, static_cast<size_t>(n) * elem);
     }
     publish(kDone, s);

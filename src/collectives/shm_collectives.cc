@@ -116,8 +116,8 @@ void shm_allreduce(Op& op, NodeShm& shm, void* data, int64_t numel, DType dtype,
   // allocation: the digest holds both, so a rank that does not is a mismatch, not a
   // wrong sum.
   const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
-  const int place = shm.collectives().rank();
   if (bytes > kNodeSmallBytes) {
+    const int place = shm.collectives().rank();
     if (const auto block = shm.blocks()->find(data, bytes, place)) {
       const size_t offset = static_cast<size_t>(static_cast<uint8_t*>(data) - block->bases[static_cast<size_t>(place)]);
       std::vector<const uint8_t*> buffers;
